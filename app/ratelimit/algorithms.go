@@ -1,0 +1,210 @@
+package ratelimit
+
+import (
+	"sort"
+	"time"
+)
+
+// The algorithms as pure state transitions: (policy, state, now, cost) ->
+// (state, decision). Every quantity is an integer (time in µs, token levels
+// scaled by the window in µs) so that the Lua twins in redisstore, which
+// compute in float64, agree to the bit. Each function expects a validated
+// policy and 1 <= cost <= p.Capacity().
+
+// TokenBucketState is a token bucket's stored state. The zero value is a
+// key never seen (a full bucket).
+type TokenBucketState struct {
+	Tokens int64 // tokens × window µs
+	Last   int64 // µs since the epoch of the last update; 0 = never
+}
+
+// TokenBucketDecide applies one request at time now (µs) to a token bucket.
+func TokenBucketDecide(p Policy, s TokenBucketState, now, cost int64) (TokenBucketState, Decision) {
+	w, capScaled, rate := p.WindowMicros(), p.Capacity()*p.WindowMicros(), p.Limit
+	tokens := capScaled
+	if s.Last != 0 {
+		tokens = tokenBucketFill(s.Tokens, now-s.Last, capScaled, rate)
+	}
+	d := Decision{Limit: p.Capacity()}
+	if need := cost * w; tokens >= need {
+		d.Allowed = true
+		tokens -= need
+	} else {
+		d.RetryAfter = micros(ceilDiv(need-tokens, rate))
+	}
+	d.Remaining = tokens / w
+	d.ResetAfter = micros(ceilDiv(capScaled-tokens, rate))
+	d.State = State{Now: now, Tokens: tokens}
+	return TokenBucketState{Tokens: tokens, Last: now}, d
+}
+
+// tokenBucketFill refills a level over elapsed µs without overflowing.
+func tokenBucketFill(tokens, elapsed, capScaled, rate int64) int64 {
+	if elapsed <= 0 {
+		return min(tokens, capScaled)
+	}
+	if tokens >= capScaled || elapsed >= ceilDiv(capScaled-tokens, rate) {
+		return capScaled
+	}
+	return tokens + elapsed*rate
+}
+
+// GCRAState is GCRA's stored state: the theoretical arrival time in µs. The
+// zero value is a key never seen.
+type GCRAState struct {
+	TAT int64
+}
+
+// GCRADecide applies one request at time now (µs) to GCRA. The emission
+// interval of a unit is Window/Limit, rounded up to the µs per request.
+func GCRADecide(p Policy, s GCRAState, now, cost int64) (GCRAState, Decision) {
+	w, burst, rate := p.WindowMicros(), p.Capacity(), p.Limit
+	tolerance := burst * w // in µs × rate units
+	tat := max(s.TAT, now)
+	newTAT := tat + ceilDiv(cost*w, rate)
+	d := Decision{Limit: burst}
+	if (newTAT-now)*rate <= tolerance {
+		d.Allowed = true
+		tat = newTAT
+	} else {
+		d.RetryAfter = micros(ceilDiv((newTAT-now)*rate-tolerance, rate))
+	}
+	d.Remaining = max(0, (tolerance-(tat-now)*rate)/w)
+	d.ResetAfter = micros(tat - now)
+	d.State = State{Now: now, TAT: tat}
+	return GCRAState{TAT: tat}, d
+}
+
+// WindowCounterState is the sliding window counter's stored state. The zero
+// value is a key never seen.
+type WindowCounterState struct {
+	WindowStart       int64 // µs since the epoch, aligned to the window
+	Current, Previous int64
+}
+
+// WindowCounterDecide applies one request at time now (µs) to a sliding
+// window counter. The previous window's count is weighted by the part of it
+// that the sliding window still covers.
+func WindowCounterDecide(p Policy, s WindowCounterState, now, cost int64) (WindowCounterState, Decision) {
+	w, limit := p.WindowMicros(), p.Limit
+	start := now - now%w
+	cur, prev := int64(0), int64(0)
+	switch s.WindowStart {
+	case start:
+		cur, prev = s.Current, s.Previous
+	case start - w:
+		prev = s.Current
+	}
+	elapsed := now - start
+	used := prev*(w-elapsed) + cur*w // in units × µs
+	d := Decision{Limit: limit}
+	if used+cost*w <= limit*w {
+		d.Allowed = true
+		cur += cost
+		used += cost * w
+	} else {
+		d.RetryAfter = micros(windowCounterRetry(w, limit, elapsed, cur, prev, cost))
+	}
+	d.Remaining = max(0, (limit*w-used)/w)
+	switch {
+	case cur > 0:
+		d.ResetAfter = micros(2*w - elapsed)
+	case prev > 0:
+		d.ResetAfter = micros(w - elapsed)
+	}
+	d.State = State{Now: now, WindowStart: start, Current: cur, Previous: prev}
+	return WindowCounterState{WindowStart: start, Current: cur, Previous: prev}, d
+}
+
+// windowCounterRetry is the time until cost units fit, for a denied request.
+func windowCounterRetry(w, limit, elapsed, cur, prev, cost int64) int64 {
+	// Later in this window the previous count's weight shrinks.
+	if room := (limit-cost-cur)*w; room >= 0 && prev > 0 {
+		at := w - room/prev // first elapsed µs with prev*(w-at) <= room
+		if at < w {
+			return at - elapsed
+		}
+	}
+	// In the next window the current count becomes the previous one.
+	at := int64(0)
+	if cur > 0 {
+		at = max(0, w-(limit-cost)*w/cur)
+	}
+	return w - elapsed + at
+}
+
+// WindowLog is the sliding window log's state in memory: the grant times,
+// oldest first. The zero value is an empty log. Not safe for concurrent use.
+type WindowLog struct {
+	times []int64
+}
+
+// Len returns the number of grants held.
+func (l *WindowLog) Len() int { return len(l.times) }
+
+// WindowLogDecide applies one request at time now (µs) to a sliding window
+// log, admitting it if at most Limit units fall in (now-Window, now].
+func WindowLogDecide(p Policy, l *WindowLog, now, cost int64) Decision {
+	w, limit := p.WindowMicros(), p.Limit
+	// Drop grants at or before now-w.
+	drop := sort.Search(len(l.times), func(i int) bool { return l.times[i] > now-w })
+	l.times = l.times[drop:]
+	if len(l.times) == 0 {
+		l.times = l.times[:0:0]
+	} else if cap(l.times) > 2*len(l.times)+16 {
+		l.times = append(make([]int64, 0, len(l.times)+int(cost)), l.times...)
+	}
+	count := int64(len(l.times))
+	d := Decision{Limit: limit}
+	if count+cost <= limit {
+		d.Allowed = true
+		for range cost {
+			// A clock that steps back must not unsort the log.
+			l.times = append(l.times, max(now, last(l.times)))
+		}
+		count += cost
+	} else {
+		// The (count+cost-limit)-th oldest grant must leave the window.
+		d.RetryAfter = micros(l.times[count+cost-limit-1] + w - now)
+	}
+	d.Remaining = limit - count
+	if count > 0 {
+		d.ResetAfter = micros(max(0, l.times[count-1]+w-now))
+	}
+	d.State = State{Now: now, Ages: l.ages(now, w)}
+	return d
+}
+
+// ages buckets the grants by age in eighths of the window. Bucket i holds the
+// grants with times in (now - bound(i+1), now - bound(i)], bound(i) = i*w/8.
+func (l *WindowLog) ages(now, w int64) [AgeBuckets]int64 {
+	var h [AgeBuckets]int64
+	upper := len(l.times)
+	for i := range AgeBuckets {
+		lo := now - int64(i+1)*w/AgeBuckets
+		if i == AgeBuckets-1 {
+			lo = now - w
+		}
+		j := sort.Search(upper, func(k int) bool { return l.times[k] > lo })
+		h[i] = int64(upper - j)
+		upper = j
+	}
+	return h
+}
+
+func last(s []int64) int64 {
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)-1]
+}
+
+// ceilDiv is ⌈a/b⌉ for a >= 0, b > 0; 0 for a <= 0.
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
+}
+
+func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }

@@ -1,0 +1,160 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Backends wrap them; test with errors.Is.
+var (
+	// ErrInvalidPolicy: a policy failed validation (see FieldError).
+	ErrInvalidPolicy = errors.New("invalid policy")
+	// ErrInvalidRequest: the key or cost of a request is unusable. The
+	// caller should answer 400; no state was touched.
+	ErrInvalidRequest = errors.New("invalid rate-limit request")
+	// ErrUnavailable: the backend could not decide (store unreachable, timed
+	// out). The resilient limiter turns it into a local decision.
+	ErrUnavailable = errors.New("rate-limit store unavailable")
+	// ErrBadReply: the store answered something that is not a valid
+	// decision (a key of the wrong type, a reply of the wrong shape).
+	ErrBadReply = errors.New("unexpected reply from rate-limit store")
+)
+
+// MaxKeyBytes bounds the length of a client identity. Longer keys are
+// rejected with ErrInvalidRequest.
+const MaxKeyBytes = 256
+
+// Request asks for a decision on one key.
+type Request struct {
+	// Policy is the limit to apply.
+	Policy Policy
+	// Key is the client identity (an API key, an IP). It may hold any bytes
+	// except control characters, up to MaxKeyBytes; backends hash it before
+	// it becomes part of a store key.
+	Key string
+	// Cost is how many units the request takes; 0 means 1.
+	Cost int64
+	// ID identifies the request, unique across the fleet (nginx's request
+	// id, say). The sliding window log stores it as the member of the grant,
+	// so the same request decided twice (a timed-out call that still ran,
+	// a replay) is counted once. Empty: the backend makes one up.
+	ID string
+}
+
+// Units returns the cost with the default filled in.
+func (r Request) Units() int64 {
+	if r.Cost == 0 {
+		return 1
+	}
+	return r.Cost
+}
+
+// Validate checks the request and its policy.
+func (r Request) Validate() error {
+	if err := r.Policy.Validate(); err != nil {
+		return err
+	}
+	if err := ValidateKey(r.Key); err != nil {
+		return err
+	}
+	c := r.Units()
+	if c < 0 {
+		return fmt.Errorf("%w: cost must be positive, got %d", ErrInvalidRequest, r.Cost)
+	}
+	if c > r.Policy.Capacity() {
+		return fmt.Errorf("%w: cost %d exceeds the capacity %d of policy %q", ErrInvalidRequest, c, r.Policy.Capacity(), r.Policy.Name)
+	}
+	if len(r.ID) > MaxKeyBytes {
+		return fmt.Errorf("%w: request id longer than %d bytes", ErrInvalidRequest, MaxKeyBytes)
+	}
+	return nil
+}
+
+// ValidateKey reports whether key is usable as a client identity: 1 to
+// MaxKeyBytes bytes, no ASCII control characters.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
+	}
+	if len(key) > MaxKeyBytes {
+		return fmt.Errorf("%w: key longer than %d bytes", ErrInvalidRequest, MaxKeyBytes)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] == 0x7f {
+			return fmt.Errorf("%w: key holds a control character", ErrInvalidRequest)
+		}
+	}
+	return nil
+}
+
+// Mode says what decided a request.
+type Mode string
+
+// The modes, as reported in the X-RateLimit-Mode header.
+const (
+	ModeRedis  Mode = "redis"  // the shared store decided
+	ModeLocal  Mode = "local"  // the local fallback budget decided
+	ModeOpen   Mode = "open"   // the policy's fail-open mode allowed it
+	ModeClosed Mode = "closed" // the policy's fail-closed mode refused it
+	ModeMemory Mode = "memory" // a single instance without a shared store
+)
+
+// Decision is the outcome of one request.
+type Decision struct {
+	Allowed bool
+	// Limit is the policy's capacity (quota per window, or bucket size).
+	Limit int64
+	// Remaining is how many more units would be admitted right now.
+	Remaining int64
+	// ResetAfter is how long until the full capacity is available again.
+	ResetAfter time.Duration
+	// RetryAfter is how long until this request would be admitted; 0 when
+	// it was.
+	RetryAfter time.Duration
+	// Mode says what decided.
+	Mode Mode
+	// State is the algorithm state after the decision, in the deciding
+	// backend's clock, for a fallback to continue from.
+	State State
+}
+
+// State is an algorithm's state after a decision, as a backend reports it.
+// Only the fields of the policy's algorithm are set.
+type State struct {
+	// Now is the deciding backend's time, µs since the Unix epoch (Redis
+	// TIME for the Redis backend).
+	Now int64
+	// Tokens is the token bucket's level, scaled by the window in µs
+	// (tokens × Window µs), so refills stay integral.
+	Tokens int64
+	// TAT is GCRA's theoretical arrival time, µs since the epoch.
+	TAT int64
+	// WindowStart, Current and Previous are the sliding window counter's
+	// aligned window (µs since the epoch) and the counts of it and the one
+	// before.
+	WindowStart, Current, Previous int64
+	// Ages is the sliding window log's histogram: Ages[i] grants are between
+	// i and i+1 eighths of a window old.
+	Ages [AgeBuckets]int64
+}
+
+// AgeBuckets is the resolution of the sliding window log's age histogram.
+const AgeBuckets = 8
+
+// Limiter decides whether requests are admitted.
+//
+// Decide returns ErrInvalidRequest (or ErrInvalidPolicy) for a request it
+// cannot decide; nothing is counted then. Any other error means the backend
+// could not decide and the caller chooses how to fail. Implementations are
+// safe for concurrent use.
+type Limiter interface {
+	Decide(ctx context.Context, req Request) (Decision, error)
+}
+
+// LimiterFunc adapts a function to the Limiter interface.
+type LimiterFunc func(ctx context.Context, req Request) (Decision, error)
+
+// Decide calls f.
+func (f LimiterFunc) Decide(ctx context.Context, req Request) (Decision, error) { return f(ctx, req) }

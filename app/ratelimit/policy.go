@@ -1,0 +1,203 @@
+package ratelimit
+
+import (
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"time"
+)
+
+// Algorithm names a rate-limiting algorithm.
+type Algorithm string
+
+// The supported algorithms.
+const (
+	// TokenBucket holds up to Burst tokens and refills Limit tokens per
+	// Window. Bursts up to the capacity, then a smooth rate.
+	TokenBucket Algorithm = "token_bucket"
+	// SlidingWindowLog keeps one entry per granted unit and admits at most
+	// Limit units in any window of length Window. Exact; memory grows with
+	// Limit per key.
+	SlidingWindowLog Algorithm = "sliding_window_log"
+	// SlidingWindowCounter keeps the counts of the current and previous
+	// aligned windows and weights the previous one by how much of it still
+	// overlaps the sliding window. O(1) memory; an approximation of the log.
+	SlidingWindowCounter Algorithm = "sliding_window_counter"
+	// GCRA (generic cell rate algorithm) keeps one theoretical arrival time
+	// per key. Same admissions as a token bucket of capacity Burst, in one
+	// number.
+	GCRA Algorithm = "gcra"
+)
+
+// Algorithms lists every supported algorithm.
+var Algorithms = []Algorithm{TokenBucket, SlidingWindowLog, SlidingWindowCounter, GCRA}
+
+// ParseAlgorithm returns the Algorithm named s. It accepts the canonical
+// names and their hyphenated forms ("token-bucket").
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch s {
+	case "token_bucket", "token-bucket":
+		return TokenBucket, nil
+	case "sliding_window_log", "sliding-window-log":
+		return SlidingWindowLog, nil
+	case "sliding_window_counter", "sliding-window-counter":
+		return SlidingWindowCounter, nil
+	case "gcra":
+		return GCRA, nil
+	}
+	return "", fmt.Errorf("%w: unknown algorithm %q", ErrInvalidPolicy, s)
+}
+
+// FailureMode says what a resilient limiter does for a policy while its
+// shared store is unreachable.
+type FailureMode string
+
+// The failure modes.
+const (
+	// FailFallback decides from a local budget: this instance's share of
+	// what the store last said was left. The default.
+	FailFallback FailureMode = "fallback"
+	// FailOpen allows every request while the store is out.
+	FailOpen FailureMode = "open"
+	// FailClosed refuses every request while the store is out (for limits
+	// that guard logins and the like).
+	FailClosed FailureMode = "closed"
+)
+
+// Bounds on policy parameters. They keep every intermediate value of the
+// algorithms below 2^53, so that the Lua twins (which compute in float64)
+// stay exact.
+const (
+	MaxLimit     = 1_000_000_000
+	MinWindow    = time.Millisecond
+	MaxWindow    = 31 * 24 * time.Hour
+	maxScaled    = 1 << 50
+	maxNameBytes = 64
+)
+
+// Policy is one rate limit. The zero value is not valid; build one as a
+// literal and call Validate (backends validate every policy they are given).
+//
+// For the window algorithms Limit is the quota per Window. For TokenBucket and
+// GCRA, Burst is the capacity (0 means Limit) and the rate is Limit per
+// Window, so a capacity of 100 refilled over 10 s is {Limit: 100, Window: 10s}.
+type Policy struct {
+	// Name identifies the policy in keys, headers and metrics: 1 to 64
+	// bytes of [A-Za-z0-9_.-].
+	Name      string
+	Algorithm Algorithm
+	Limit     int64
+	Window    time.Duration
+	// Burst is the capacity of TokenBucket and GCRA; 0 means Limit.
+	Burst int64
+	// FailureMode is used by the resilient limiter; "" means FailFallback.
+	FailureMode FailureMode
+	// FallbackFactor scales this instance's fallback share (0 means 1; 0.5
+	// gives a stricter outage budget). At most 1.
+	FallbackFactor float64
+	// Shadow marks a dry-run policy: decided and reported, never enforced.
+	// The middleware honours it; limiters decide as usual.
+	Shadow bool
+}
+
+// Capacity is the most units the policy admits at once: Burst for
+// TokenBucket and GCRA (when set), Limit otherwise.
+func (p Policy) Capacity() int64 {
+	if (p.Algorithm == TokenBucket || p.Algorithm == GCRA) && p.Burst > 0 {
+		return p.Burst
+	}
+	return p.Limit
+}
+
+// WindowMicros is the window in microseconds.
+func (p Policy) WindowMicros() int64 { return p.Window.Microseconds() }
+
+// Mode returns the policy's failure mode, with the default filled in.
+func (p Policy) Mode() FailureMode {
+	if p.FailureMode == "" {
+		return FailFallback
+	}
+	return p.FailureMode
+}
+
+// Factor returns the fallback factor, with the default filled in.
+func (p Policy) Factor() float64 {
+	if p.FallbackFactor == 0 {
+		return 1
+	}
+	return p.FallbackFactor
+}
+
+// Validate reports the first invalid field as a *FieldError wrapping
+// ErrInvalidPolicy.
+func (p Policy) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &FieldError{Policy: p.Name, Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	if p.Name == "" || len(p.Name) > maxNameBytes {
+		return bad("name", "must be 1 to %d bytes", maxNameBytes)
+	}
+	for i := 0; i < len(p.Name); i++ {
+		c := p.Name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return bad("name", "may hold only letters, digits, '_', '-' and '.'")
+		}
+	}
+	switch p.Algorithm {
+	case TokenBucket, SlidingWindowLog, SlidingWindowCounter, GCRA:
+	default:
+		return bad("algorithm", "unknown algorithm %q", p.Algorithm)
+	}
+	if p.Limit <= 0 || p.Limit > MaxLimit {
+		return bad("limit", "must be between 1 and %d, got %d", MaxLimit, p.Limit)
+	}
+	if p.Window < MinWindow || p.Window > MaxWindow {
+		return bad("window", "must be between %v and %v, got %v", MinWindow, MaxWindow, p.Window)
+	}
+	if p.Burst < 0 || p.Burst > MaxLimit {
+		return bad("burst", "must be between 0 and %d, got %d", MaxLimit, p.Burst)
+	}
+	if p.Burst > 0 && p.Algorithm != TokenBucket && p.Algorithm != GCRA {
+		return bad("burst", "applies only to token_bucket and gcra")
+	}
+	w := p.WindowMicros()
+	if p.Capacity() > maxScaled/w || p.Limit > maxScaled/w {
+		return bad("window", "limit × window is too large (at most 2^50 request-microseconds)")
+	}
+	switch p.FailureMode {
+	case "", FailFallback, FailOpen, FailClosed:
+	default:
+		return bad("failure_mode", "must be fallback, open or closed, got %q", p.FailureMode)
+	}
+	if p.FallbackFactor < 0 || p.FallbackFactor > 1 {
+		return bad("fallback_factor", "must be in (0, 1], got %v", p.FallbackFactor)
+	}
+	return nil
+}
+
+// Fingerprint is a short hash of the parameters that shape stored state
+// (algorithm, limit, window, burst). It is part of every store key, so a
+// changed policy never meets state written under the old one.
+func (p Policy) Fingerprint() string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(string(p.Algorithm) + "|" + strconv.FormatInt(p.Limit, 10) + "|" +
+		strconv.FormatInt(p.WindowMicros(), 10) + "|" + strconv.FormatInt(p.Capacity(), 10)))
+	return fmt.Sprintf("%08x", h.Sum32())
+}
+
+// FieldError is a policy field that failed validation.
+type FieldError struct {
+	Policy string
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string {
+	if e.Policy == "" {
+		return fmt.Sprintf("invalid policy: %s %s", e.Field, e.Reason)
+	}
+	return fmt.Sprintf("invalid policy %q: %s %s", e.Policy, e.Field, e.Reason)
+}
+
+// Unwrap returns ErrInvalidPolicy.
+func (e *FieldError) Unwrap() error { return ErrInvalidPolicy }
