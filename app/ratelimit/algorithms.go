@@ -49,30 +49,41 @@ func tokenBucketFill(tokens, elapsed, capScaled, rate int64) int64 {
 	return tokens + elapsed*rate
 }
 
-// GCRAState is GCRA's stored state: the theoretical arrival time in µs. The
-// zero value is a key never seen.
+// GCRAState is GCRA's stored state: the theoretical arrival time, TAT µs
+// plus Rem/Limit µs (the emission interval Window/Limit is rarely a whole
+// number of µs, and rounding it would let a burst of Limit fail). The zero
+// value is a key never seen.
 type GCRAState struct {
 	TAT int64
+	Rem int64 // 0 <= Rem < Limit
 }
 
-// GCRADecide applies one request at time now (µs) to GCRA. The emission
-// interval of a unit is Window/Limit, rounded up to the µs per request.
+// GCRADecide applies one request at time now (µs) to GCRA.
 func GCRADecide(p Policy, s GCRAState, now, cost int64) (GCRAState, Decision) {
 	w, burst, rate := p.WindowMicros(), p.Capacity(), p.Limit
 	tolerance := burst * w // in µs × rate units
-	tat := max(s.TAT, now)
-	newTAT := tat + ceilDiv(cost*w, rate)
-	d := Decision{Limit: burst}
-	if (newTAT-now)*rate <= tolerance {
-		d.Allowed = true
-		tat = newTAT
-	} else {
-		d.RetryAfter = micros(ceilDiv((newTAT-now)*rate-tolerance, rate))
+	tat := s
+	if tat.TAT < now || tat.TAT == now && tat.Rem == 0 {
+		tat = GCRAState{TAT: now}
 	}
-	d.Remaining = max(0, (tolerance-(tat-now)*rate)/w)
-	d.ResetAfter = micros(tat - now)
-	d.State = State{Now: now, TAT: tat}
-	return GCRAState{TAT: tat}, d
+	inc := cost * w
+	next := GCRAState{TAT: tat.TAT + inc/rate, Rem: tat.Rem + inc%rate}
+	if next.Rem >= rate {
+		next.TAT++
+		next.Rem -= rate
+	}
+	d := Decision{Limit: burst}
+	if ahead := (next.TAT-now)*rate + next.Rem; ahead <= tolerance {
+		d.Allowed = true
+		tat = next
+	} else {
+		d.RetryAfter = micros(ceilDiv(ahead-tolerance, rate))
+	}
+	ahead := (tat.TAT-now)*rate + tat.Rem
+	d.Remaining = max(0, (tolerance-ahead)/w)
+	d.ResetAfter = micros(ceilDiv(ahead, rate))
+	d.State = State{Now: now, TAT: tat.TAT, TATRem: tat.Rem}
+	return tat, d
 }
 
 // WindowCounterState is the sliding window counter's stored state. The zero

@@ -129,8 +129,9 @@ type State struct {
 	// Tokens is the token bucket's level, scaled by the window in µs
 	// (tokens × Window µs), so refills stay integral.
 	Tokens int64
-	// TAT is GCRA's theoretical arrival time, µs since the epoch.
-	TAT int64
+	// TAT is GCRA's theoretical arrival time: TAT µs since the epoch plus
+	// TATRem/Limit µs.
+	TAT, TATRem int64
 	// WindowStart, Current and Previous are the sliding window counter's
 	// aligned window (µs since the epoch) and the counts of it and the one
 	// before.

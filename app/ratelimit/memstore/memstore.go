@@ -1,0 +1,154 @@
+// Package memstore is the in-memory backend: the algorithms of package
+// ratelimit applied to state held in process memory, bounded by a key
+// capacity with least-recently-used eviction.
+//
+// It serves a single instance without a shared store (mode "memory"); the
+// resilient limiter uses the same transitions for its fallback budget.
+package memstore
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// DefaultCapacity is the number of keys held when no capacity is set.
+const DefaultCapacity = 100_000
+
+// Limiter is an in-memory ratelimit.Limiter. It is safe for concurrent use;
+// decisions are serialised by one mutex (a decision takes well under a
+// microsecond, and no I/O happens under the lock). Use New; the zero value is
+// not usable.
+type Limiter struct {
+	now       func() time.Time
+	seeds     [2]maphash.Seed
+	evictions atomic.Uint64
+
+	mu   sync.Mutex
+	keys *simplelru.LRU[Key, *entry]
+}
+
+var _ ratelimit.Limiter = (*Limiter)(nil)
+
+// Key identifies one policy's state for one client identity: a 128-bit hash
+// of the policy name, its fingerprint and the identity, so memory per key is
+// fixed whatever the client sends.
+type Key [2]uint64
+
+// entry is one key's state; only the policy's algorithm's field is used.
+type entry struct {
+	tb  ratelimit.TokenBucketState
+	gc  ratelimit.GCRAState
+	wc  ratelimit.WindowCounterState
+	log ratelimit.WindowLog
+}
+
+// Option configures a Limiter.
+type Option func(*Limiter) error
+
+// WithCapacity bounds the number of keys held; the least recently used key is
+// evicted beyond it, and starts again from a full quota when seen next.
+func WithCapacity(n int) Option {
+	return func(l *Limiter) error {
+		keys, err := simplelru.NewLRU[Key, *entry](n, func(Key, *entry) { l.evictions.Add(1) })
+		if err != nil {
+			return err
+		}
+		l.keys = keys
+		return nil
+	}
+}
+
+// WithClock sets the clock (tests move time by passing a func).
+func WithClock(now func() time.Time) Option {
+	return func(l *Limiter) error { l.now = now; return nil }
+}
+
+// New returns an in-memory limiter. It panics only on an invalid capacity
+// (n <= 0), which is a programming error.
+func New(opts ...Option) *Limiter {
+	l := &Limiter{now: time.Now, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
+	for _, o := range append([]Option{WithCapacity(DefaultCapacity)}, opts...) {
+		if err := o(l); err != nil {
+			panic("memstore: " + err.Error())
+		}
+	}
+	return l
+}
+
+// KeyOf returns the state key of a request.
+func (l *Limiter) KeyOf(p ratelimit.Policy, identity string) Key {
+	var k Key
+	for i := range k {
+		var h maphash.Hash
+		h.SetSeed(l.seeds[i])
+		_, _ = h.WriteString(p.Name)
+		_ = h.WriteByte(0)
+		_, _ = h.WriteString(string(p.Algorithm))
+		_ = h.WriteByte(0)
+		writeInt(&h, p.Limit)
+		writeInt(&h, p.WindowMicros())
+		writeInt(&h, p.Capacity())
+		_, _ = h.WriteString(identity)
+		k[i] = h.Sum64()
+	}
+	return k
+}
+
+func writeInt(h *maphash.Hash, v int64) {
+	var b [8]byte
+	for i := range b {
+		b[i] = byte(v >> (8 * i))
+	}
+	_, _ = h.Write(b[:])
+}
+
+// Decide applies the request's policy to its key at the limiter's clock.
+func (l *Limiter) Decide(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	if err := req.Validate(); err != nil {
+		return ratelimit.Decision{}, err
+	}
+	return l.DecideAt(l.KeyOf(req.Policy, req.Key), req.Policy, l.now().UnixMicro(), req.Units()), nil
+}
+
+// DecideAt applies a validated policy to key at time now (µs since the
+// epoch). It is the decision path without validation or hashing, for callers
+// that did both already.
+func (l *Limiter) DecideAt(key Key, p ratelimit.Policy, now, cost int64) ratelimit.Decision {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.keys.Get(key)
+	if !ok {
+		e = &entry{}
+		l.keys.Add(key, e)
+	}
+	var d ratelimit.Decision
+	switch p.Algorithm {
+	case ratelimit.TokenBucket:
+		e.tb, d = ratelimit.TokenBucketDecide(p, e.tb, now, cost)
+	case ratelimit.GCRA:
+		e.gc, d = ratelimit.GCRADecide(p, e.gc, now, cost)
+	case ratelimit.SlidingWindowCounter:
+		e.wc, d = ratelimit.WindowCounterDecide(p, e.wc, now, cost)
+	case ratelimit.SlidingWindowLog:
+		d = ratelimit.WindowLogDecide(p, &e.log, now, cost)
+	}
+	d.Mode = ratelimit.ModeMemory
+	return d
+}
+
+// Len returns the number of keys held.
+func (l *Limiter) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.keys.Len()
+}
+
+// Evictions returns how many keys were evicted to stay within the capacity.
+func (l *Limiter) Evictions() uint64 { return l.evictions.Load() }

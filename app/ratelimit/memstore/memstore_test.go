@@ -1,0 +1,78 @@
+package memstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/internal/conformance"
+	"github.com/fleetlimit/fleetlimit/app/internal/vectors"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
+)
+
+func TestConformance(t *testing.T) {
+	// Instances of an in-memory limiter share nothing, so the suite gets
+	// the same one for every "instance" of a subtest.
+	conformance.Run(t, ratelimit.ModeMemory, func(t *testing.T) ratelimit.Limiter { return shared })
+}
+
+var shared = memstore.New()
+
+func TestVectors(t *testing.T) {
+	for _, c := range vectors.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			var now int64
+			l := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+			for i, s := range c.Steps {
+				now = vectors.T0 + s.At
+				got, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: "k", Cost: s.Cost})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := c.Decision(s)
+				want.Mode = ratelimit.ModeMemory
+				if got != want {
+					t.Errorf("step %d:\n got %+v\nwant %+v", i, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestCapacityEvictsLeastRecentlyUsed(t *testing.T) {
+	l := memstore.New(memstore.WithCapacity(2))
+	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1, Window: time.Hour}
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "a", "c"} { // "b" is evicted by "c"
+		if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: k}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l.Len() != 2 || l.Evictions() != 1 {
+		t.Fatalf("len %d evictions %d, want 2 and 1", l.Len(), l.Evictions())
+	}
+	if d, _ := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "a"}); d.Allowed {
+		t.Fatal("a was kept and spent: want refused")
+	}
+	if d, _ := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "b"}); !d.Allowed {
+		t.Fatal("b was evicted: want a fresh quota")
+	}
+}
+
+func BenchmarkDecide(b *testing.B) {
+	for _, alg := range ratelimit.Algorithms {
+		b.Run(string(alg), func(b *testing.B) {
+			l := memstore.New()
+			p := ratelimit.Policy{Name: "bench", Algorithm: alg, Limit: 1000, Window: time.Second}
+			req := ratelimit.Request{Policy: p, Key: "client-1"}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := l.Decide(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,96 @@
+package redisstore
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ClientConfig describes how to reach Redis: one standalone server, a
+// Cluster, or a Sentinel-monitored master, through go-redis' universal
+// client.
+type ClientConfig struct {
+	// URL is a redis:// or rediss:// URL of a standalone server. It
+	// excludes Addrs.
+	URL string
+	// Addrs are host:port addresses: one standalone server; several
+	// Cluster nodes (or set Cluster); or Sentinels when MasterName is set.
+	Addrs []string
+	// Cluster forces a Cluster client for a single seed address.
+	Cluster bool
+	// MasterName selects Sentinel mode.
+	MasterName string
+	Username   string
+	Password   string
+	// Timeout bounds every call (dial, read, write, pool wait). A limiter
+	// call that takes longer has failed. Default 50 ms.
+	Timeout time.Duration
+	// PoolSize is the number of connections per node. Default 64.
+	PoolSize int
+}
+
+// Options returns the universal options for the configuration, tuned for a
+// rate limiter: no automatic retries (a retried decision could be counted
+// twice, and a failed call must fail fast so the fallback can take over),
+// timeouts that bound socket reads through the context, and a pool sized
+// for concurrent decisions.
+func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
+	timeout := c.Timeout
+	if timeout <= 0 {
+		timeout = 50 * time.Millisecond
+	}
+	pool := c.PoolSize
+	if pool <= 0 {
+		pool = 64
+	}
+	o := &redis.UniversalOptions{
+		Addrs:      c.Addrs,
+		MasterName: c.MasterName,
+		Username:   c.Username,
+		Password:   c.Password,
+	}
+	switch {
+	case c.URL != "" && len(c.Addrs) > 0:
+		return nil, errors.New("redisstore: set either a URL or addresses, not both")
+	case c.URL != "":
+		u, err := redis.ParseURL(c.URL)
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: %w", err)
+		}
+		o.Addrs = []string{u.Addr}
+		o.DB = u.DB
+		o.TLSConfig = u.TLSConfig
+		if o.Username == "" {
+			o.Username = u.Username
+		}
+		if o.Password == "" {
+			o.Password = u.Password
+		}
+	case len(c.Addrs) == 0:
+		return nil, errors.New("redisstore: no Redis URL or addresses")
+	}
+	o.IsClusterMode = c.Cluster
+	o.MaxRetries = -1
+	o.MaxRedirects = 3
+	o.DialTimeout = max(timeout, 250*time.Millisecond)
+	o.ReadTimeout = timeout
+	o.WriteTimeout = timeout
+	o.PoolTimeout = timeout
+	o.ContextTimeoutEnabled = true
+	o.PoolSize = pool
+	o.MinIdleConns = min(pool, 8)
+	o.DisableIdentity = true
+	return o, nil
+}
+
+// NewClient returns a client for the configuration. Nothing is dialled
+// yet: an unreachable Redis is not an error here.
+func NewClient(c ClientConfig) (redis.UniversalClient, error) {
+	o, err := c.Options()
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewUniversalClient(o), nil
+}

@@ -1,0 +1,33 @@
+-- GCRA. KEYS[1]: hash {t = theoretical arrival time in µs, r = the
+-- remainder in 1/limit µs}. Twin of ratelimit.GCRADecide.
+local now = now_us()
+local tolerance = capacity * window
+local st = redis.call('HMGET', key, 't', 'r')
+local tat, rem = now, 0
+if st[1] then
+  local t0, r0 = num(st[1], 't'), num(st[2], 'r')
+  if t0 > now or (t0 == now and r0 > 0) then tat, rem = t0, r0 end
+end
+local inc = cost * window
+local q = fdiv(inc, limit)
+local nt, nr = tat + q, rem + (inc - q * limit)
+if nr >= limit then nt, nr = nt + 1, nr - limit end
+local allowed, retry = 0, 0
+local ahead = (nt - now) * limit + nr
+if ahead <= tolerance then
+  allowed = 1
+  tat, rem = nt, nr
+else
+  retry = cdiv(ahead - tolerance, limit)
+end
+ahead = (tat - now) * limit + rem
+local remaining = 0
+if tolerance - ahead > 0 then remaining = fdiv(tolerance - ahead, window) end
+local reset = cdiv(ahead, limit)
+if reset > 0 then
+  redis.call('HSET', key, 't', str(tat), 'r', str(rem))
+  redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
+else
+  redis.call('DEL', key)
+end
+return reply(allowed, remaining, reset, retry, now, 0, tat, rem, 0, 0, 0, nil)

@@ -1,0 +1,51 @@
+-- Sliding window counter. KEYS[1]: hash {w = window start µs, c = count of
+-- that window, p = count of the window before}.
+-- Twin of ratelimit.WindowCounterDecide.
+local now = now_us()
+local start = now - (now % window)
+local st = redis.call('HMGET', key, 'w', 'c', 'p')
+local cur, prev = 0, 0
+if st[1] then
+  local ws = num(st[1], 'w')
+  if ws == start then
+    cur, prev = num(st[2], 'c'), num(st[3], 'p')
+  elseif ws == start - window then
+    prev = num(st[2], 'c')
+  end
+end
+local elapsed = now - start
+local used = prev * (window - elapsed) + cur * window
+local allowed, retry = 0, 0
+if used + cost * window <= limit * window then
+  allowed = 1
+  cur = cur + cost
+  used = used + cost * window
+else
+  local found = false
+  local room = (limit - cost - cur) * window
+  if room >= 0 and prev > 0 then
+    local at = window - fdiv(room, prev)
+    if at < window then
+      retry = at - elapsed
+      found = true
+    end
+  end
+  if not found then
+    local at = 0
+    if cur > 0 then at = math.max(0, window - fdiv((limit - cost) * window, cur)) end
+    retry = window - elapsed + at
+  end
+end
+local remaining = 0
+if limit * window - used > 0 then remaining = fdiv(limit * window - used, window) end
+local reset = 0
+if cur > 0 then
+  reset = 2 * window - elapsed
+elseif prev > 0 then
+  reset = window - elapsed
+end
+if reset > 0 then
+  redis.call('HSET', key, 'w', str(start), 'c', str(cur), 'p', str(prev))
+  redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
+end
+return reply(allowed, remaining, reset, retry, now, 0, 0, 0, start, cur, prev, nil)

@@ -1,0 +1,41 @@
+-- Sliding window log. KEYS[1]: sorted set, one member per granted unit: the
+-- request id (suffixed #2, #3... for a cost above 1), scored by its grant
+-- time in µs. ARGV[6]: the request id.
+-- Twin of ratelimit.WindowLogDecide. A request id already in the set was
+-- counted before (a decision that timed out but ran, a replay): it is
+-- answered as allowed and not counted again.
+local now = now_us()
+local id = ARGV[6]
+redis.call('ZREMRANGEBYSCORE', key, '-inf', str(now - window))
+local count = redis.call('ZCARD', key)
+local allowed, retry = 0, 0
+if redis.call('ZSCORE', key, id) then
+  allowed = 1
+elseif count + cost <= limit then
+  allowed = 1
+  local args = {str(now), id}
+  for i = 2, cost do
+    args[#args + 1] = str(now)
+    args[#args + 1] = id .. '#' .. i
+  end
+  redis.call('ZADD', key, unpack(args))
+  count = count + cost
+else
+  local nth = redis.call('ZRANGE', key, count + cost - limit - 1, count + cost - limit - 1, 'WITHSCORES')
+  retry = num(nth[2], 'score') + window - now
+end
+local reset = 0
+local ages = {0, 0, 0, 0, 0, 0, 0, 0}
+if count > 0 then
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  reset = math.max(0, num(newest[2], 'score') + window - now)
+  local hi = now
+  for i = 1, 8 do
+    local lo = now - fdiv(i * window, 8)
+    if i == 8 then lo = now - window end
+    ages[i] = redis.call('ZCOUNT', key, '(' .. str(lo), str(hi))
+    hi = lo
+  end
+  redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
+end
+return reply(allowed, limit - count, reset, retry, now, 0, 0, 0, 0, 0, 0, ages)

@@ -1,0 +1,29 @@
+-- Token bucket. KEYS[1]: hash {t = tokens × window µs, l = last update µs}.
+-- Twin of ratelimit.TokenBucketDecide.
+local now = now_us()
+local cap = capacity * window
+local st = redis.call('HMGET', key, 't', 'l')
+local tokens = cap
+if st[2] then
+  local t0, last = num(st[1], 't'), num(st[2], 'l')
+  local elapsed = now - last
+  if elapsed <= 0 then
+    tokens = math.min(t0, cap)
+  elseif t0 >= cap or elapsed >= cdiv(cap - t0, limit) then
+    tokens = cap
+  else
+    tokens = t0 + elapsed * limit
+  end
+end
+local allowed, retry = 0, 0
+local need = cost * window
+if tokens >= need then
+  allowed = 1
+  tokens = tokens - need
+else
+  retry = cdiv(need - tokens, limit)
+end
+local reset = cdiv(cap - tokens, limit)
+redis.call('HSET', key, 't', str(tokens), 'l', str(now))
+redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
+return reply(allowed, fdiv(tokens, window), reset, retry, now, tokens, 0, 0, 0, 0, 0, nil)

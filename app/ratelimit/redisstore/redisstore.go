@@ -1,0 +1,240 @@
+// Package redisstore is the Redis backend: every decision is one atomic Lua
+// script (EVALSHA, falling back to EVAL after a Redis restart) that takes its
+// time from Redis' TIME, so instances sharing a Redis never disagree about
+// the clock and never read-then-write from Go.
+//
+// Keys: every key of one identity shares a hash tag "{<prefix>:NNNN}" chosen
+// by hashing the identity into 1024 buckets, so a script touches one Cluster
+// slot, no client can choose the slot by sending "{...}", and key length is
+// fixed whatever the client sends.
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// TagBuckets is the number of hash tags identities are spread over.
+const TagBuckets = 1024
+
+var (
+	//go:embed lua/prelude.lua
+	prelude string
+	//go:embed lua/token_bucket.lua
+	tokenBucketLua string
+	//go:embed lua/gcra.lua
+	gcraLua string
+	//go:embed lua/sliding_window_counter.lua
+	windowCounterLua string
+	//go:embed lua/sliding_window_log.lua
+	windowLogLua string
+)
+
+// scripts holds one script per algorithm.
+var scripts = map[ratelimit.Algorithm]*redis.Script{
+	ratelimit.TokenBucket:          redis.NewScript(prelude + tokenBucketLua),
+	ratelimit.GCRA:                 redis.NewScript(prelude + gcraLua),
+	ratelimit.SlidingWindowCounter: redis.NewScript(prelude + windowCounterLua),
+	ratelimit.SlidingWindowLog:     redis.NewScript(prelude + windowLogLua),
+}
+
+// Hooks observe decisions without the package importing a metrics library.
+// Each hook may be nil; hooks must be safe for concurrent use and fast.
+type Hooks struct {
+	// OnDecision is called after every decision Redis made, with the round
+	// trip's latency.
+	OnDecision func(req ratelimit.Request, d ratelimit.Decision, latency time.Duration)
+	// OnError is called after every failed call.
+	OnError func(req ratelimit.Request, err error, latency time.Duration)
+}
+
+// Limiter is a ratelimit.Limiter backed by Redis. It is safe for concurrent
+// use. Use New.
+type Limiter struct {
+	client  redis.Scripter
+	prefix  string
+	timeout time.Duration
+	hooks   Hooks
+	now     func() time.Time // tests only; nil: Redis TIME
+	idBase  string
+	seq     atomic.Uint64
+}
+
+var _ ratelimit.Limiter = (*Limiter)(nil)
+
+// Option configures a Limiter.
+type Option func(*Limiter)
+
+// WithPrefix sets the key prefix inside the hash tag (default "rl").
+func WithPrefix(p string) Option { return func(l *Limiter) { l.prefix = p } }
+
+// WithTimeout bounds each decision's round trip (default: none beyond the
+// caller's context and the client's own timeouts).
+func WithTimeout(d time.Duration) Option { return func(l *Limiter) { l.timeout = d } }
+
+// WithHooks installs observation hooks.
+func WithHooks(h Hooks) Option { return func(l *Limiter) { l.hooks = h } }
+
+// WithClock makes the scripts use now() instead of Redis TIME. For tests
+// only: in production the time must come from Redis, or instances with
+// skewed clocks would disagree.
+func WithClock(now func() time.Time) Option { return func(l *Limiter) { l.now = now } }
+
+// New returns a Limiter using client, which may be a *redis.Client,
+// *redis.ClusterClient, *redis.Ring or any redis.UniversalClient.
+func New(client redis.Scripter, opts ...Option) *Limiter {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	l := &Limiter{client: client, prefix: "rl", idBase: hex.EncodeToString(b[:]) + ":"}
+	for _, o := range opts {
+		o(l)
+	}
+	return l
+}
+
+// Tag returns the hash tag of an identity's bucket, e.g. "{rl:0421}".
+func (l *Limiter) Tag(identity string) string {
+	sum := sha256.Sum256([]byte(identity))
+	return l.tag(sum)
+}
+
+func (l *Limiter) tag(sum [32]byte) string {
+	return "{" + l.prefix + ":" + fmt.Sprintf("%04d", binary.BigEndian.Uint16(sum[16:18])%TagBuckets) + "}"
+}
+
+// TagOfBucket returns the hash tag of bucket n (0 <= n < TagBuckets), for
+// fleet-wide keys that need a home slot.
+func (l *Limiter) TagOfBucket(n int) string {
+	return "{" + l.prefix + ":" + fmt.Sprintf("%04d", n%TagBuckets) + "}"
+}
+
+// Key returns the Redis key holding policy p's state for identity: the
+// identity's tag, the policy name and fingerprint, and a hash of the
+// identity.
+func (l *Limiter) Key(p ratelimit.Policy, identity string) string {
+	sum := sha256.Sum256([]byte(identity))
+	return l.tag(sum) + ":" + p.Name + ":" + p.Fingerprint() + ":" + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// Decide makes one decision in one round trip.
+func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	if err := req.Validate(); err != nil {
+		return ratelimit.Decision{}, err
+	}
+	if req.ID == "" {
+		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+	}
+	callCtx := ctx
+	if l.timeout > 0 {
+		var cancel context.CancelFunc
+		callCtx, cancel = context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+	}
+	var now int64
+	if l.now != nil {
+		now = l.now().UnixMicro()
+	}
+	p := req.Policy
+	start := time.Now()
+	res, err := scripts[p.Algorithm].Run(callCtx, l.client, []string{l.Key(p, req.Key)},
+		now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), req.ID).Slice()
+	latency := time.Since(start)
+	var d ratelimit.Decision
+	if err == nil {
+		d, err = parseReply(res)
+	}
+	if err != nil {
+		err = classify(ctx, err)
+		if l.hooks.OnError != nil {
+			l.hooks.OnError(req, err, latency)
+		}
+		return ratelimit.Decision{}, err
+	}
+	d.Limit = p.Capacity()
+	d.Mode = ratelimit.ModeRedis
+	if l.hooks.OnDecision != nil {
+		l.hooks.OnDecision(req, d, latency)
+	}
+	return d, nil
+}
+
+// replyLen is the length of every decision script's reply.
+const replyLen = 11 + ratelimit.AgeBuckets
+
+// parseReply turns a script reply into a decision, checking every element.
+func parseReply(res []any) (ratelimit.Decision, error) {
+	if len(res) != replyLen {
+		return ratelimit.Decision{}, fmt.Errorf("%w: %d elements, want %d", ratelimit.ErrBadReply, len(res), replyLen)
+	}
+	var v [replyLen]int64
+	for i, x := range res {
+		n, ok := x.(int64)
+		if !ok {
+			return ratelimit.Decision{}, fmt.Errorf("%w: element %d is %T, want an integer", ratelimit.ErrBadReply, i, x)
+		}
+		v[i] = n
+	}
+	if v[0] != 0 && v[0] != 1 || v[1] < 0 || v[2] < 0 || v[3] < 0 || v[4] <= 0 {
+		return ratelimit.Decision{}, fmt.Errorf("%w: out-of-range values %v", ratelimit.ErrBadReply, v[:5])
+	}
+	d := ratelimit.Decision{
+		Allowed:    v[0] == 1,
+		Remaining:  v[1],
+		ResetAfter: time.Duration(v[2]) * time.Microsecond,
+		RetryAfter: time.Duration(v[3]) * time.Microsecond,
+		State: ratelimit.State{
+			Now: v[4], Tokens: v[5], TAT: v[6], TATRem: v[7], WindowStart: v[8], Current: v[9], Previous: v[10],
+		},
+	}
+	copy(d.State.Ages[:], v[11:])
+	return d, nil
+}
+
+// unavailablePrefixes are Redis error replies that mean "cannot serve now"
+// rather than "this request is wrong".
+var unavailablePrefixes = []string{"LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MOVED", "ASK"}
+
+// classify wraps err as ErrUnavailable (the store cannot decide now: network,
+// timeout, a server that is loading or read-only) or ErrBadReply (the store
+// answered, but not with a decision). A cancelled caller context is returned
+// as is.
+func classify(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("redisstore: %w", ctx.Err())
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) && !isNetError(err) {
+		msg := rerr.Error()
+		for _, p := range unavailablePrefixes {
+			if strings.HasPrefix(msg, p) {
+				return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+			}
+		}
+		return fmt.Errorf("%w: %w", ratelimit.ErrBadReply, err)
+	}
+	if errors.Is(err, ratelimit.ErrBadReply) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
+}
+
+func isNetError(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
+}
