@@ -5,11 +5,12 @@ import (
 	"time"
 )
 
-// The algorithms as pure state transitions: (policy, state, now, cost) ->
-// (state, decision). Every quantity is an integer (time in µs, token levels
-// scaled by the window in µs) so that the Lua twins in redisstore, which
-// compute in float64, agree to the bit. Each function expects a validated
-// policy and 1 <= cost <= p.Capacity().
+// The algorithms as pure state transitions: (policy, state, now, cost,
+// weight) -> (state, decision). Every quantity is an integer (time in µs,
+// token levels scaled by the window in µs) so that the Lua twins in
+// redisstore, which compute in float64, agree to the bit. Each function
+// expects a validated policy, 1 <= cost <= p.Capacity() and a valid weight
+// (see Weight: the decider's share of the policy is Den/Num of it).
 
 // TokenBucketState is a token bucket's stored state. The zero value is a
 // key never seen (a full bucket).
@@ -19,20 +20,20 @@ type TokenBucketState struct {
 }
 
 // TokenBucketDecide applies one request at time now (µs) to a token bucket.
-func TokenBucketDecide(p Policy, s TokenBucketState, now, cost int64) (TokenBucketState, Decision) {
+func TokenBucketDecide(p Policy, s TokenBucketState, now, cost int64, wt Weight) (TokenBucketState, Decision) {
 	w, capScaled, rate := p.WindowMicros(), p.Capacity()*p.WindowMicros(), p.Limit
 	tokens := capScaled
 	if s.Last != 0 {
 		tokens = tokenBucketFill(s.Tokens, now-s.Last, capScaled, rate)
 	}
 	d := Decision{Limit: p.Capacity()}
-	if need := cost * w; tokens >= need {
+	if need := wt.scale(cost * w); tokens >= need {
 		d.Allowed = true
 		tokens -= need
 	} else {
 		d.RetryAfter = micros(ceilDiv(need-tokens, rate))
 	}
-	d.Remaining = tokens / w
+	d.Remaining = wt.units(tokens, w)
 	d.ResetAfter = micros(ceilDiv(capScaled-tokens, rate))
 	d.State = State{Now: now, Tokens: tokens}
 	return TokenBucketState{Tokens: tokens, Last: now}, d
@@ -59,14 +60,14 @@ type GCRAState struct {
 }
 
 // GCRADecide applies one request at time now (µs) to GCRA.
-func GCRADecide(p Policy, s GCRAState, now, cost int64) (GCRAState, Decision) {
+func GCRADecide(p Policy, s GCRAState, now, cost int64, wt Weight) (GCRAState, Decision) {
 	w, burst, rate := p.WindowMicros(), p.Capacity(), p.Limit
 	tolerance := burst * w // in µs × rate units
 	tat := s
 	if tat.TAT < now || tat.TAT == now && tat.Rem == 0 {
 		tat = GCRAState{TAT: now}
 	}
-	inc := cost * w
+	inc := wt.scale(cost * w)
 	next := GCRAState{TAT: tat.TAT + inc/rate, Rem: tat.Rem + inc%rate}
 	if next.Rem >= rate {
 		next.TAT++
@@ -80,7 +81,7 @@ func GCRADecide(p Policy, s GCRAState, now, cost int64) (GCRAState, Decision) {
 		d.RetryAfter = micros(ceilDiv(ahead-tolerance, rate))
 	}
 	ahead := (tat.TAT-now)*rate + tat.Rem
-	d.Remaining = max(0, (tolerance-ahead)/w)
+	d.Remaining = wt.units(tolerance-ahead, w)
 	d.ResetAfter = micros(ceilDiv(ahead, rate))
 	d.State = State{Now: now, TAT: tat.TAT, TATRem: tat.Rem}
 	return tat, d
@@ -96,8 +97,8 @@ type WindowCounterState struct {
 // WindowCounterDecide applies one request at time now (µs) to a sliding
 // window counter. The previous window's count is weighted by the part of it
 // that the sliding window still covers.
-func WindowCounterDecide(p Policy, s WindowCounterState, now, cost int64) (WindowCounterState, Decision) {
-	w, limit := p.WindowMicros(), p.Limit
+func WindowCounterDecide(p Policy, s WindowCounterState, now, cost int64, wt Weight) (WindowCounterState, Decision) {
+	w, limit := p.WindowMicros(), wt.limit(p.Limit)
 	start := now - now%w
 	cur, prev := int64(0), int64(0)
 	switch s.WindowStart {
@@ -108,7 +109,7 @@ func WindowCounterDecide(p Policy, s WindowCounterState, now, cost int64) (Windo
 	}
 	elapsed := now - start
 	used := prev*(w-elapsed) + cur*w // in units × µs
-	d := Decision{Limit: limit}
+	d := Decision{Limit: p.Limit}
 	if used+cost*w <= limit*w {
 		d.Allowed = true
 		cur += cost
@@ -129,8 +130,11 @@ func WindowCounterDecide(p Policy, s WindowCounterState, now, cost int64) (Windo
 
 // windowCounterRetry is the time until cost units fit, for a denied request.
 func windowCounterRetry(w, limit, elapsed, cur, prev, cost int64) int64 {
+	if cost > limit { // never fits at this weight: look again in a window
+		return w
+	}
 	// Later in this window the previous count's weight shrinks.
-	if room := (limit-cost-cur)*w; room >= 0 && prev > 0 {
+	if room := (limit - cost - cur) * w; room >= 0 && prev > 0 {
 		at := w - room/prev // first elapsed µs with prev*(w-at) <= room
 		if at < w {
 			return at - elapsed
@@ -155,8 +159,8 @@ func (l *WindowLog) Len() int { return len(l.times) }
 
 // WindowLogDecide applies one request at time now (µs) to a sliding window
 // log, admitting it if at most Limit units fall in (now-Window, now].
-func WindowLogDecide(p Policy, l *WindowLog, now, cost int64) Decision {
-	w, limit := p.WindowMicros(), p.Limit
+func WindowLogDecide(p Policy, l *WindowLog, now, cost int64, wt Weight) Decision {
+	w, limit := p.WindowMicros(), wt.limit(p.Limit)
 	// Drop grants at or before now-w.
 	drop := sort.Search(len(l.times), func(i int) bool { return l.times[i] > now-w })
 	l.times = l.times[drop:]
@@ -166,7 +170,7 @@ func WindowLogDecide(p Policy, l *WindowLog, now, cost int64) Decision {
 		l.times = append(make([]int64, 0, len(l.times)+int(cost)), l.times...)
 	}
 	count := int64(len(l.times))
-	d := Decision{Limit: limit}
+	d := Decision{Limit: p.Limit}
 	if count+cost <= limit {
 		d.Allowed = true
 		for range cost {
@@ -174,11 +178,13 @@ func WindowLogDecide(p Policy, l *WindowLog, now, cost int64) Decision {
 			l.times = append(l.times, max(now, last(l.times)))
 		}
 		count += cost
+	} else if cost > limit {
+		d.RetryAfter = micros(w) // never fits at this weight: look again in a window
 	} else {
 		// The (count+cost-limit)-th oldest grant must leave the window.
 		d.RetryAfter = micros(l.times[count+cost-limit-1] + w - now)
 	}
-	d.Remaining = limit - count
+	d.Remaining = max(0, limit-count)
 	if count > 0 {
 		d.ResetAfter = micros(max(0, l.times[count-1]+w-now))
 	}
@@ -208,6 +214,49 @@ func last(s []int64) int64 {
 		return 0
 	}
 	return s[len(s)-1]
+}
+
+// Weight scales what a request takes, so that a decider can hold back part
+// of a policy for instances that may be deciding elsewhere (a partitioned
+// instance spending its fallback share). With Weight{Num: n, Den: d} the
+// decider admits as if it had d/n of the policy: the token bucket and GCRA
+// charge cost × n/d (so both the burst and the rate shrink), the window
+// algorithms admit up to ⌊limit × d/n⌋. The zero value is {1, 1}: the whole
+// policy.
+type Weight struct {
+	Num, Den int64
+}
+
+// Valid reports whether w is the zero value or 1 <= Den <= Num <= 1024.
+func (w Weight) Valid() bool {
+	return w == Weight{} || w.Den >= 1 && w.Den <= w.Num && w.Num <= 1024
+}
+
+func (w Weight) norm() (int64, int64) {
+	if w.Num == 0 {
+		return 1, 1
+	}
+	return w.Num, w.Den
+}
+
+// scale returns ⌈x × Num/Den⌉.
+func (w Weight) scale(x int64) int64 {
+	n, d := w.norm()
+	return ceilDiv(x*n, d)
+}
+
+// limit returns ⌊limit × Den/Num⌋.
+func (w Weight) limit(limit int64) int64 {
+	n, d := w.norm()
+	return limit * d / n
+}
+
+// units returns how many unit requests (each scale(unit) long) fit in room.
+func (w Weight) units(room, unit int64) int64 {
+	if room <= 0 {
+		return 0
+	}
+	return room / w.scale(unit)
 }
 
 // ceilDiv is ⌈a/b⌉ for a >= 0, b > 0; 0 for a <= 0.

@@ -25,13 +25,13 @@ func TestVectors(t *testing.T) {
 				var got ratelimit.Decision
 				switch c.Policy.Algorithm {
 				case ratelimit.TokenBucket:
-					tb, got = ratelimit.TokenBucketDecide(c.Policy, tb, now, s.Cost)
+					tb, got = ratelimit.TokenBucketDecide(c.Policy, tb, now, s.Cost, s.Weight)
 				case ratelimit.GCRA:
-					gc, got = ratelimit.GCRADecide(c.Policy, gc, now, s.Cost)
+					gc, got = ratelimit.GCRADecide(c.Policy, gc, now, s.Cost, s.Weight)
 				case ratelimit.SlidingWindowCounter:
-					wc, got = ratelimit.WindowCounterDecide(c.Policy, wc, now, s.Cost)
+					wc, got = ratelimit.WindowCounterDecide(c.Policy, wc, now, s.Cost, s.Weight)
 				case ratelimit.SlidingWindowLog:
-					got = ratelimit.WindowLogDecide(c.Policy, &log, now, s.Cost)
+					got = ratelimit.WindowLogDecide(c.Policy, &log, now, s.Cost, s.Weight)
 				}
 				if want := c.Decision(s); got != want {
 					t.Errorf("step %d (t=%d cost=%d):\n got %+v\nwant %+v", i, s.At, s.Cost, got, want)

@@ -41,6 +41,9 @@ type Request struct {
 	// so the same request decided twice (a timed-out call that still ran,
 	// a replay) is counted once. Empty: the backend makes one up.
 	ID string
+	// Weight holds back part of the policy for instances deciding
+	// elsewhere; the zero value decides with the whole policy.
+	Weight Weight
 }
 
 // Units returns the cost with the default filled in.
@@ -65,6 +68,9 @@ func (r Request) Validate() error {
 	}
 	if c > r.Policy.Capacity() {
 		return fmt.Errorf("%w: cost %d exceeds the capacity %d of policy %q", ErrInvalidRequest, c, r.Policy.Capacity(), r.Policy.Name)
+	}
+	if !r.Weight.Valid() {
+		return fmt.Errorf("%w: invalid weight %d/%d", ErrInvalidRequest, r.Weight.Num, r.Weight.Den)
 	}
 	if len(r.ID) > MaxKeyBytes {
 		return fmt.Errorf("%w: request id longer than %d bytes", ErrInvalidRequest, MaxKeyBytes)

@@ -18,9 +18,10 @@ const T0 int64 = 1_700_000_000_000_000
 // Step is one request of a case: at T0+At µs, for Cost units, on the case's
 // key; Want is the expected decision.
 type Step struct {
-	At   int64
-	Cost int64
-	Want Want
+	At     int64
+	Cost   int64
+	Weight ratelimit.Weight
+	Want   Want
 }
 
 // Want is an expected decision. TAT and WindowStart are relative to T0.
@@ -154,6 +155,52 @@ var Cases = []Case{
 			{At: 10 * sec, Cost: 2, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{2, 0, 0, 0, 0, 0, 1}}},
 			{At: 11 * sec, Cost: 1, Want: Want{Remaining: 0, Reset: 9 * sec, Retry: 1 * sec, Ages: [8]int64{2, 0, 0, 0, 0, 0, 0, 1}}},
 			{At: 12 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{1, 2}}},
+		},
+	},
+	{
+		// Weight 4/3: the decider holds a quarter back, so a unit costs
+		// ⌈3e6 × 4/3⌉ = 4e6 scaled tokens.
+		Name:   "token bucket: weighted",
+		Policy: ratelimit.Policy{Name: "tbw", Algorithm: ratelimit.TokenBucket, Limit: 3, Window: 3 * time.Second},
+		Steps: []Step{
+			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 1, Reset: 1333334, Tokens: 5e6}},
+			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 0, Reset: 2666667, Tokens: 1e6}},
+			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Remaining: 0, Reset: 2666667, Retry: 1 * sec, Tokens: 1e6}},
+			{At: 0, Cost: 1, Want: Want{Remaining: 0, Reset: 2666667, Retry: 666667, Tokens: 1e6}},
+		},
+	},
+	{
+		// Weight 4/3 on 3 per 3 s: the increment 4e6/3 µs = 1333333 µs + 1/3.
+		Name:   "gcra: weighted",
+		Policy: ratelimit.Policy{Name: "gcw", Algorithm: ratelimit.GCRA, Limit: 3, Window: 3 * time.Second},
+		Steps: []Step{
+			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 1, Reset: 1333334, TAT: 1333333, TATRem: 1}},
+			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 0, Reset: 2666667, TAT: 2666666, TATRem: 2}},
+			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Remaining: 0, Reset: 2666667, Retry: 1 * sec, TAT: 2666666, TATRem: 2}},
+		},
+	},
+	{
+		// Weight 4/3 on 4 per 10 s: the decider admits up to ⌊4 × 3/4⌋ = 3.
+		Name:   "sliding window counter: weighted",
+		Policy: ratelimit.Policy{Name: "swcw", Algorithm: ratelimit.SlidingWindowCounter, Limit: 4, Window: 10 * time.Second},
+		Steps: []Step{
+			{At: 0, Cost: 3, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 0, Reset: 20 * sec, Cur: 3}},
+			// Next window: 3 × (W - e) <= 2 × W once e >= W/3.
+			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Remaining: 0, Reset: 20 * sec, Retry: 13333334, Cur: 3}},
+			{At: 0, Cost: 1, Want: Want{Allowed: true, Remaining: 0, Reset: 20 * sec, Cur: 4}},
+			// At weight 4/1 the limit is 1: a cost of 2 never fits.
+			{At: sec, Cost: 2, Weight: ratelimit.Weight{Num: 4, Den: 1}, Want: Want{Remaining: 0, Reset: 19 * sec, Retry: 10 * sec, Cur: 4}},
+		},
+	},
+	{
+		// Weight 3/2 on 3 per 10 s: the decider admits up to 2.
+		Name:   "sliding window log: weighted",
+		Policy: ratelimit.Policy{Name: "swlw", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: 10 * time.Second},
+		Steps: []Step{
+			{At: 0, Cost: 2, Weight: ratelimit.Weight{Num: 3, Den: 2}, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{2}}},
+			{At: sec, Cost: 1, Weight: ratelimit.Weight{Num: 3, Den: 2}, Want: Want{Remaining: 0, Reset: 9 * sec, Retry: 9 * sec, Ages: [8]int64{2}}},
+			{At: sec, Cost: 1, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{3}}},
+			{At: sec, Cost: 3, Weight: ratelimit.Weight{Num: 3, Den: 2}, Want: Want{Remaining: 0, Reset: 10 * sec, Retry: 10 * sec, Ages: [8]int64{3}}},
 		},
 	},
 }

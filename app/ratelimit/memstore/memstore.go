@@ -114,13 +114,13 @@ func (l *Limiter) Decide(_ context.Context, req ratelimit.Request) (ratelimit.De
 	if err := req.Validate(); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	return l.DecideAt(l.KeyOf(req.Policy, req.Key), req.Policy, l.now().UnixMicro(), req.Units()), nil
+	return l.DecideAt(l.KeyOf(req.Policy, req.Key), req.Policy, l.now().UnixMicro(), req.Units(), req.Weight), nil
 }
 
 // DecideAt applies a validated policy to key at time now (µs since the
 // epoch). It is the decision path without validation or hashing, for callers
 // that did both already.
-func (l *Limiter) DecideAt(key Key, p ratelimit.Policy, now, cost int64) ratelimit.Decision {
+func (l *Limiter) DecideAt(key Key, p ratelimit.Policy, now, cost int64, wt ratelimit.Weight) ratelimit.Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e, ok := l.keys.Get(key)
@@ -131,13 +131,13 @@ func (l *Limiter) DecideAt(key Key, p ratelimit.Policy, now, cost int64) ratelim
 	var d ratelimit.Decision
 	switch p.Algorithm {
 	case ratelimit.TokenBucket:
-		e.tb, d = ratelimit.TokenBucketDecide(p, e.tb, now, cost)
+		e.tb, d = ratelimit.TokenBucketDecide(p, e.tb, now, cost, wt)
 	case ratelimit.GCRA:
-		e.gc, d = ratelimit.GCRADecide(p, e.gc, now, cost)
+		e.gc, d = ratelimit.GCRADecide(p, e.gc, now, cost, wt)
 	case ratelimit.SlidingWindowCounter:
-		e.wc, d = ratelimit.WindowCounterDecide(p, e.wc, now, cost)
+		e.wc, d = ratelimit.WindowCounterDecide(p, e.wc, now, cost, wt)
 	case ratelimit.SlidingWindowLog:
-		d = ratelimit.WindowLogDecide(p, &e.log, now, cost)
+		d = ratelimit.WindowLogDecide(p, &e.log, now, cost, wt)
 	}
 	d.Mode = ratelimit.ModeMemory
 	return d

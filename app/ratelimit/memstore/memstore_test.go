@@ -26,7 +26,7 @@ func TestVectors(t *testing.T) {
 			l := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
 			for i, s := range c.Steps {
 				now = vectors.T0 + s.At
-				got, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: "k", Cost: s.Cost})
+				got, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: "k", Cost: s.Cost, Weight: s.Weight})
 				if err != nil {
 					t.Fatal(err)
 				}

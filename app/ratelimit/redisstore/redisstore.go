@@ -153,7 +153,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 	p := req.Policy
 	start := time.Now()
 	res, err := scripts[p.Algorithm].Run(callCtx, l.client, []string{l.Key(p, req.Key)},
-		now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), req.ID).Slice()
+		now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), req.ID, req.Weight.Num, req.Weight.Den).Slice()
 	latency := time.Since(start)
 	var d ratelimit.Decision
 	if err == nil {

@@ -8,7 +8,7 @@ if st[1] then
   local t0, r0 = num(st[1], 't'), num(st[2], 'r')
   if t0 > now or (t0 == now and r0 > 0) then tat, rem = t0, r0 end
 end
-local inc = cost * window
+local inc = wscale(cost * window)
 local q = fdiv(inc, limit)
 local nt, nr = tat + q, rem + (inc - q * limit)
 if nr >= limit then nt, nr = nt + 1, nr - limit end
@@ -21,8 +21,7 @@ else
   retry = cdiv(ahead - tolerance, limit)
 end
 ahead = (tat - now) * limit + rem
-local remaining = 0
-if tolerance - ahead > 0 then remaining = fdiv(tolerance - ahead, window) end
+local remaining = wunits(tolerance - ahead, window)
 local reset = cdiv(ahead, limit)
 if reset > 0 then
   redis.call('HSET', key, 't', str(tat), 'r', str(rem))

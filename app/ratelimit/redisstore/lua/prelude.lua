@@ -1,6 +1,7 @@
 -- Shared helpers, prepended to every decision script.
 -- ARGV: [1] now in µs (0: take the time from redis TIME, the production path)
 --       [2] limit (rate per window)  [3] window in µs  [4] capacity  [5] cost
+--       [6] request id  [7], [8] weight num, den (ratelimit.Weight)
 -- Reply (every script): {allowed, remaining, reset_us, retry_us, now_us,
 --       tokens, tat, tat_rem, window_start, current, previous, age1..age8}
 -- All arithmetic stays integral and below 2^53, so float64 Lua agrees with
@@ -37,6 +38,15 @@ end
 
 local limit, window, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local capacity = tonumber(ARGV[4])
+local wnum, wden = tonumber(ARGV[7]) or 1, tonumber(ARGV[8]) or 1
+if wnum < 1 then wnum, wden = 1, 1 end
+-- ratelimit.Weight: cost × num/den, and limit × den/num.
+local function wscale(x) return cdiv(x * wnum, wden) end
+local function wunits(room, unit)
+  if room <= 0 then return 0 end
+  return fdiv(room, wscale(unit))
+end
+local elimit = fdiv(limit * wden, wnum)
 local key = KEYS[1]
 local margin_ms = 1000
 

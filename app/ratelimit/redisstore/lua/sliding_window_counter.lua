@@ -2,6 +2,7 @@
 -- that window, p = count of the window before}.
 -- Twin of ratelimit.WindowCounterDecide.
 local now = now_us()
+local limit = elimit
 local start = now - (now % window)
 local st = redis.call('HMGET', key, 'w', 'c', 'p')
 local cur, prev = 0, 0
@@ -21,9 +22,10 @@ if used + cost * window <= limit * window then
   cur = cur + cost
   used = used + cost * window
 else
-  local found = false
+  local found = cost > limit
+  if found then retry = window end
   local room = (limit - cost - cur) * window
-  if room >= 0 and prev > 0 then
+  if not found and room >= 0 and prev > 0 then
     local at = window - fdiv(room, prev)
     if at < window then
       retry = at - elapsed

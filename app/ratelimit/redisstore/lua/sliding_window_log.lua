@@ -5,6 +5,7 @@
 -- counted before (a decision that timed out but ran, a replay): it is
 -- answered as allowed and not counted again.
 local now = now_us()
+local limit = elimit
 local id = ARGV[6]
 redis.call('ZREMRANGEBYSCORE', key, '-inf', str(now - window))
 local count = redis.call('ZCARD', key)
@@ -20,6 +21,8 @@ elseif count + cost <= limit then
   end
   redis.call('ZADD', key, unpack(args))
   count = count + cost
+elseif cost > limit then
+  retry = window
 else
   local nth = redis.call('ZRANGE', key, count + cost - limit - 1, count + cost - limit - 1, 'WITHSCORES')
   retry = num(nth[2], 'score') + window - now
@@ -38,4 +41,4 @@ if count > 0 then
   end
   redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 end
-return reply(allowed, limit - count, reset, retry, now, 0, 0, 0, 0, 0, 0, ages)
+return reply(allowed, math.max(0, limit - count), reset, retry, now, 0, 0, 0, 0, 0, 0, ages)

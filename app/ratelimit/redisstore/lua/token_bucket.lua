@@ -16,7 +16,7 @@ if st[2] then
   end
 end
 local allowed, retry = 0, 0
-local need = cost * window
+local need = wscale(cost * window)
 if tokens >= need then
   allowed = 1
   tokens = tokens - need
@@ -26,4 +26,4 @@ end
 local reset = cdiv(cap - tokens, limit)
 redis.call('HSET', key, 't', str(tokens), 'l', str(now))
 redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
-return reply(allowed, fdiv(tokens, window), reset, retry, now, tokens, 0, 0, 0, 0, 0, nil)
+return reply(allowed, wunits(tokens, window), reset, retry, now, tokens, 0, 0, 0, 0, 0, nil)
