@@ -44,15 +44,22 @@ type Case struct {
 
 // Decision returns the full decision a backend must return for step s of
 // case c (Mode aside).
-func (c Case) Decision(s Step) ratelimit.Decision {
+func (c Case) Decision(s Step) ratelimit.Decision { return decision(c.Policy, s) }
+
+// Decision returns the full decision a backend must return for step s of
+// case c (Mode aside).
+func (c ReplayCase) Decision(s Step) ratelimit.Decision { return decision(c.Policy, s) }
+
+func decision(p ratelimit.Policy, s Step) ratelimit.Decision {
 	w := s.Want
 	st := ratelimit.State{Now: T0 + s.At, Tokens: w.Tokens, TATRem: w.TATRem, Current: w.Cur, Previous: w.Prv, Ages: w.Ages}
-	if c.Policy.Algorithm == ratelimit.GCRA {
+	if p.Algorithm == ratelimit.GCRA {
 		st.TAT = T0 + w.TAT
 	}
-	if c.Policy.Algorithm == ratelimit.SlidingWindowCounter {
+	if p.Algorithm == ratelimit.SlidingWindowCounter {
 		st.WindowStart = T0 + w.WindowStart
 	}
+	c := struct{ Policy ratelimit.Policy }{p}
 	return ratelimit.Decision{
 		Allowed:    w.Allowed,
 		Limit:      c.Policy.Capacity(),
@@ -201,6 +208,109 @@ var Cases = []Case{
 			{At: sec, Cost: 1, Weight: ratelimit.Weight{Num: 3, Den: 2}, Want: Want{Remaining: 0, Reset: 9 * sec, Retry: 9 * sec, Ages: [8]int64{2}}},
 			{At: sec, Cost: 1, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{3}}},
 			{At: sec, Cost: 3, Weight: ratelimit.Weight{Num: 3, Den: 2}, Want: Want{Remaining: 0, Reset: 10 * sec, Retry: 10 * sec, Ages: [8]int64{3}}},
+		},
+	},
+}
+
+// ReplayCase runs Before (decisions, not checked), folds Grants (times
+// relative to T0) into the state at T0+At, expects Result, then runs After
+// (checked). Comparing the decisions after the replay compares the states
+// both twins are left in.
+type ReplayCase struct {
+	Name   string
+	Policy ratelimit.Policy
+	Before []Step
+	At     int64
+	Grants []ratelimit.Grant
+	Result ratelimit.ReplayResult
+	After  []Step
+}
+
+// AbsGrants returns the grants with absolute times.
+func (c ReplayCase) AbsGrants() []ratelimit.Grant {
+	out := make([]ratelimit.Grant, len(c.Grants))
+	for i, g := range c.Grants {
+		g.At += T0
+		out[i] = g
+	}
+	return out
+}
+
+// ReplayCases is the replay table.
+var ReplayCases = []ReplayCase{
+	{
+		// Capacity 10, 1 token/s (scaled: level × 1e7, refill 10/µs). An
+		// outage shorter than a full refill: folding the grants in time order
+		// gives exactly what an ideal limiter that saw them would hold.
+		Name:   "token bucket: short outage, exact",
+		Policy: ratelimit.Policy{Name: "rtb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 10 * time.Second},
+		Before: []Step{{At: 0, Cost: 5}},
+		At:     4 * sec,
+		Grants: []ratelimit.Grant{{At: 1 * sec, Cost: 1, ID: "a"}, {At: 2 * sec, Cost: 2, ID: "b"}, {At: 3 * sec, Cost: 1, ID: "c"}},
+		Result: ratelimit.ReplayResult{Replayed: 4},
+		After:  []Step{{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 4, Reset: 6 * sec, Tokens: 4e7}}},
+	},
+	{
+		// An outage longer than a full refill (10 s), the bucket full in
+		// between: the grant at 15 s is dropped (older than a refill), the
+		// one at 25 s charged once against a full bucket. Ideal: 9 left.
+		// Subtracting the total once from the refilled bucket would leave 7.
+		Name:   "token bucket: long outage, bucket full in between",
+		Policy: ratelimit.Policy{Name: "rtb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 10 * time.Second},
+		Before: []Step{{At: 0, Cost: 10}},
+		At:     26 * sec,
+		Grants: []ratelimit.Grant{{At: 15 * sec, Cost: 1, ID: "a"}, {At: 25 * sec, Cost: 1, ID: "b"}},
+		Result: ratelimit.ReplayResult{Replayed: 1, Dropped: 1},
+		After:  []Step{{At: 26 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 9, Reset: 1 * sec, Tokens: 9e7}}},
+	},
+	{
+		// Grants older than the state's last update (the store decided at
+		// 6 s, after them) are charged without refill: 5 left where an
+		// ideal limiter holds 6. The overcharge (1) is below both bounds:
+		// the refill between 2 s and 6 s (4) and the units so charged (4).
+		Name:   "token bucket: grants before the last update",
+		Policy: ratelimit.Policy{Name: "rtb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 10 * time.Second},
+		Before: []Step{{At: 0, Cost: 5}, {At: 6 * sec, Cost: 1}},
+		At:     7 * sec,
+		Grants: []ratelimit.Grant{{At: 2 * sec, Cost: 2, ID: "a"}, {At: 4 * sec, Cost: 2, ID: "b"}},
+		Result: ratelimit.ReplayResult{Replayed: 4},
+		After:  []Step{{At: 7 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 5, Reset: 5 * sec, Tokens: 5e7}}},
+	},
+	{
+		// 10 per 10 s: each unit pushes the arrival time 1 s.
+		Name:   "gcra: grants push the arrival time",
+		Policy: ratelimit.Policy{Name: "rgc", Algorithm: ratelimit.GCRA, Limit: 10, Window: 10 * time.Second},
+		Before: []Step{{At: 0, Cost: 5}},
+		At:     4 * sec,
+		Grants: []ratelimit.Grant{{At: 1 * sec, Cost: 1, ID: "a"}, {At: 2 * sec, Cost: 2, ID: "b"}, {At: 3 * sec, Cost: 1, ID: "c"}},
+		Result: ratelimit.ReplayResult{Replayed: 4},
+		After:  []Step{{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 4, Reset: 6 * sec, TAT: 10 * sec}}},
+	},
+	{
+		// 4 per 10 s, replayed at 12 s: 2 s goes to the previous window,
+		// 11 s to the current one, -15 s is dropped.
+		Name:   "sliding window counter: counts land in their windows",
+		Policy: ratelimit.Policy{Name: "rswc", Algorithm: ratelimit.SlidingWindowCounter, Limit: 4, Window: 10 * time.Second},
+		Before: []Step{{At: 1 * sec, Cost: 1}},
+		At:     12 * sec,
+		Grants: []ratelimit.Grant{{At: -15 * sec, Cost: 1, ID: "a"}, {At: 2 * sec, Cost: 1, ID: "b"}, {At: 11 * sec, Cost: 2, ID: "c"}},
+		Result: ratelimit.ReplayResult{Replayed: 3, Dropped: 1},
+		// used = 2 × 8e6 + 2 × 1e7 = 3.6e7, + 1e7 > 4e7: denied until
+		// 2 × (W - e) <= 1e7, e = 5 s.
+		After: []Step{{At: 12 * sec, Cost: 1, Want: Want{Remaining: 0, Reset: 18 * sec, Retry: 3 * sec, WindowStart: 10 * sec, Cur: 2, Prv: 2}}},
+	},
+	{
+		// 3 per 10 s, replayed at 12 s: 1 s is outside the window.
+		Name:   "sliding window log: grants keep their times",
+		Policy: ratelimit.Policy{Name: "rswl", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: 10 * time.Second},
+		Before: []Step{{At: 0, Cost: 1}},
+		At:     12 * sec,
+		Grants: []ratelimit.Grant{{At: 1 * sec, Cost: 1, ID: "a"}, {At: 5 * sec, Cost: 1, ID: "b"}, {At: 11 * sec, Cost: 1, ID: "c"}},
+		Result: ratelimit.ReplayResult{Replayed: 2, Dropped: 1},
+		After: []Step{
+			{At: 12 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{2, 0, 0, 0, 0, 1}}},
+			// The grant at 5 s leaves at 15 s.
+			{At: 12 * sec, Cost: 1, Want: Want{Remaining: 0, Reset: 10 * sec, Retry: 3 * sec, Ages: [8]int64{2, 0, 0, 0, 0, 1}}},
 		},
 	},
 }

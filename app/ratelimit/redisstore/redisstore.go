@@ -12,7 +12,6 @@ package redisstore
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
 	"encoding/binary"
@@ -34,8 +33,10 @@ import (
 const TagBuckets = 1024
 
 var (
-	//go:embed lua/prelude.lua
-	prelude string
+	//go:embed lua/common.lua
+	commonLua string
+	//go:embed lua/decide.lua
+	decideLua string
 	//go:embed lua/token_bucket.lua
 	tokenBucketLua string
 	//go:embed lua/gcra.lua
@@ -46,12 +47,12 @@ var (
 	windowLogLua string
 )
 
-// scripts holds one script per algorithm.
+// scripts holds one decision script per algorithm.
 var scripts = map[ratelimit.Algorithm]*redis.Script{
-	ratelimit.TokenBucket:          redis.NewScript(prelude + tokenBucketLua),
-	ratelimit.GCRA:                 redis.NewScript(prelude + gcraLua),
-	ratelimit.SlidingWindowCounter: redis.NewScript(prelude + windowCounterLua),
-	ratelimit.SlidingWindowLog:     redis.NewScript(prelude + windowLogLua),
+	ratelimit.TokenBucket:          redis.NewScript(commonLua + decideLua + tokenBucketLua),
+	ratelimit.GCRA:                 redis.NewScript(commonLua + decideLua + gcraLua),
+	ratelimit.SlidingWindowCounter: redis.NewScript(commonLua + decideLua + windowCounterLua),
+	ratelimit.SlidingWindowLog:     redis.NewScript(commonLua + decideLua + windowLogLua),
 }
 
 // Hooks observe decisions without the package importing a metrics library.
@@ -110,8 +111,7 @@ func New(client redis.Scripter, opts ...Option) *Limiter {
 
 // Tag returns the hash tag of an identity's bucket, e.g. "{rl:0421}".
 func (l *Limiter) Tag(identity string) string {
-	sum := sha256.Sum256([]byte(identity))
-	return l.tag(sum)
+	return l.tag(ratelimit.IdentityOf(identity))
 }
 
 func (l *Limiter) tag(sum [32]byte) string {
@@ -128,8 +128,11 @@ func (l *Limiter) TagOfBucket(n int) string {
 // identity's tag, the policy name and fingerprint, and a hash of the
 // identity.
 func (l *Limiter) Key(p ratelimit.Policy, identity string) string {
-	sum := sha256.Sum256([]byte(identity))
-	return l.tag(sum) + ":" + p.Name + ":" + p.Fingerprint() + ":" + base64.RawURLEncoding.EncodeToString(sum[:16])
+	return l.keyOf(p, ratelimit.IdentityOf(identity))
+}
+
+func (l *Limiter) keyOf(p ratelimit.Policy, id ratelimit.Identity) string {
+	return l.tag(id) + ":" + p.Name + ":" + p.Fingerprint() + ":" + base64.RawURLEncoding.EncodeToString(id[:16])
 }
 
 // Decide makes one decision in one round trip.
@@ -140,12 +143,8 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 	if req.ID == "" {
 		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
 	}
-	callCtx := ctx
-	if l.timeout > 0 {
-		var cancel context.CancelFunc
-		callCtx, cancel = context.WithTimeout(ctx, l.timeout)
-		defer cancel()
-	}
+	callCtx, cancel := l.callContext(ctx)
+	defer cancel()
 	var now int64
 	if l.now != nil {
 		now = l.now().UnixMicro()
@@ -208,7 +207,7 @@ func parseReply(res []any) (ratelimit.Decision, error) {
 
 // unavailablePrefixes are Redis error replies that mean "cannot serve now"
 // rather than "this request is wrong".
-var unavailablePrefixes = []string{"LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MOVED", "ASK"}
+var unavailablePrefixes = []string{"NOSCRIPT", "LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MOVED", "ASK"}
 
 // classify wraps err as ErrUnavailable (the store cannot decide now: network,
 // timeout, a server that is loading or read-only) or ErrBadReply (the store

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// binary is the ratelimiter built once by TestMain.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ratelimiter-test")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "ratelimiter")
+	build := exec.Command("go", "build", "-o", binary, ".")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		_ = os.RemoveAll(dir)
+		panic("go build: " + err.Error())
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// command returns the binary with a clean RL_* environment plus env.
+func command(ctx context.Context, t *testing.T, args []string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "RL_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, "RL_INSTANCE=cmd-test", "RL_LISTEN_ADDR=127.0.0.1:0", "RL_ADMIN_ADDR=127.0.0.1:0")
+	cmd.Env = append(cmd.Env, env...)
+	return cmd
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err == nil {
+		return 0
+	}
+	return -1
+}
+
+func TestConfigErrorExits2WithOneLine(t *testing.T) {
+	tests := []struct{ env, wantPrefix string }{
+		{"RL_REDIS_TIMEOUT=abc", `ratelimiter: RL_REDIS_TIMEOUT: time: invalid duration "abc"`},
+		{"RL_EXPECTED_INSTANCES=-1", `ratelimiter: RL_EXPECTED_INSTANCES: must be at least 1`},
+		{"RL_POLICY_FILE=/nonexistent.json", `ratelimiter: RL_POLICY_FILE: open /nonexistent.json`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.env, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			cmd := command(ctx, t, nil, tt.env)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			if code := exitCode(err); code != 2 {
+				t.Errorf("exit code %d (%v), want 2", code, err)
+			}
+			lines := strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n")
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], tt.wantPrefix) {
+				t.Errorf("stderr = %q, want one line starting with %q", stderr.String(), tt.wantPrefix)
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("stdout = %q, want nothing", stdout.String())
+			}
+		})
+	}
+}
+
+// TestServeAndSIGTERM runs the binary, finds its ports in its first log
+// line, checks a demo route and the healthcheck flag against it, then stops
+// it with SIGTERM: exit 0.
+func TestServeAndSIGTERM(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := command(ctx, t, nil, "RL_DEBUG_HEADERS=true")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill() }()
+
+	var serving struct {
+		Msg        string `json:"msg"`
+		PublicAddr string `json:"public_addr"`
+		AdminAddr  string `json:"admin_addr"`
+	}
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if err := json.Unmarshal(sc.Bytes(), &serving); err != nil {
+			t.Fatalf("log line %q: %v", sc.Text(), err)
+		}
+		if serving.Msg == "serving" {
+			break
+		}
+	}
+	if serving.PublicAddr == "" {
+		t.Fatalf("no serving line; stderr %s", stderr.String())
+	}
+	go func() { // keep the pipe drained
+		for sc.Scan() {
+		}
+	}()
+
+	resp, err := http.Get("http://" + serving.PublicAddr + "/api/token-bucket")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Served-By") != "cmd-test" || resp.Header.Get("RateLimit") == "" {
+		t.Errorf("status %d, headers %v", resp.StatusCode, resp.Header)
+	}
+
+	for url, want := range map[string]int{
+		"http://" + serving.AdminAddr + "/healthz": 0,
+		"http://" + serving.AdminAddr + "/nope":    1,
+	} {
+		if code := exitCode(command(ctx, t, []string{"-healthcheck", url}).Run()); code != want {
+			t.Errorf("-healthcheck %s: exit %d, want %d", url, code, want)
+		}
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("after SIGTERM: %v (stderr %q)", err, stderr.String())
+	}
+}
+
+func TestHealthcheck(t *testing.T) {
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	defer ok.Close()
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer failing.Close()
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer slow.Close()
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closedURL := closed.URL
+	closed.Close()
+
+	tests := []struct {
+		name, url string
+		want      int
+	}{
+		{"2xx", ok.URL, 0},
+		{"503", failing.URL, 1},
+		{"refused", closedURL, 1},
+		{"timeout", slow.URL, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			if code := exitCode(command(ctx, t, []string{"-healthcheck", tt.url}).Run()); code != tt.want {
+				t.Errorf("exit %d, want %d", code, tt.want)
+			}
+			if d := time.Since(start); d > 4*time.Second {
+				t.Errorf("took %v, want about 2 s at most", d)
+			}
+		})
+	}
+}

@@ -1,0 +1,85 @@
+package service
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Status is the body of /status.
+type Status struct {
+	Instance string `json:"instance"`
+	// Mode is what decides right now: memory, redis, or (with the resilient
+	// limiter) local.
+	Mode string `json:"mode"`
+	// Breaker is the circuit breaker's state; "" until the resilient
+	// limiter reports one.
+	Breaker string `json:"breaker"`
+	// LiveInstances is the fleet size the fallback divides by; 0 while
+	// unknown.
+	LiveInstances     int `json:"live_instances"`
+	ExpectedInstances int `json:"expected_instances"`
+	// JournalSize counts local grants not yet reconciled with Redis.
+	JournalSize int64 `json:"journal_size"`
+	// LastReconciliation is when the journal was last replayed; null:
+	// never.
+	LastReconciliation *time.Time `json:"last_reconciliation"`
+	Ready              bool       `json:"ready"`
+	StartedAt          time.Time  `json:"started_at"`
+}
+
+// adminRouter serves the per-instance admin endpoints (not routed by nginx).
+func (s *Server) adminRouter() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
+	mux.HandleFunc("GET /status", s.status)
+	return mux
+}
+
+// readyz is 200 while the instance can serve, which includes a Redis outage
+// (the fallback, or in the interim fail-open, serves), and 503 once shutdown
+// has begun.
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if !s.ready.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "shutting down"})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
+	st := s.backend.status()
+	out := Status{
+		Instance:          s.cfg.Instance,
+		Mode:              string(st.Mode),
+		Breaker:           st.Breaker,
+		LiveInstances:     st.LiveInstances,
+		ExpectedInstances: s.cfg.ExpectedInstances,
+		JournalSize:       st.JournalSize,
+		Ready:             s.ready.Load(),
+		StartedAt:         s.started.UTC().Truncate(time.Second),
+	}
+	if !st.LastReconciliation.IsZero() {
+		t := st.LastReconciliation.UTC()
+		out.LastReconciliation = &t
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

@@ -1,0 +1,193 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"net/url"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+	"github.com/redis/go-redis/v9"
+)
+
+// Config is the service's settings, read from the environment (see
+// docs/CONFIG-DRAFT.md; the env tags are the variable names). Build it with
+// LoadConfig, which fills the defaults and validates.
+type Config struct {
+	// Instance names this instance in X-Served-By, logs, heartbeats and the
+	// journal. Default: the hostname.
+	Instance   string `env:"RL_INSTANCE"`
+	ListenAddr string `env:"RL_LISTEN_ADDR" envDefault:":8080"`
+	AdminAddr  string `env:"RL_ADMIN_ADDR" envDefault:":9090"`
+
+	// RedisURL and RedisAddrs select the shared store; both empty: memory
+	// mode (one instance, no Redis).
+	RedisURL        string        `env:"RL_REDIS_URL"`
+	RedisAddrs      []string      `env:"RL_REDIS_ADDRS" envSeparator:","`
+	RedisMasterName string        `env:"RL_REDIS_MASTER_NAME"`
+	RedisUsername   string        `env:"RL_REDIS_USERNAME"`
+	RedisPassword   string        `env:"RL_REDIS_PASSWORD"`
+	RedisTimeout    time.Duration `env:"RL_REDIS_TIMEOUT" envDefault:"50ms"`
+	RedisPoolSize   int           `env:"RL_REDIS_POOL_SIZE" envDefault:"64"`
+
+	// ExpectedInstances is the fleet size assumed until the first
+	// heartbeat is read (used by the resilient limiter).
+	ExpectedInstances int `env:"RL_EXPECTED_INSTANCES" envDefault:"1"`
+	// PolicyFile is a JSON policy file; empty: the embedded default.
+	PolicyFile     string         `env:"RL_POLICY_FILE"`
+	DebugHeaders   bool           `env:"RL_DEBUG_HEADERS" envDefault:"false"`
+	TrustedProxies []netip.Prefix `env:"RL_TRUSTED_PROXIES" envSeparator:"," envDefault:"127.0.0.1/32,::1/128"`
+	// JournalDir is the fallback journal's directory. Default:
+	// ./journal-<instance>.
+	JournalDir  string     `env:"RL_JOURNAL_DIR"`
+	KeyCapacity int        `env:"RL_KEY_CAPACITY" envDefault:"100000"`
+	LogLevel    slog.Level `env:"RL_LOG_LEVEL" envDefault:"info"`
+
+	// Policies is the loaded and validated policy file.
+	Policies PolicySet `env:"-"`
+}
+
+// RedisEnabled reports whether a shared store is configured.
+func (c Config) RedisEnabled() bool { return c.RedisURL != "" || len(c.RedisAddrs) > 0 }
+
+// ConfigError is a setting that is unusable. Its message names the
+// variable: "RL_REDIS_TIMEOUT: time: invalid duration \"abc\"".
+type ConfigError struct {
+	Var string
+	Err error
+}
+
+func (e *ConfigError) Error() string { return e.Var + ": " + e.Err.Error() }
+
+// Unwrap returns the underlying error.
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func configErr(name string, format string, args ...any) error {
+	return &ConfigError{Var: name, Err: fmt.Errorf(format, args...)}
+}
+
+// LoadConfig reads the settings through getenv (an empty value counts as
+// unset), applies the defaults, loads the policy file and validates
+// everything. The first problem is returned as a *ConfigError.
+func LoadConfig(getenv func(string) string) (Config, error) {
+	var cfg Config
+	environ := map[string]string{}
+	t := reflect.TypeFor[Config]()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("env"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		if v := getenv(name); v != "" {
+			environ[name] = v
+		}
+	}
+	parsers := map[reflect.Type]env.ParserFunc{
+		// The env package's own parser words its error differently; this
+		// keeps time.ParseDuration's message ("time: invalid duration").
+		reflect.TypeFor[time.Duration](): func(v string) (any, error) { return time.ParseDuration(v) },
+	}
+	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ, FuncMap: parsers}); err != nil {
+		return Config{}, envError(t, err)
+	}
+	if err := cfg.validate(); err != nil {
+		return Config{}, err
+	}
+	policies, err := LoadPolicies(cfg.PolicyFile)
+	if err != nil {
+		return Config{}, &ConfigError{Var: "RL_POLICY_FILE", Err: err}
+	}
+	cfg.Policies = policies
+	return cfg, nil
+}
+
+// envError turns the env package's first error into a ConfigError naming
+// the variable instead of the struct field.
+func envError(t reflect.Type, err error) error {
+	var pe env.ParseError
+	if errors.As(err, &pe) {
+		name := pe.Name
+		if f, ok := t.FieldByName(pe.Name); ok {
+			name, _, _ = strings.Cut(f.Tag.Get("env"), ",")
+		}
+		return &ConfigError{Var: name, Err: pe.Err}
+	}
+	return &ConfigError{Var: "environment", Err: err}
+}
+
+// validate checks the values the env package parsed and fills the computed
+// defaults.
+func (c *Config) validate() error {
+	if c.Instance == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			return configErr("RL_INSTANCE", "not set and the hostname is unknown")
+		}
+		c.Instance = host
+	}
+	if err := validName(c.Instance); err != nil {
+		return configErr("RL_INSTANCE", "%w", err)
+	}
+	if c.ListenAddr == c.AdminAddr && !strings.HasSuffix(c.ListenAddr, ":0") {
+		return configErr("RL_ADMIN_ADDR", "must differ from RL_LISTEN_ADDR (%s)", c.ListenAddr)
+	}
+	if c.RedisURL != "" {
+		if len(c.RedisAddrs) > 0 {
+			return configErr("RL_REDIS_URL", "set either RL_REDIS_URL or RL_REDIS_ADDRS, not both")
+		}
+		if _, err := redis.ParseURL(c.RedisURL); err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // url.Error repeats the URL, password included
+			}
+			return configErr("RL_REDIS_URL", "%w (want redis://[user:pass@]host:port/db)", err)
+		}
+	}
+	for _, a := range c.RedisAddrs {
+		if strings.TrimSpace(a) == "" || !strings.Contains(a, ":") {
+			return configErr("RL_REDIS_ADDRS", "%q is not host:port", a)
+		}
+	}
+	if c.RedisMasterName != "" && len(c.RedisAddrs) == 0 {
+		return configErr("RL_REDIS_MASTER_NAME", "needs the Sentinel addresses in RL_REDIS_ADDRS")
+	}
+	if c.RedisTimeout <= 0 || c.RedisTimeout > time.Minute {
+		return configErr("RL_REDIS_TIMEOUT", "must be between 1ns and 1m, got %v", c.RedisTimeout)
+	}
+	if c.RedisPoolSize < 1 {
+		return configErr("RL_REDIS_POOL_SIZE", "must be at least 1, got %d", c.RedisPoolSize)
+	}
+	if c.ExpectedInstances < 1 {
+		return configErr("RL_EXPECTED_INSTANCES", "must be at least 1, got %d", c.ExpectedInstances)
+	}
+	if c.KeyCapacity < 1 {
+		return configErr("RL_KEY_CAPACITY", "must be at least 1, got %d", c.KeyCapacity)
+	}
+	for i, p := range c.TrustedProxies {
+		c.TrustedProxies[i] = p.Masked()
+	}
+	if c.JournalDir == "" {
+		c.JournalDir = "./journal-" + c.Instance
+	}
+	return nil
+}
+
+// validName accepts an instance name: 1 to 64 bytes of [A-Za-z0-9_.-], so it
+// is safe in a header, a log line and a file name.
+func validName(s string) error {
+	if s == "" || len(s) > 64 {
+		return fmt.Errorf("must be 1 to 64 bytes, got %d", len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return fmt.Errorf("%q may hold only letters, digits, '_', '-' and '.'", s)
+		}
+	}
+	return nil
+}

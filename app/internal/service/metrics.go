@@ -1,0 +1,138 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// metrics holds the service's Prometheus metrics on a private registry (no
+// global state: two servers in one test process do not collide). Every label
+// value comes from configuration or a fixed set, never from client input.
+type metrics struct {
+	reg          *prometheus.Registry
+	decisions    *prometheus.CounterVec   // policy, result, mode
+	errors       *prometheus.CounterVec   // policy, kind
+	redisLatency *prometheus.HistogramVec // outcome
+	requests     *prometheus.CounterVec   // route, code
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_decisions_total",
+			Help: "Rate-limit decisions by policy, result (allowed, denied; shadow policies included) and mode (what decided).",
+		}, []string{"policy", "result", "mode"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_errors_total",
+			Help: "Limiter errors that reached the HTTP layer, by policy and kind (invalid_request, unavailable, bad_reply, invalid_policy, other).",
+		}, []string{"policy", "kind"}),
+		redisLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ratelimit_redis_call_duration_seconds",
+			Help:    "Latency of rate-limit calls to Redis, by outcome (ok, unavailable, bad_reply, other).",
+			Buckets: []float64{.0002, .0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"outcome"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_http_requests_total",
+			Help: "Public HTTP requests by route pattern and status code.",
+		}, []string{"route", "code"}),
+	}
+	m.reg.MustRegister(m.decisions, m.errors, m.redisLatency, m.requests,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// instrument wraps a limiter so that every decision and error is counted.
+func (m *metrics) instrument(next ratelimit.Limiter) ratelimit.Limiter {
+	return ratelimit.LimiterFunc(func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+		d, err := next.Decide(ctx, req)
+		if err != nil {
+			m.errors.WithLabelValues(req.Policy.Name, errorKind(err)).Inc()
+			return d, err
+		}
+		result := "allowed"
+		if !d.Allowed {
+			result = "denied"
+		}
+		m.decisions.WithLabelValues(req.Policy.Name, result, string(d.Mode)).Inc()
+		return d, nil
+	})
+}
+
+// observeRedis records one Redis call (the redisstore hooks call it).
+func (m *metrics) observeRedis(err error, latency time.Duration) {
+	outcome := "ok"
+	if err != nil {
+		outcome = errorKind(err)
+	}
+	m.redisLatency.WithLabelValues(outcome).Observe(latency.Seconds())
+}
+
+// watchStatus exports the limiter layer's status as gauges: live instances,
+// journal size, breaker state.
+func (m *metrics) watchStatus(status func() LimiterStatus) {
+	m.reg.MustRegister(&statusCollector{status: status})
+}
+
+// watchLocal exports the in-memory store's size and evictions.
+func (m *metrics) watchLocal(keys func() int, evictions func() uint64) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ratelimit_local_keys",
+			Help: "Keys held in the in-memory store.",
+		}, func() float64 { return float64(keys()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratelimit_local_evictions_total",
+			Help: "Keys evicted from the in-memory store to stay within RL_KEY_CAPACITY.",
+		}, func() float64 { return float64(evictions()) }),
+	)
+}
+
+func errorKind(err error) string {
+	switch {
+	case errors.Is(err, ratelimit.ErrInvalidRequest):
+		return "invalid_request"
+	case errors.Is(err, ratelimit.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, ratelimit.ErrBadReply):
+		return "bad_reply"
+	case errors.Is(err, ratelimit.ErrInvalidPolicy):
+		return "invalid_policy"
+	}
+	return "other"
+}
+
+var (
+	liveInstancesDesc = prometheus.NewDesc("ratelimit_live_instances",
+		"Instances the limiter layer counts as live (the fleet size its fallback shares divide by).", nil, nil)
+	journalDesc = prometheus.NewDesc("ratelimit_journal_entries",
+		"Locally granted decisions journaled and not yet reconciled with Redis.", nil, nil)
+	breakerDesc = prometheus.NewDesc("ratelimit_breaker_state",
+		"1 for the circuit breaker's current state (closed, open, half_open); absent without a breaker.", []string{"state"}, nil)
+)
+
+// statusCollector turns LimiterStatus into gauges at scrape time.
+type statusCollector struct {
+	status func() LimiterStatus
+}
+
+func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- liveInstancesDesc
+	ch <- journalDesc
+	ch <- breakerDesc
+}
+
+func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.status()
+	ch <- prometheus.MustNewConstMetric(liveInstancesDesc, prometheus.GaugeValue, float64(st.LiveInstances))
+	ch <- prometheus.MustNewConstMetric(journalDesc, prometheus.GaugeValue, float64(st.JournalSize))
+	if st.Breaker != "" {
+		ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, 1, st.Breaker)
+	}
+}

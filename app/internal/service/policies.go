@@ -1,0 +1,189 @@
+package service
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+//go:embed default_policies.json
+var defaultPolicies []byte
+
+// PolicySet is a loaded policy file: the policies, and the routes that
+// apply them.
+type PolicySet struct {
+	Policies []ratelimit.Policy
+	Routes   []Route
+}
+
+// Route applies policies to a chi pattern ("/api/gcra", "/api/*").
+type Route struct {
+	Pattern  string
+	Policies []ratelimit.Policy
+}
+
+// Policy returns the policy named name.
+func (s PolicySet) Policy(name string) (ratelimit.Policy, bool) {
+	for _, p := range s.Policies {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return ratelimit.Policy{}, false
+}
+
+// The JSON shapes of the policy file (docs/CONFIG-DRAFT.md).
+type policyFile struct {
+	Policies []policyJSON `json:"policies"`
+	Routes   []routeJSON  `json:"routes"`
+}
+
+type policyJSON struct {
+	Name           string  `json:"name"`
+	Algorithm      string  `json:"algorithm"`
+	Limit          int64   `json:"limit"`
+	Window         string  `json:"window"`
+	Burst          int64   `json:"burst"`
+	FailureMode    string  `json:"failure_mode"`
+	FallbackFactor float64 `json:"fallback_factor"`
+	Shadow         bool    `json:"shadow"`
+}
+
+type routeJSON struct {
+	Pattern  string   `json:"pattern"`
+	Policies []string `json:"policies"`
+}
+
+// LoadPolicies reads and validates a policy file; path "" loads the embedded
+// default (the demo policies).
+func LoadPolicies(path string) (PolicySet, error) {
+	data := defaultPolicies
+	if path != "" {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return PolicySet{}, err
+		}
+	}
+	return ParsePolicies(data)
+}
+
+// ParsePolicies parses and validates a policy file. Unknown fields are
+// errors (a misspelt "limt" must not silently mean no limit); windows are
+// Go durations ("10s", "1m30s"). Errors name the policy or route at fault.
+func ParsePolicies(data []byte) (PolicySet, error) {
+	var f policyFile
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return PolicySet{}, fmt.Errorf("invalid JSON: %w", err)
+	}
+	if dec.More() {
+		return PolicySet{}, errors.New("invalid JSON: data after the top-level object")
+	}
+	if len(f.Policies) == 0 {
+		return PolicySet{}, errors.New("no policies")
+	}
+	var set PolicySet
+	for i, pj := range f.Policies {
+		p, err := pj.policy()
+		if err != nil {
+			if pj.Name == "" {
+				return PolicySet{}, fmt.Errorf("policies[%d]: %w", i, err)
+			}
+			return PolicySet{}, fmt.Errorf("policy %q: %w", pj.Name, err)
+		}
+		if _, dup := set.Policy(p.Name); dup {
+			return PolicySet{}, fmt.Errorf("policy %q: defined twice", p.Name)
+		}
+		set.Policies = append(set.Policies, p)
+	}
+	if len(f.Routes) == 0 {
+		return PolicySet{}, errors.New("no routes")
+	}
+	for _, rj := range f.Routes {
+		if err := validPattern(rj.Pattern); err != nil {
+			return PolicySet{}, fmt.Errorf("route %q: %w", rj.Pattern, err)
+		}
+		for _, r := range set.Routes {
+			if r.Pattern == rj.Pattern {
+				return PolicySet{}, fmt.Errorf("route %q: defined twice", rj.Pattern)
+			}
+		}
+		if len(rj.Policies) == 0 {
+			return PolicySet{}, fmt.Errorf("route %q: no policies", rj.Pattern)
+		}
+		route := Route{Pattern: rj.Pattern}
+		for _, name := range rj.Policies {
+			p, ok := set.Policy(name)
+			if !ok {
+				return PolicySet{}, fmt.Errorf("route %q: unknown policy %q", rj.Pattern, name)
+			}
+			for _, q := range route.Policies {
+				if q.Name == name {
+					return PolicySet{}, fmt.Errorf("route %q: policy %q listed twice", rj.Pattern, name)
+				}
+			}
+			route.Policies = append(route.Policies, p)
+		}
+		set.Routes = append(set.Routes, route)
+	}
+	return set, nil
+}
+
+// policy converts and validates one policy entry.
+func (pj policyJSON) policy() (ratelimit.Policy, error) {
+	alg, err := ratelimit.ParseAlgorithm(pj.Algorithm)
+	if err != nil {
+		return ratelimit.Policy{}, fmt.Errorf("algorithm must be token_bucket, sliding_window_log, sliding_window_counter or gcra, got %q", pj.Algorithm)
+	}
+	if pj.Window == "" {
+		return ratelimit.Policy{}, errors.New(`window must be a duration such as "10s", got none`)
+	}
+	window, err := time.ParseDuration(pj.Window)
+	if err != nil {
+		return ratelimit.Policy{}, fmt.Errorf(`window must be a duration such as "10s": %w`, err)
+	}
+	p := ratelimit.Policy{
+		Name:           pj.Name,
+		Algorithm:      alg,
+		Limit:          pj.Limit,
+		Window:         window,
+		Burst:          pj.Burst,
+		FailureMode:    ratelimit.FailureMode(pj.FailureMode),
+		FallbackFactor: pj.FallbackFactor,
+		Shadow:         pj.Shadow,
+	}
+	if err := p.Validate(); err != nil {
+		var fe *ratelimit.FieldError
+		if errors.As(err, &fe) {
+			return ratelimit.Policy{}, fmt.Errorf("%s %s", fe.Field, fe.Reason)
+		}
+		return ratelimit.Policy{}, err
+	}
+	return p, nil
+}
+
+// validPattern accepts the route patterns the service mounts on chi: a path
+// starting with "/", optionally ending in "/*" (a prefix). Parameters
+// ("{id}") are not needed by a rate-limit route table and are refused, so
+// a policy file cannot make chi panic at start.
+func validPattern(p string) error {
+	switch {
+	case !strings.HasPrefix(p, "/"):
+		return errors.New(`pattern must start with "/"`)
+	case strings.ContainsAny(p, "{}"):
+		return errors.New("pattern parameters ({...}) are not supported")
+	case strings.Contains(strings.TrimSuffix(p, "*"), "*"):
+		return errors.New(`"*" may only end a pattern`)
+	case strings.ContainsAny(p, " \t\r\n?#"):
+		return errors.New("pattern holds a space, '?' or '#'")
+	}
+	return nil
+}

@@ -1,0 +1,278 @@
+// Package service is the rate-limiter service: configuration from the
+// environment, the policy file, the public router (chi) whose /api/ routes
+// are wrapped by httplimit, and the per-instance admin server (/healthz,
+// /readyz, /metrics, /status). cmd/ratelimiter only wires it to the process.
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
+)
+
+// ShutdownTimeout bounds the drain of in-flight requests at shutdown;
+// closing the limiter then has closeTimeout more. Together they stay below
+// Docker's default 10 s stop grace period.
+const ShutdownTimeout = 7 * time.Second
+
+const closeTimeout = 2 * time.Second
+
+// Server is a running service. Start returns it; Wait blocks until it has
+// shut down.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	backend *backend
+	limits  *httplimit.Middleware
+	started time.Time
+
+	public, admin     *http.Server
+	publicLn, adminLn net.Listener
+
+	ready       atomic.Bool
+	errLoggedAt atomic.Int64 // unix ns of the last limiter-error log line
+
+	serveErr chan error // unexpected Serve errors
+	done     chan struct{}
+	waitErr  error
+}
+
+// Run starts the service and blocks until ctx is cancelled and the service
+// has drained and shut down. Configuration problems are returned as a
+// *ConfigError before anything starts. Logs go to stdout as JSON; stderr
+// receives net/http's own unstructured error lines.
+func Run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
+	s, err := Start(ctx, getenv, stdout, stderr)
+	if err != nil {
+		return err
+	}
+	return s.Wait()
+}
+
+// Start reads the configuration, builds the limiter, binds both ports and
+// serves in the background until ctx is cancelled. With port 0 in
+// RL_LISTEN_ADDR / RL_ADMIN_ADDR, PublicAddr and AdminAddr tell where it
+// listens.
+func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) (*Server, error) {
+	cfg, err := LoadConfig(getenv)
+	if err != nil {
+		return nil, err
+	}
+	logger := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: cfg.LogLevel})).
+		With(slog.String("instance", cfg.Instance))
+	s := &Server{
+		cfg:      cfg,
+		log:      logger,
+		metrics:  newMetrics(),
+		started:  time.Now(),
+		serveErr: make(chan error, 2),
+		done:     make(chan struct{}),
+	}
+	if s.backend, err = newBackend(cfg, s.metrics, logger); err != nil {
+		return nil, err
+	}
+	s.metrics.watchStatus(s.backend.status)
+
+	opts := []httplimit.Option{
+		httplimit.WithTrustedProxies(cfg.TrustedProxies),
+		httplimit.WithLogger(logger),
+		httplimit.WithErrorHandler(s.limiterError),
+	}
+	if cfg.DebugHeaders {
+		opts = append(opts, httplimit.WithDebugHeaders(cfg.Instance))
+	}
+	s.limits = httplimit.New(s.metrics.instrument(s.backend.limiter), opts...)
+
+	errorLog := log.New(stderr, "", log.LstdFlags)
+	s.public = &http.Server{
+		Handler:           s.publicRouter(),
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          errorLog,
+	}
+	s.admin = &http.Server{
+		Handler:           s.adminRouter(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          errorLog,
+	}
+	if s.publicLn, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
+		_ = s.backend.close(ctx)
+		return nil, fmt.Errorf("listen on RL_LISTEN_ADDR %s: %w", cfg.ListenAddr, err)
+	}
+	if s.adminLn, err = net.Listen("tcp", cfg.AdminAddr); err != nil {
+		_ = s.publicLn.Close()
+		_ = s.backend.close(ctx)
+		return nil, fmt.Errorf("listen on RL_ADMIN_ADDR %s: %w", cfg.AdminAddr, err)
+	}
+	go s.serve(s.public, s.publicLn)
+	go s.serve(s.admin, s.adminLn)
+	s.ready.Store(true)
+	logger.Info("serving",
+		slog.String("public_addr", s.PublicAddr()), slog.String("admin_addr", s.AdminAddr()),
+		slog.Int("routes", len(cfg.Policies.Routes)), slog.Bool("debug_headers", cfg.DebugHeaders))
+	go s.shutdownOn(ctx)
+	return s, nil
+}
+
+// PublicAddr is the address the public server listens on.
+func (s *Server) PublicAddr() string { return s.publicLn.Addr().String() }
+
+// AdminAddr is the address the admin server listens on.
+func (s *Server) AdminAddr() string { return s.adminLn.Addr().String() }
+
+// Wait blocks until the server has shut down (after the context given to
+// Start is cancelled, or a server failed) and returns the first error.
+func (s *Server) Wait() error {
+	<-s.done
+	return s.waitErr
+}
+
+func (s *Server) serve(srv *http.Server, ln net.Listener) {
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		s.serveErr <- err
+	}
+}
+
+// shutdownOn waits for ctx (or a failed server), then turns /readyz to 503,
+// stops accepting and drains in-flight public requests for up to
+// ShutdownTimeout, stops the admin server and closes the limiter.
+func (s *Server) shutdownOn(ctx context.Context) {
+	var failure error
+	select {
+	case <-ctx.Done():
+	case failure = <-s.serveErr:
+		s.log.Error("server failed", slog.String("error", failure.Error()))
+	}
+	s.ready.Store(false)
+	s.log.Info("shutting down", slog.Duration("drain_timeout", ShutdownTimeout))
+	drain, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	if err := s.public.Shutdown(drain); err != nil {
+		s.log.Warn("drain incomplete; closing connections", slog.String("error", err.Error()))
+		_ = s.public.Close()
+	}
+	if err := s.admin.Shutdown(drain); err != nil {
+		_ = s.admin.Close()
+	}
+	closing, cancelClose := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancelClose()
+	if err := s.backend.close(closing); err != nil {
+		s.log.Warn("closing the limiter", slog.String("error", err.Error()))
+	}
+	if failure != nil {
+		s.waitErr = failure
+	}
+	s.log.Info("stopped")
+	close(s.done)
+}
+
+// limiterError is the middleware's ErrorHandler: fail open (see httplimit),
+// logging at most one line per second so an outage does not flood the log.
+// The metrics count every error.
+func (s *Server) limiterError(_ http.ResponseWriter, r *http.Request, p ratelimit.Policy, err error) bool {
+	now := time.Now().UnixNano()
+	if last := s.errLoggedAt.Load(); now-last >= int64(time.Second) && s.errLoggedAt.CompareAndSwap(last, now) {
+		id, _ := httplimit.RequestIDFromContext(r.Context())
+		s.log.LogAttrs(r.Context(), slog.LevelError, "rate limiter failed; failing open",
+			slog.String("request_id", id), slog.String("policy", p.Name), slog.String("error", err.Error()))
+	}
+	return true
+}
+
+// publicRouter mounts every route of the policy file, each behind its
+// policies, on a demo handler.
+func (s *Server) publicRouter() http.Handler {
+	r := chi.NewRouter()
+	r.Use(s.requestLog)
+	for _, route := range s.cfg.Policies.Routes {
+		r.With(s.limits.Handler(route.Policies...)).Handle(route.Pattern, s.demoHandler(route))
+	}
+	return r
+}
+
+// demoHandler answers {"instance", "route", "policy"}; policy lists the
+// route's policy names, comma-separated.
+func (s *Server) demoHandler(route Route) http.Handler {
+	names := make([]string, len(route.Policies))
+	for i, p := range route.Policies {
+		names[i] = p.Name
+	}
+	body, _ := json.Marshal(struct {
+		Instance string `json:"instance"`
+		Route    string `json:"route"`
+		Policy   string `json:"policy"`
+	}{s.cfg.Instance, route.Pattern, strings.Join(names, ",")})
+	body = append(body, '\n')
+	length := strconv.Itoa(len(body))
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Content-Length", length)
+		_, _ = w.Write(body)
+	})
+}
+
+// requestLog sets the request id (nginx's X-Request-Id from a trusted
+// proxy, else a new one) for the whole request, echoes it, and logs one line
+// per request.
+func (s *Server) requestLog(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		id := s.limits.RequestID(r)
+		r = r.WithContext(httplimit.ContextWithRequestID(r.Context(), id))
+		w.Header().Set(httplimit.HeaderRequestID, id)
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(sw, r)
+		route := "unmatched"
+		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
+			route = rc.RoutePattern()
+		}
+		s.metrics.requests.WithLabelValues(route, strconv.Itoa(sw.status)).Inc()
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
+			slog.String("request_id", id),
+			slog.String("method", r.Method),
+			slog.String("route", route),
+			slog.Int("status", sw.status),
+			slog.String("mode", sw.Header().Get(httplimit.HeaderRateLimitMode)),
+			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
+	})
+}
+
+// statusWriter records the status code.
+type statusWriter struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	w.wroteHeader = true
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

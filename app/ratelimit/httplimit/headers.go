@@ -1,0 +1,147 @@
+package httplimit
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// Problem types (RFC 9457 "type" members) of the middleware's answers.
+const (
+	ProblemRateLimited    = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#rate-limited"
+	ProblemInvalidRequest = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#invalid-request"
+	ProblemInvalidAPIKey  = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#invalid-api-key"
+)
+
+// Problem is the RFC 9457 body of a 400, 401 or 429 answer.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	// Instance is the request path.
+	Instance string `json:"instance,omitempty"`
+	// RetryAfter repeats the Retry-After header (seconds) on a 429.
+	RetryAfter int64 `json:"retry_after,omitempty"`
+	// Policy names the policy that refused.
+	Policy string `json:"policy,omitempty"`
+	// RequestID repeats the X-Request-Id header.
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// Canonical forms of the header names, computed once: http.Header.Set and
+// Get canonicalise on every call, which allocates for names such as
+// "RateLimit" whose canonical form ("Ratelimit") differs.
+var (
+	keyAPIKey          = http.CanonicalHeaderKey(HeaderAPIKey)
+	keyRequestID       = http.CanonicalHeaderKey(HeaderRequestID)
+	keyRealIP          = http.CanonicalHeaderKey(HeaderRealIP)
+	keyForwardedFor    = http.CanonicalHeaderKey(HeaderForwardedFor)
+	keyRateLimit       = http.CanonicalHeaderKey(HeaderRateLimit)
+	keyRateLimitPolicy = http.CanonicalHeaderKey(HeaderRateLimitPolicy)
+	keyXLimit          = http.CanonicalHeaderKey(HeaderXRateLimitLimit)
+	keyXRemaining      = http.CanonicalHeaderKey(HeaderXRateLimitRemaining)
+	keyXReset          = http.CanonicalHeaderKey(HeaderXRateLimitReset)
+	keyRetryAfter      = http.CanonicalHeaderKey(HeaderRetryAfter)
+	keyServedBy        = http.CanonicalHeaderKey(HeaderServedBy)
+	keyMode            = http.CanonicalHeaderKey(HeaderRateLimitMode)
+)
+
+// setHeader is h.Set for a key already in canonical form.
+func setHeader(h http.Header, key, value string) { h[key] = []string{value} }
+
+// getHeader is h.Get for a key already in canonical form.
+func getHeader(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// compiledPolicy holds a policy with the parts of its headers that never
+// change, built once by Handler.
+type compiledPolicy struct {
+	policy   ratelimit.Policy
+	capacity int64
+	// policyHeader is the whole RateLimit-Policy value: "name";q=100;w=10.
+	policyHeader string
+	// ratePrefix starts the RateLimit value: "name";r=
+	ratePrefix string
+	limit      string // X-RateLimit-Limit
+	detail     string // 429 detail, up to the retry seconds
+}
+
+func compile(p ratelimit.Policy) compiledPolicy {
+	name := strconv.Quote(p.Name) // names are [A-Za-z0-9_.-]: a valid sf-string
+	capacity := p.Capacity()
+	window := ceilSeconds(p.Window)
+	if window < 1 {
+		window = 1
+	}
+	return compiledPolicy{
+		policy:       p,
+		capacity:     capacity,
+		policyHeader: name + ";q=" + itoa(capacity) + ";w=" + itoa(window),
+		ratePrefix:   name + ";r=",
+		limit:        itoa(capacity),
+		detail: "policy " + name + " admits " + itoa(capacity) + " requests per " +
+			p.Window.String() + "; retry in ",
+	}
+}
+
+// writeHeaders sets the rate-limit headers for decision d of this policy.
+// q is the policy's capacity (Limit, or Burst for token_bucket and gcra),
+// w its window rounded up to whole seconds (at least 1), r the remaining
+// units and t (= X-RateLimit-Reset) the seconds until the full capacity is
+// available again (d.ResetAfter rounded up).
+func (cp *compiledPolicy) writeHeaders(h http.Header, d ratelimit.Decision, debug bool) {
+	remaining := itoa(max(d.Remaining, 0))
+	reset := itoa(ceilSeconds(d.ResetAfter))
+	setHeader(h, keyRateLimitPolicy, cp.policyHeader)
+	setHeader(h, keyRateLimit, cp.ratePrefix+remaining+";t="+reset)
+	setHeader(h, keyXLimit, cp.limit)
+	setHeader(h, keyXRemaining, remaining)
+	setHeader(h, keyXReset, reset)
+	if debug && d.Mode != "" {
+		setHeader(h, keyMode, string(d.Mode))
+	}
+}
+
+// writeProblem writes an RFC 9457 problem answer.
+func writeProblem(w http.ResponseWriter, r *http.Request, id string, status int, typ, title, detail string, retry int64, policy string) {
+	body, err := json.Marshal(Problem{
+		Type: typ, Title: title, Status: status, Detail: detail,
+		Instance: r.URL.Path, RetryAfter: retry, Policy: policy, RequestID: id,
+	})
+	if err != nil { // cannot happen: strings and integers only
+		body = []byte(`{"type":"about:blank","status":` + strconv.Itoa(status) + `}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", contentTypeProblem)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// retryAfterSeconds is Retry-After for a refusal: d rounded up to whole
+// seconds, at least 1.
+func retryAfterSeconds(d time.Duration) int64 { return max(ceilSeconds(d), 1) }
+
+// ceilSeconds is d in whole seconds, rounded up; 0 for d <= 0.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }

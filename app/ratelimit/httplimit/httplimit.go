@@ -1,0 +1,410 @@
+// Package httplimit is net/http middleware that applies rate-limit policies
+// through any ratelimit.Limiter and answers as the project's HTTP contract
+// says: IETF RateLimit / RateLimit-Policy headers (draft-ietf-httpapi-
+// ratelimit-headers, revision 11 syntax), the X-RateLimit-* trio, 429 with
+// Retry-After and an RFC 9457 problem body, 400 for unusable client input.
+//
+// It depends only on net/http: any router that takes a
+// func(http.Handler) http.Handler works (chi, http.ServeMux, gorilla).
+//
+// # Identity
+//
+// By default a request is counted under the X-API-Key header when present
+// ("k:<key>"), otherwise under the client IP ("ip:<addr>", IPv6 grouped by
+// /64). The prefixes keep the two spaces apart: an API key that looks like
+// an address never shares a counter with that address. The client IP is the
+// direct peer (RemoteAddr) unless the peer is a trusted proxy
+// (WithTrustedProxies); then X-Real-IP is used when it holds an untrusted
+// address, else the rightmost untrusted hop of X-Forwarded-For. A proxy in
+// front must therefore overwrite X-Real-IP (nginx:
+// proxy_set_header X-Real-IP $remote_addr) and append to X-Forwarded-For
+// ($proxy_add_x_forwarded_for); a client can then not pick its identity.
+// Keys go to the limiter as they are (with "{...}" and all); the stores hash
+// them before they become part of a store key.
+//
+// # Several policies
+//
+// Handler takes one or more policies. Every policy is decided for every
+// request, in order, each counting it (as Envoy's descriptors do): a request
+// refused by one policy still uses the units the others granted. The request
+// is refused when any enforced (non-shadow) policy refuses. The headers
+// describe one policy, the most restrictive: a refusing policy before an
+// admitting one; among refusing ones the longest RetryAfter (so Retry-After
+// is the wait until every policy admits); among admitting ones the fewest
+// Remaining, then the longest ResetAfter, then the first given. Shadow
+// policies are left out of that choice unless every policy is a shadow.
+//
+// # Shadow policies
+//
+// A policy with Shadow set is decided and counted like any other, and a
+// refusal is logged ("shadow policy would refuse"), but it never refuses.
+//
+// # Errors
+//
+// A key the limiter cannot use (ratelimit.ErrInvalidRequest: empty,
+// over-long, control characters; or a cost above the capacity) gets a 400
+// problem; a key refused by the API-key validator a 401 problem. Any other
+// error from the limiter goes to the ErrorHandler. The default fails open
+// and logs at error level: the project's resilient limiter decides locally
+// when its store is out, so an error reaching the middleware means a
+// misconfiguration (a raw store wired without the resilient layer, an
+// invalid policy), and answering 5xx for it would turn a limiter problem
+// into an outage. The middleware never answers 5xx itself.
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// Header names read or written by the middleware.
+const (
+	HeaderAPIKey              = "X-API-Key"
+	HeaderRequestID           = "X-Request-Id"
+	HeaderRealIP              = "X-Real-IP"
+	HeaderForwardedFor        = "X-Forwarded-For"
+	HeaderRateLimit           = "RateLimit"
+	HeaderRateLimitPolicy     = "RateLimit-Policy"
+	HeaderXRateLimitLimit     = "X-RateLimit-Limit"
+	HeaderXRateLimitRemaining = "X-RateLimit-Remaining"
+	HeaderXRateLimitReset     = "X-RateLimit-Reset"
+	HeaderRetryAfter          = "Retry-After"
+	HeaderServedBy            = "X-Served-By"
+	HeaderRateLimitMode       = "X-RateLimit-Mode"
+
+	contentTypeProblem = "application/problem+json"
+	maxRequestIDBytes  = 128
+)
+
+// Identity prefixes of the default key function. An API key may be at most
+// ratelimit.MaxKeyBytes - len(APIKeyPrefix) bytes.
+const (
+	APIKeyPrefix = "k:"
+	IPPrefix     = "ip:"
+)
+
+// ErrInvalidAPIKey is returned (wrapped) by a key function for a credential
+// that is present but refused; the middleware answers 401.
+var ErrInvalidAPIKey = errors.New("invalid API key")
+
+// KeyFunc returns the identity under which policy p counts request r. An
+// error wrapping ErrInvalidAPIKey gets a 401 problem; any other error a 400
+// problem (the key function reads client input). The returned key must pass
+// ratelimit.ValidateKey, or the request gets a 400. Taking the policy lets
+// one route count per API key under one policy and per IP under another;
+// ClientIP and IPKey are the building blocks.
+type KeyFunc func(r *http.Request, p ratelimit.Policy) (string, error)
+
+// ErrorHandler handles an error from the limiter for policy p (anything but
+// ratelimit.ErrInvalidRequest, which always gets a 400). Returning true
+// proceeds as if p had admitted the request (reported with mode "open");
+// returning false stops, and the handler must have written a response.
+type ErrorHandler func(w http.ResponseWriter, r *http.Request, p ratelimit.Policy, err error) (proceed bool)
+
+// Middleware applies rate-limit policies to HTTP requests. Build it with New;
+// it is safe for concurrent use, and one Middleware can make handlers for
+// any number of routes with Handler.
+type Middleware struct {
+	limiter   ratelimit.Limiter
+	keyFunc   KeyFunc // nil: API key or client IP
+	trusted   []netip.Prefix
+	validate  func(ctx context.Context, key string) error
+	instance  string
+	debug     bool
+	requestID func(*http.Request) string
+	logger    *slog.Logger
+	onError   ErrorHandler
+	cost      func(*http.Request) int64
+}
+
+// Option configures a Middleware.
+type Option func(*Middleware)
+
+// WithKeyFunc replaces the default identity (X-API-Key, else client IP). The
+// API-key validator is part of the default identity and is not called for a
+// custom key function.
+func WithKeyFunc(f KeyFunc) Option { return func(m *Middleware) { m.keyFunc = f } }
+
+// WithTrustedProxies sets the networks whose X-Real-IP, X-Forwarded-For and
+// X-Request-Id headers are believed (invalid prefixes are skipped). The
+// default is none: the client IP is the direct peer and request ids are
+// generated.
+func WithTrustedProxies(prefixes []netip.Prefix) Option {
+	return func(m *Middleware) {
+		m.trusted = make([]netip.Prefix, 0, len(prefixes))
+		for _, p := range prefixes {
+			if p.IsValid() {
+				m.trusted = append(m.trusted, p.Masked())
+			}
+		}
+	}
+}
+
+// WithAPIKeyValidator sets a check of the X-API-Key header (the raw value,
+// without prefix) for the default identity, called after the key passed
+// ratelimit.ValidateKey. An error gets a 401 problem; its text is logged,
+// not sent.
+func WithAPIKeyValidator(f func(ctx context.Context, key string) error) Option {
+	return func(m *Middleware) { m.validate = f }
+}
+
+// WithDebugHeaders adds X-Served-By: instance and X-RateLimit-Mode (what
+// decided: redis, local, open, closed, memory) to every response.
+func WithDebugHeaders(instance string) Option {
+	return func(m *Middleware) { m.debug, m.instance = true, instance }
+}
+
+// WithRequestID sets where a request's id comes from when the context holds
+// none (see ContextWithRequestID). An empty or odd result (longer than 128
+// bytes, or with characters outside [A-Za-z0-9._:-]) is replaced by a
+// generated id. The default takes X-Request-Id from a trusted proxy and
+// generates one otherwise: a client choosing its own id could make the
+// sliding window log count two requests as one.
+func WithRequestID(f func(*http.Request) string) Option {
+	return func(m *Middleware) { m.requestID = f }
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(m *Middleware) { m.logger = l } }
+
+// WithErrorHandler sets what happens when the limiter fails (default: log
+// and fail open; see the package documentation).
+func WithErrorHandler(h ErrorHandler) Option { return func(m *Middleware) { m.onError = h } }
+
+// WithCost sets the units a request takes (default 1; less than 1 counts as
+// 1). A cost above the capacity of any of the route's policies gets a 400
+// before any policy counts it.
+func WithCost(f func(*http.Request) int64) Option { return func(m *Middleware) { m.cost = f } }
+
+// New returns a Middleware deciding through limiter. It panics if limiter is
+// nil.
+func New(limiter ratelimit.Limiter, opts ...Option) *Middleware {
+	if limiter == nil {
+		panic("httplimit: nil limiter")
+	}
+	m := &Middleware{limiter: limiter}
+	for _, o := range opts {
+		o(m)
+	}
+	if m.logger == nil {
+		m.logger = slog.Default()
+	}
+	if m.onError == nil {
+		m.onError = m.failOpen
+	}
+	return m
+}
+
+// Handler returns middleware that applies the policies to every request
+// (see the package documentation for how several policies combine). It
+// panics when no policy is given, a policy is invalid or two share a name:
+// policies are configuration, checked once at start.
+func (m *Middleware) Handler(policies ...ratelimit.Policy) func(http.Handler) http.Handler {
+	if len(policies) == 0 {
+		panic("httplimit: Handler needs at least one policy")
+	}
+	compiled := make([]compiledPolicy, len(policies))
+	for i, p := range policies {
+		if err := p.Validate(); err != nil {
+			panic("httplimit: " + err.Error())
+		}
+		for _, q := range policies[:i] {
+			if q.Name == p.Name {
+				panic(fmt.Sprintf("httplimit: policy %q given twice", p.Name))
+			}
+		}
+		compiled[i] = compile(p)
+	}
+	minCapacity := compiled[0].capacity
+	for _, cp := range compiled[1:] {
+		minCapacity = min(minCapacity, cp.capacity)
+	}
+	return func(next http.Handler) http.Handler {
+		return &handler{m: m, policies: compiled, minCapacity: minCapacity, next: next}
+	}
+}
+
+// RequestID returns the id the middleware uses for r: the one in r's
+// context, else the WithRequestID function's, else X-Request-Id from a
+// trusted proxy, else a new random one. A service can call it in an outer
+// middleware, store the id with ContextWithRequestID and log with it.
+func (m *Middleware) RequestID(r *http.Request) string {
+	id, _ := m.requestIDOf(r, m.isTrusted(peerAddr(r)))
+	return id
+}
+
+// requestIDOf returns the request's id and whether it came from the context.
+func (m *Middleware) requestIDOf(r *http.Request, peerTrusted bool) (string, bool) {
+	if id, ok := RequestIDFromContext(r.Context()); ok {
+		return id, true
+	}
+	if m.requestID != nil {
+		if id := m.requestID(r); saneRequestID(id) {
+			return id, false
+		}
+	} else if peerTrusted {
+		if id := getHeader(r.Header, keyRequestID); saneRequestID(id) {
+			return id, false
+		}
+	}
+	return newRequestID(), false
+}
+
+type requestIDKey struct{}
+
+// ContextWithRequestID returns ctx carrying a request id, which the
+// middleware then uses as is.
+func ContextWithRequestID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// RequestIDFromContext returns the request id stored in ctx.
+func RequestIDFromContext(ctx context.Context) (string, bool) {
+	id, ok := ctx.Value(requestIDKey{}).(string)
+	return id, ok && id != ""
+}
+
+// failOpen is the default ErrorHandler.
+func (m *Middleware) failOpen(_ http.ResponseWriter, r *http.Request, p ratelimit.Policy, err error) bool {
+	id, _ := RequestIDFromContext(r.Context())
+	m.logger.LogAttrs(r.Context(), slog.LevelError, "rate limiter failed; failing open",
+		slog.String("request_id", id), slog.String("policy", p.Name), slog.String("error", err.Error()))
+	return true
+}
+
+// handler applies one route's compiled policies.
+type handler struct {
+	m           *Middleware
+	policies    []compiledPolicy
+	minCapacity int64
+	next        http.Handler
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m := h.m
+	peer := peerAddr(r)
+	peerTrusted := m.isTrusted(peer)
+	id, inContext := m.requestIDOf(r, peerTrusted)
+	if !inContext {
+		r = r.WithContext(ContextWithRequestID(r.Context(), id))
+	}
+	ctx := r.Context()
+	hdr := w.Header()
+	setHeader(hdr, keyRequestID, id)
+	if m.debug {
+		setHeader(hdr, keyServedBy, m.instance)
+	}
+
+	var key string
+	if m.keyFunc == nil {
+		var err error
+		if key, err = m.defaultKey(r, peer, peerTrusted); err != nil {
+			m.rejectKey(w, r, id, err)
+			return
+		}
+	}
+	cost := int64(1)
+	if m.cost != nil {
+		// Checked against every policy before any decides, so that a cost
+		// one policy cannot take is not counted by the others.
+		if cost = max(m.cost(r), 1); cost > h.minCapacity {
+			writeProblem(w, r, id, http.StatusBadRequest, ProblemInvalidRequest, "Bad Request",
+				"the request costs more than a policy's capacity ("+itoa(h.minCapacity)+")", 0, "")
+			return
+		}
+	}
+
+	best, shadow := -1, -1
+	var bestD, shadowD ratelimit.Decision
+	for i := range h.policies {
+		cp := &h.policies[i]
+		if m.keyFunc != nil {
+			var err error
+			if key, err = m.keyFunc(r, cp.policy); err == nil {
+				err = ratelimit.ValidateKey(key)
+			}
+			if err != nil {
+				m.rejectKey(w, r, id, err)
+				return
+			}
+		}
+		d, err := m.limiter.Decide(ctx, ratelimit.Request{Policy: cp.policy, Key: key, Cost: cost, ID: id})
+		if err != nil {
+			if errors.Is(err, ratelimit.ErrInvalidRequest) {
+				writeProblem(w, r, id, http.StatusBadRequest, ProblemInvalidRequest, "Bad Request",
+					"the request cannot be rate limited: "+err.Error(), 0, cp.policy.Name)
+				return
+			}
+			if !m.onError(w, r, cp.policy, err) {
+				return
+			}
+			d = ratelimit.Decision{Allowed: true, Limit: cp.capacity, Remaining: cp.capacity, Mode: ratelimit.ModeOpen}
+		}
+		if cp.policy.Shadow {
+			if !d.Allowed {
+				m.logger.LogAttrs(ctx, slog.LevelInfo, "shadow policy would refuse",
+					slog.String("request_id", id), slog.String("policy", cp.policy.Name),
+					slog.String("mode", string(d.Mode)), slog.Duration("retry_after", d.RetryAfter))
+			}
+			if shadow < 0 || moreRestrictive(d, shadowD) {
+				shadow, shadowD = i, d
+			}
+			continue
+		}
+		if best < 0 || moreRestrictive(d, bestD) {
+			best, bestD = i, d
+		}
+	}
+	if best < 0 { // every policy is a shadow: report the dry run, never refuse
+		best, bestD = shadow, shadowD
+		bestD.Allowed = true
+	}
+	cp := &h.policies[best]
+	cp.writeHeaders(hdr, bestD, m.debug)
+	if !bestD.Allowed {
+		retry := retryAfterSeconds(bestD.RetryAfter)
+		setHeader(hdr, keyRetryAfter, itoa(retry))
+		m.logger.LogAttrs(ctx, slog.LevelDebug, "rate limited",
+			slog.String("request_id", id), slog.String("policy", cp.policy.Name),
+			slog.String("mode", string(bestD.Mode)), slog.Int64("retry_after_s", retry))
+		writeProblem(w, r, id, http.StatusTooManyRequests, ProblemRateLimited, "Too Many Requests",
+			cp.detail+itoa(retry)+" s.", retry, cp.policy.Name)
+		return
+	}
+	h.next.ServeHTTP(w, r)
+}
+
+// rejectKey answers a request whose identity is unusable.
+func (m *Middleware) rejectKey(w http.ResponseWriter, r *http.Request, id string, err error) {
+	if errors.Is(err, ErrInvalidAPIKey) {
+		m.logger.LogAttrs(r.Context(), slog.LevelInfo, "API key refused",
+			slog.String("request_id", id), slog.String("error", err.Error()))
+		writeProblem(w, r, id, http.StatusUnauthorized, ProblemInvalidAPIKey, "Unauthorized",
+			"the X-API-Key header holds no valid API key", 0, "")
+		return
+	}
+	m.logger.LogAttrs(r.Context(), slog.LevelDebug, "unusable client identity",
+		slog.String("request_id", id), slog.String("error", err.Error()))
+	writeProblem(w, r, id, http.StatusBadRequest, ProblemInvalidRequest, "Bad Request", err.Error(), 0, "")
+}
+
+// moreRestrictive reports whether decision a is more restrictive than b (see
+// the package documentation).
+func moreRestrictive(a, b ratelimit.Decision) bool {
+	if a.Allowed != b.Allowed {
+		return !a.Allowed
+	}
+	if !a.Allowed {
+		return a.RetryAfter > b.RetryAfter
+	}
+	if a.Remaining != b.Remaining {
+		return a.Remaining < b.Remaining
+	}
+	return a.ResetAfter > b.ResetAfter
+}

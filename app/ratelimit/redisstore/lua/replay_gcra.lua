@@ -1,0 +1,23 @@
+-- GCRA replay. Twin of ratelimit.GCRAReplay.
+local horizon = now - cdiv(capacity * window, limit)
+local st = redis.call('HMGET', key, 't', 'r')
+local tat, rem = 0, 0
+if st[1] then tat, rem = num(st[1], 't'), num(st[2], 'r') end
+local replayed, dropped = 0, 0
+for _, g in ipairs(grants) do
+  if g.at <= horizon then
+    dropped = dropped + g.cost
+  else
+    if tat < g.at then tat, rem = g.at, 0 end
+    local inc = g.cost * window
+    local q = fdiv(inc, limit)
+    tat, rem = tat + q, rem + (inc - q * limit)
+    if rem >= limit then tat, rem = tat + 1, rem - limit end
+    replayed = replayed + g.cost
+  end
+end
+if tat > now or (tat == now and rem > 0) then
+  redis.call('HSET', key, 't', str(tat), 'r', str(rem))
+  redis.call('PEXPIRE', key, cdiv(tat - now + 1, 1000) + margin_ms)
+end
+return {replayed, dropped, 0, 0}

@@ -1,0 +1,379 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/app/internal/conformance"
+	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/internal/vectors"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+)
+
+// newClient returns a client of its own (instances share nothing but Redis).
+func newClient(t testing.TB, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, PoolSize: 32})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// TestVectors runs the shared vector table against the Lua twins.
+func TestVectors(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	for i, c := range vectors.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			var now int64
+			l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+			key := fmt.Sprintf("vector-%d", i)
+			for j, s := range c.Steps {
+				now = vectors.T0 + s.At
+				got, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: key, Cost: s.Cost, Weight: s.Weight, ID: fmt.Sprintf("req-%d", j)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := c.Decision(s)
+				want.Mode = ratelimit.ModeRedis
+				if got != want {
+					t.Errorf("step %d:\n got %+v\nwant %+v", j, got, want)
+				}
+			}
+		})
+	}
+}
+
+func TestConformance(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	conformance.Run(t, ratelimit.ModeRedis, func(t *testing.T) ratelimit.Limiter {
+		return redisstore.New(newClient(t, srv.Addr()))
+	})
+}
+
+// grant is one admitted request, at Redis' time.
+type grant struct{ at int64 }
+
+// hammer sends requests for one key through several limiters, from many
+// goroutines, for d, and returns the grants in Redis time order.
+func hammer(t *testing.T, limiters []*redisstore.Limiter, p ratelimit.Policy, key string, d time.Duration) []int64 {
+	t.Helper()
+	var (
+		mu     sync.Mutex
+		grants []int64
+		wg     sync.WaitGroup
+	)
+	deadline := time.Now().Add(d)
+	for g := range 16 {
+		wg.Go(func() {
+			l := limiters[g%len(limiters)]
+			for i := 0; time.Now().Before(deadline); i++ {
+				dec, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: key, ID: fmt.Sprintf("g%d-%d", g, i)})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if dec.Allowed {
+					mu.Lock()
+					grants = append(grants, dec.State.Now)
+					mu.Unlock()
+				}
+				time.Sleep(time.Millisecond) // pace the load, not a synchronisation
+			}
+		})
+	}
+	wg.Wait()
+	sort.Slice(grants, func(i, j int) bool { return grants[i] < grants[j] })
+	return grants
+}
+
+// checkAdmissions asserts the policy's bound over the grant times (µs).
+func checkAdmissions(t *testing.T, p ratelimit.Policy, grants []int64) {
+	t.Helper()
+	w := p.WindowMicros()
+	switch p.Algorithm {
+	case ratelimit.SlidingWindowLog:
+		for i, j := 0, 0; j < len(grants); j++ {
+			for grants[j]-grants[i] >= w {
+				i++
+			}
+			if n := int64(j - i + 1); n > p.Limit {
+				t.Fatalf("%d grants within one window ending at %d, limit %d", n, grants[j], p.Limit)
+			}
+		}
+	case ratelimit.SlidingWindowCounter:
+		counts := map[int64]int64{}
+		for _, g := range grants {
+			counts[g/w]++
+		}
+		for win, n := range counts {
+			if n > p.Limit {
+				t.Fatalf("%d grants in aligned window %d, limit %d", n, win, p.Limit)
+			}
+		}
+	default: // token bucket, GCRA: n <= capacity + rate × span for every run.
+		for i := range grants {
+			for j := i; j < len(grants); j++ {
+				n := int64(j - i + 1)
+				allowed := p.Capacity()*w + (grants[j]-grants[i])*p.Limit // × w
+				if n*w > allowed {
+					t.Fatalf("%d grants in %d µs, at most %.2f allowed", n, grants[j]-grants[i], float64(allowed)/float64(w))
+				}
+			}
+		}
+	}
+	if len(grants) < int(p.Limit) {
+		t.Fatalf("only %d grants: the load did not reach the limit %d", len(grants), p.Limit)
+	}
+}
+
+// TestInstancesShareOnlyRedis runs four limiters with their own clients
+// against one Redis and checks the fleet-wide bound from Redis' times.
+func TestInstancesShareOnlyRedis(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	for _, alg := range ratelimit.Algorithms {
+		t.Run(string(alg), func(t *testing.T) {
+			p := ratelimit.Policy{Name: "fleet", Algorithm: alg, Limit: 20, Window: 500 * time.Millisecond}
+			var ls []*redisstore.Limiter
+			for range 4 {
+				ls = append(ls, redisstore.New(newClient(t, srv.Addr())))
+			}
+			checkAdmissions(t, p, hammer(t, ls, p, "shared-"+string(alg), 1500*time.Millisecond))
+		})
+	}
+}
+
+func TestCluster(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	l := redisstore.New(cl.Client())
+	for _, alg := range ratelimit.Algorithms {
+		t.Run(string(alg), func(t *testing.T) {
+			p := ratelimit.Policy{Name: "cl", Algorithm: alg, Limit: 20, Window: 500 * time.Millisecond}
+			var ls []*redisstore.Limiter
+			for range 3 {
+				c := redis.NewClusterClient(cl.ClusterOptions())
+				t.Cleanup(func() { _ = c.Close() })
+				ls = append(ls, redisstore.New(c))
+			}
+			checkAdmissions(t, p, hammer(t, ls, p, "cluster-"+string(alg), 1500*time.Millisecond))
+		})
+	}
+	t.Run("keys spread over every master", func(t *testing.T) {
+		p := ratelimit.Policy{Name: "spread", Algorithm: ratelimit.GCRA, Limit: 5, Window: time.Minute}
+		masters := map[string]int{}
+		for i := range 60 {
+			k := fmt.Sprintf("client-%d", i)
+			if d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: k}); err != nil || !d.Allowed {
+				t.Fatalf("%s: %+v %v", k, d, err)
+			}
+			masters[cl.MasterFor(l.Key(p, k)).Addr()]++
+		}
+		if len(masters) != 3 {
+			t.Fatalf("60 keys landed on %d masters (%v), want all 3", len(masters), masters)
+		}
+	})
+	t.Run("a client cannot choose the slot", func(t *testing.T) {
+		p := ratelimit.Policy{Name: "tag", Algorithm: ratelimit.TokenBucket, Limit: 5, Window: time.Minute}
+		slots := map[int64]bool{}
+		for i := range 40 {
+			k := fmt.Sprintf("{x}%d", i) // all would share slot("x") if used as is
+			key := l.Key(p, k)
+			if !strings.HasPrefix(key, "{rl:") || strings.Contains(key, "{x}") || len(key) > 80 {
+				t.Fatalf("key %q for identity %q", key, k)
+			}
+			slot, err := cl.Client().ClusterKeySlot(context.Background(), key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			slots[slot] = true
+			if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: k}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(slots) < 20 {
+			t.Fatalf("40 identities {x}N share %d slots: the client chose the slot", len(slots))
+		}
+	})
+}
+
+func TestSentinelFailover(t *testing.T) {
+	s := redistest.StartSentinel(t)
+	client, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: s.SentinelAddrs(), MasterName: s.MasterName(), Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	l := redisstore.New(client)
+	p := ratelimit.Policy{Name: "sent", Algorithm: ratelimit.SlidingWindowLog, Limit: 1000, Window: time.Minute}
+	decide := func(id string) error {
+		_, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k", ID: id})
+		return err
+	}
+	for i := range 10 {
+		if err := decide(fmt.Sprintf("before-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldMaster := s.Master().Addr()
+	s.Failover(t)
+	if s.Master().Addr() == oldMaster {
+		t.Fatal("the master did not change")
+	}
+	// Decisions resume on the new master (a few may fail while the client
+	// notices the switch).
+	deadline := time.Now().Add(20 * time.Second)
+	ok := 0
+	for i := 0; ok < 10; i++ {
+		err := decide(fmt.Sprintf("after-%d", i))
+		switch {
+		case err == nil:
+			ok++
+		case !errors.Is(err, ratelimit.ErrUnavailable):
+			t.Fatalf("after failover: %v, want success or ErrUnavailable", err)
+		case time.Now().After(deadline):
+			t.Fatalf("no decisions after failover: %v", err)
+		default:
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+func TestUnexpectedStateIsAnErrorNotAPanic(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	l := redisstore.New(c)
+	ctx := context.Background()
+	for _, alg := range ratelimit.Algorithms {
+		p := ratelimit.Policy{Name: "odd", Algorithm: alg, Limit: 5, Window: time.Minute}
+		for name, corrupt := range map[string]func(key string) error{
+			"wrong type": func(key string) error {
+				if alg == ratelimit.SlidingWindowLog {
+					return c.Set(ctx, key, "x", 0).Err()
+				}
+				return c.RPush(ctx, key, "x").Err()
+			},
+			"garbage fields": func(key string) error {
+				if alg == ratelimit.SlidingWindowLog {
+					return c.ZAdd(ctx, key, redis.Z{Score: 1, Member: "m"}).Err() // harmless: old score
+				}
+				return c.HSet(ctx, key, "t", "abc", "l", "xyz", "r", "?", "w", "nan", "c", "1", "p", "1").Err()
+			},
+		} {
+			t.Run(string(alg)+"/"+name, func(t *testing.T) {
+				key := l.Key(p, name)
+				if err := c.Del(ctx, key).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := corrupt(key); err != nil {
+					t.Fatal(err)
+				}
+				_, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: name})
+				if alg == ratelimit.SlidingWindowLog && name == "garbage fields" {
+					if err != nil {
+						t.Fatalf("an old member is simply expired: %v", err)
+					}
+					return
+				}
+				if !errors.Is(err, ratelimit.ErrBadReply) {
+					t.Fatalf("error %v, want ErrBadReply", err)
+				}
+			})
+		}
+	}
+}
+
+func TestEveryKeyHasATTL(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	l := redisstore.New(c)
+	ctx := context.Background()
+	for _, alg := range ratelimit.Algorithms {
+		p := ratelimit.Policy{Name: "ttl", Algorithm: alg, Limit: 5, Window: 10 * time.Second}
+		if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"}); err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := c.PTTL(ctx, l.Key(p, "k")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ttl <= 0 || ttl > 21*time.Second+time.Second {
+			t.Errorf("%s: TTL %v, want within two windows plus a margin", alg, ttl)
+		}
+	}
+}
+
+func TestScriptsReloadAfterFlush(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	l := redisstore.New(c)
+	p := ratelimit.Policy{Name: "flush", Algorithm: ratelimit.GCRA, Limit: 5, Window: time.Minute}
+	ctx := context.Background()
+	for i := range 3 {
+		if i == 1 {
+			if err := c.ScriptFlush(ctx).Err(); err != nil { // as after a Redis restart
+				t.Fatal(err)
+			}
+		}
+		if d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"}); err != nil || d.Remaining != int64(4-i) {
+			t.Fatalf("decision %d: %+v %v", i, d, err)
+		}
+	}
+}
+
+func TestSlidingLogCountsARequestIDOnce(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	l := redisstore.New(newClient(t, srv.Addr()))
+	p := ratelimit.Policy{Name: "ids", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: time.Minute}
+	for _, id := range []string{"a", "a", "b", "a", "b"} {
+		d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k", ID: id})
+		if err != nil || !d.Allowed {
+			t.Fatalf("%s: %+v %v", id, d, err)
+		}
+	}
+	d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k", ID: "c"})
+	if err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("c: %+v %v, want the third distinct request admitted with 0 left", d, err)
+	}
+}
+
+func TestUnavailable(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithTimeout(100*time.Millisecond))
+	p := ratelimit.Policy{Name: "down", Algorithm: ratelimit.TokenBucket, Limit: 5, Window: time.Minute}
+	srv.Stop() // hung, not refused
+	defer srv.Cont()
+	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"}); !errors.Is(err, ratelimit.ErrUnavailable) {
+		t.Fatalf("paused Redis: %v, want ErrUnavailable", err)
+	}
+	srv.Cont()
+	srv.Kill()
+	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"}); !errors.Is(err, ratelimit.ErrUnavailable) {
+		t.Fatalf("killed Redis: %v, want ErrUnavailable", err)
+	}
+}
+
+func BenchmarkDecide(b *testing.B) {
+	srv := redistest.StartServer(b, redistest.ServerOptions{})
+	for _, alg := range ratelimit.Algorithms {
+		b.Run(string(alg), func(b *testing.B) {
+			l := redisstore.New(newClient(b, srv.Addr()))
+			p := ratelimit.Policy{Name: "bench", Algorithm: alg, Limit: 1_000_000, Window: time.Second}
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "client-1"}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}

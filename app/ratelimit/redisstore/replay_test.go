@@ -1,0 +1,109 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/internal/vectors"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+)
+
+// TestReplayVectors runs the replay table against the Lua replay scripts.
+func TestReplayVectors(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	for i, c := range vectors.ReplayCases {
+		t.Run(c.Name, func(t *testing.T) {
+			var now int64
+			l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+			key := fmt.Sprintf("replay-%d", i)
+			step := func(s vectors.Step, id string) ratelimit.Decision {
+				now = vectors.T0 + s.At
+				d, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: key, Cost: s.Cost, Weight: s.Weight, ID: id})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			for j, s := range c.Before {
+				step(s, fmt.Sprint("before-", j))
+			}
+			now = vectors.T0 + c.At
+			batch := ratelimit.ReplayBatch{Policy: c.Policy, Identity: ratelimit.IdentityOf(key), Marker: "i1:1", Grants: c.AbsGrants()}
+			res, errs := l.Replay(context.Background(), []ratelimit.ReplayBatch{batch})
+			if errs[0] != nil {
+				t.Fatal(errs[0])
+			}
+			if res[0] != c.Result {
+				t.Errorf("replay: %+v, want %+v", res[0], c.Result)
+			}
+			// The same batch again (a retry) changes nothing.
+			res, errs = l.Replay(context.Background(), []ratelimit.ReplayBatch{batch})
+			if errs[0] != nil || res[0] != (ratelimit.ReplayResult{Duplicate: true}) {
+				t.Fatalf("second replay: %+v %v, want a duplicate", res[0], errs[0])
+			}
+			for j, s := range c.After {
+				want := c.Decision(s)
+				want.Mode = ratelimit.ModeRedis
+				if got := step(s, fmt.Sprint("after-", j)); got != want {
+					t.Errorf("after step %d:\n got %+v\nwant %+v", j, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestReplayDoesNotCountARequestTwice: a decision that timed out but still
+// ran in Redis, then granted locally and journaled under the same request
+// id, is present once in the sliding window log.
+func TestReplayDoesNotCountARequestTwice(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	l := redisstore.New(c)
+	p := ratelimit.Policy{Name: "dup", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Minute}
+	ctx := context.Background()
+	d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: "req-1"})
+	if err != nil || !d.Allowed {
+		t.Fatal(d, err)
+	}
+	at := d.State.Now
+	b := ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf("k"), Marker: "app1:7", Grants: []ratelimit.Grant{
+		{At: at + 1000, Cost: 1, ID: "req-1"}, {At: at + 2000, Cost: 1, ID: "req-2"},
+	}}
+	res, errs := l.Replay(ctx, []ratelimit.ReplayBatch{b})
+	if errs[0] != nil || res[0] != (ratelimit.ReplayResult{Replayed: 1, Present: 1}) {
+		t.Fatalf("replay: %+v %v, want 1 replayed and 1 present", res[0], errs[0])
+	}
+	members, err := c.ZRange(ctx, l.Key(p, "k"), 0, -1).Result()
+	if err != nil || len(members) != 2 || members[0] != "req-1" || members[1] != "req-2" {
+		t.Fatalf("members %v %v, want exactly req-1 and req-2", members, err)
+	}
+	if ttl := c.PTTL(ctx, l.MarkerKey(b)).Val(); ttl <= 0 {
+		t.Fatalf("marker TTL %v, want set", ttl)
+	}
+}
+
+// TestReplayPipelinesManyKeys replays 20 000 keys in one call and reports
+// the time (a benchmark measures it properly).
+func TestReplayPipelinesManyKeys(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	l := redisstore.New(newClient(t, srv.Addr()))
+	p := ratelimit.Policy{Name: "many", Algorithm: ratelimit.SlidingWindowCounter, Limit: 100, Window: time.Minute}
+	now := time.Now().UnixMicro()
+	batches := make([]ratelimit.ReplayBatch, 20_000)
+	for i := range batches {
+		batches[i] = ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf(fmt.Sprint("k", i)), Marker: "app1:1",
+			Grants: []ratelimit.Grant{{At: now, Cost: 1, ID: fmt.Sprint("r", i)}}}
+	}
+	start := time.Now()
+	res, errs := l.Replay(context.Background(), batches)
+	t.Logf("replayed %d keys in %v", len(batches), time.Since(start))
+	for i := range res {
+		if errs[i] != nil || res[i].Replayed != 1 {
+			t.Fatalf("batch %d: %+v %v", i, res[i], errs[i])
+		}
+	}
+}

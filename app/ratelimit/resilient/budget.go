@@ -1,0 +1,168 @@
+package resilient
+
+import (
+	"math"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// entry is what one instance knows of one key: the last decision the store
+// made for it (a snapshot of the algorithm state in the store's clock) and
+// the local fallback state that continues from it while the store is out.
+type entry struct {
+	// The last store reply.
+	snap      ratelimit.State
+	snapValid bool
+	version   uint64 // bumped by every reply
+
+	// Local state; valid while localVersion == version.
+	localVersion uint64
+	localInit    bool
+	level        float64 // token bucket and GCRA: units left in this instance's share
+	at           int64   // µs (store time) of level
+	log          ratelimit.WindowLog
+	wc           ratelimit.WindowCounterState
+}
+
+// share is this instance's part of the fleet's remaining quota.
+type share struct {
+	n      float64 // instances that may be granting: live + suspect
+	factor float64 // the policy's fallback factor
+}
+
+func (s share) of(x float64) float64 { return x * s.factor / s.n }
+
+// decideLocal decides from the local budget at store time now (µs): this
+// instance's share of what the store last said was left, with refill and
+// ageing that mirror the store's semantics.
+func (e *entry) decideLocal(p ratelimit.Policy, now, cost int64, sh share) ratelimit.Decision {
+	if !e.localInit || e.localVersion != e.version {
+		e.initLocal(p, now, sh)
+	}
+	var d ratelimit.Decision
+	switch p.Algorithm {
+	case ratelimit.TokenBucket, ratelimit.GCRA:
+		d = e.bucket(p, now, cost, sh)
+	case ratelimit.SlidingWindowLog:
+		d = e.windowLog(p, now, cost, sh)
+	case ratelimit.SlidingWindowCounter:
+		d = e.windowCounter(p, now, cost, sh)
+	}
+	d.Limit = p.Capacity()
+	d.Mode = ratelimit.ModeLocal
+	d.State.Now = now
+	return d
+}
+
+func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
+	e.localInit, e.localVersion = true, e.version
+	e.log = ratelimit.WindowLog{}
+	e.wc = ratelimit.WindowCounterState{}
+	w := float64(p.WindowMicros())
+	e.level, e.at = sh.of(float64(p.Capacity())), now
+	if !e.snapValid {
+		return
+	}
+	switch p.Algorithm {
+	case ratelimit.TokenBucket:
+		e.level, e.at = sh.of(float64(e.snap.Tokens)/w), e.snap.Now
+	case ratelimit.GCRA:
+		ahead := float64(e.snap.TAT-e.snap.Now)*float64(p.Limit) + float64(e.snap.TATRem)
+		avail := (float64(p.Capacity())*w - max(0, ahead)) / w
+		e.level, e.at = sh.of(max(0, avail)), e.snap.Now
+	}
+}
+
+// bucket is the token bucket (and GCRA, its equivalent) share: capacity and
+// rate divided among the instances, starting from the share of the tokens
+// left at the last reply.
+func (e *entry) bucket(p ratelimit.Policy, now, cost int64, sh share) ratelimit.Decision {
+	capacity := sh.of(float64(p.Capacity()))
+	rate := sh.of(float64(p.Limit) / float64(p.WindowMicros())) // units per µs
+	if now > e.at {
+		e.level = min(capacity, e.level+float64(now-e.at)*rate)
+		e.at = now
+	}
+	var d ratelimit.Decision
+	c := float64(cost)
+	if e.level+1e-9 >= c {
+		d.Allowed = true
+		e.level = max(0, e.level-c)
+	} else {
+		d.RetryAfter = microsCeil((c - e.level) / rate)
+	}
+	d.Remaining = int64(math.Floor(e.level + 1e-9))
+	d.ResetAfter = microsCeil((capacity - e.level) / rate)
+	return d
+}
+
+// windowLog is the sliding window log share. The grants the last reply knew
+// of age out as its histogram said (each bucket assumed to expire as late as
+// it could); the instance may hold its share of the rest of the window.
+func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) ratelimit.Decision {
+	w := p.WindowMicros()
+	var pre int64
+	if e.snapValid {
+		for i, n := range e.snap.Ages {
+			if e.snap.Now+w-int64(i)*w/ratelimit.AgeBuckets > now {
+				pre += n
+			}
+		}
+	}
+	local := p
+	local.Limit = int64(math.Floor(sh.of(float64(max(0, p.Limit-pre))) + 1e-9))
+	return ratelimit.WindowLogDecide(local, &e.log, now, cost, ratelimit.Weight{})
+}
+
+// windowCounter is the sliding window counter share: the counts the last
+// reply knew of, shifted into the current windows, plus this instance's
+// local counts weighted by the number of instances.
+func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) ratelimit.Decision {
+	w := p.WindowMicros()
+	start := now - now%w
+	elapsed := now - start
+	shift := func(ws, cur, prev int64) (int64, int64) {
+		switch ws {
+		case start:
+			return cur, prev
+		case start - w:
+			return 0, cur
+		}
+		return 0, 0
+	}
+	var kc, kp int64
+	if e.snapValid {
+		kc, kp = shift(e.snap.WindowStart, e.snap.Current, e.snap.Previous)
+	}
+	lc, lp := shift(e.wc.WindowStart, e.wc.Current, e.wc.Previous)
+	known := float64(kp*(w-elapsed) + kc*w)
+	room := sh.of(float64(p.Limit*w) - known) // this instance's part, units × µs
+	used := float64(lp*(w-elapsed) + lc*w)
+	var d ratelimit.Decision
+	if used+float64(cost*w) <= room+1e-6 {
+		d.Allowed = true
+		lc += cost
+		used += float64(cost * w)
+	} else {
+		d.RetryAfter = time.Duration(w-elapsed) * time.Microsecond
+	}
+	e.wc = ratelimit.WindowCounterState{WindowStart: start, Current: lc, Previous: lp}
+	d.Remaining = max(0, int64(math.Floor((room-used)/float64(w)+1e-9)))
+	if lc > 0 || kc > 0 {
+		d.ResetAfter = time.Duration(2*w-elapsed) * time.Microsecond
+	} else if lp > 0 || kp > 0 {
+		d.ResetAfter = time.Duration(w-elapsed) * time.Microsecond
+	}
+	return d
+}
+
+func microsCeil(us float64) time.Duration {
+	if us <= 0 || math.IsNaN(us) {
+		return 0
+	}
+	if us > float64(math.MaxInt64/1000) {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(math.Ceil(us)) * time.Microsecond
+}

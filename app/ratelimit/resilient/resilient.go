@@ -1,0 +1,427 @@
+// Package resilient is a ratelimit.Limiter that stays correct while its
+// shared store is out. It wraps the store (redisstore) with a circuit breaker
+// and decides locally while the breaker is open: from a fallback budget that
+// is this instance's share of what the store last said was left, so the
+// fleet as a whole stays within the limit and polite clients are not
+// blocked.
+//
+// The breaker opens after FailureThreshold consecutive failures, a failure
+// being an error or a call that outlived Timeout. While open no request
+// touches the store; a prober pings it every ProbeInterval and, once it
+// answers, the breaker moves to Recovering (the journal of local grants is
+// replayed) and then Closed.
+//
+// Every instance heartbeats into the store. An instance whose heartbeat is
+// missing may be cut off from the store but still granting its share
+// locally, for up to LeaseGrace: until then the others hold its share back
+// (see ratelimit.Weight).
+package resilient
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// Store is the shared store a Limiter wraps. *redisstore.Limiter satisfies
+// it.
+type Store interface {
+	ratelimit.Limiter
+	// Ping checks that the store answers.
+	Ping(ctx context.Context) error
+	// Heartbeat records the instance as live and returns how many
+	// instances are live and how many are suspect (missing for less than
+	// grace).
+	Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (live, suspect int, err error)
+	// Leave removes the instance's heartbeat.
+	Leave(ctx context.Context, instance string, ttl, grace time.Duration) error
+}
+
+// Config configures a Limiter. Zero fields take the defaults shown.
+type Config struct {
+	// Instance names this instance in heartbeats and logs. Required.
+	Instance string
+	// Timeout bounds each store call (50 ms).
+	Timeout time.Duration
+	// FailureThreshold is the number of consecutive failures that opens
+	// the breaker (3).
+	FailureThreshold int
+	// ProbeInterval is how often an open breaker pings the store (1 s).
+	ProbeInterval time.Duration
+	// HeartbeatInterval is how often a closed breaker heartbeats (500 ms).
+	HeartbeatInterval time.Duration
+	// HeartbeatTTL is how long after its last heartbeat an instance counts
+	// as missing (2 s).
+	HeartbeatTTL time.Duration
+	// LeaseGrace is how long a missing instance may keep granting its
+	// fallback share, and so how long the others hold it back (30 s).
+	LeaseGrace time.Duration
+	// ExpectedInstances is the fleet size assumed until the first heartbeat
+	// reply (1).
+	ExpectedInstances int
+	// KeyCapacity bounds the keys remembered locally (100 000); the least
+	// recently used is evicted and, if needed again during an outage,
+	// starts from a fresh share.
+	KeyCapacity int
+	// Logger receives transitions (slog.Default()).
+	Logger *slog.Logger
+	// Now is the local clock (time.Now). Decisions use the store's clock,
+	// estimated from the local one and the offset seen in replies.
+	Now func() time.Time
+	// OnTransition, if set, is called on every breaker transition, with
+	// the breaker's lock held: keep it short.
+	OnTransition func(from, to State)
+	// Recover, if set, runs when the prober reaches the store, before the
+	// breaker closes (the journal replay). An error reopens the breaker.
+	Recover func(ctx context.Context) error
+	// OnLocalGrant, if set, is called for every request granted locally,
+	// before Decide returns (the journal append).
+	OnLocalGrant func(req ratelimit.Request, storeNow int64)
+}
+
+func (c *Config) setDefaults() error {
+	if err := ratelimit.ValidateKey(c.Instance); err != nil {
+		return fmt.Errorf("resilient: instance name: %w", err)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.Timeout, 50*time.Millisecond)
+	def(&c.ProbeInterval, time.Second)
+	def(&c.HeartbeatInterval, 500*time.Millisecond)
+	def(&c.HeartbeatTTL, 2*time.Second)
+	def(&c.LeaseGrace, 30*time.Second)
+	if c.FailureThreshold <= 0 {
+		c.FailureThreshold = 3
+	}
+	if c.ExpectedInstances <= 0 {
+		c.ExpectedInstances = 1
+	}
+	if c.KeyCapacity <= 0 {
+		c.KeyCapacity = 100_000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// Limiter is a fault-tolerant ratelimit.Limiter. It is safe for concurrent
+// use. Create it with New and stop it with Close.
+type Limiter struct {
+	store Store
+	cfg   Config
+	br    breaker
+	seeds [2]maphash.Seed
+
+	offset    atomic.Int64 // store clock minus local clock, µs
+	hasOffset atomic.Bool
+	live      atomic.Int64
+	suspect   atomic.Int64
+	fleetSeen atomic.Bool
+
+	mu   sync.Mutex // guards keys and the entries in it; never held across I/O
+	keys *simplelru.LRU[key, *entry]
+
+	stats struct {
+		storeDecisions, localDecisions, localGrants atomic.Uint64
+		failures, evictions                         atomic.Uint64
+	}
+	lastRecovery atomic.Pointer[time.Time]
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	closed atomic.Bool
+}
+
+var _ ratelimit.Limiter = (*Limiter)(nil)
+
+type key [2]uint64
+
+// New returns a Limiter wrapping store and starts its background loop
+// (heartbeats and, while open, probes). The store is not contacted
+// synchronously: an unreachable store at start is not an error.
+func New(store Store, cfg Config) (*Limiter, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	l := &Limiter{store: store, cfg: cfg, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, done: make(chan struct{})}
+	keys, err := simplelru.NewLRU[key, *entry](cfg.KeyCapacity, func(key, *entry) { l.stats.evictions.Add(1) })
+	if err != nil {
+		return nil, fmt.Errorf("resilient: %w", err)
+	}
+	l.keys = keys
+	l.br.threshold = cfg.FailureThreshold
+	l.br.onChange = func(from, to State, reason string) {
+		l.cfg.Logger.Warn("rate limiter breaker transition", "instance", cfg.Instance, "from", from.String(), "to", to.String(), "reason", reason)
+		if cfg.OnTransition != nil {
+			cfg.OnTransition(from, to)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	go l.loop(ctx)
+	return l, nil
+}
+
+// Decide decides in the store while the breaker is closed, and locally
+// otherwise (or when this call fails). It returns an error only for an
+// invalid request or a cancelled context.
+func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	if err := req.Validate(); err != nil {
+		return ratelimit.Decision{}, err
+	}
+	k := l.keyOf(req)
+	if l.br.State() == Closed {
+		r := req
+		r.Weight = l.weight()
+		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+		sent := l.cfg.Now()
+		d, err := l.store.Decide(callCtx, r)
+		cancel()
+		if err == nil {
+			l.br.success()
+			l.stats.storeDecisions.Add(1)
+			l.remember(k, d, sent, l.cfg.Now())
+			return d, nil
+		}
+		if errors.Is(err, ratelimit.ErrInvalidRequest) || errors.Is(err, ratelimit.ErrInvalidPolicy) {
+			return ratelimit.Decision{}, err
+		}
+		if ctx.Err() != nil {
+			return ratelimit.Decision{}, ctx.Err()
+		}
+		l.stats.failures.Add(1)
+		if !errors.Is(err, ratelimit.ErrBadReply) { // one odd key is no outage
+			l.br.failure(err.Error())
+		}
+	}
+	return l.decideLocal(k, req), nil
+}
+
+func (l *Limiter) decideLocal(k key, req ratelimit.Request) ratelimit.Decision {
+	l.stats.localDecisions.Add(1)
+	p := req.Policy
+	switch p.Mode() {
+	case ratelimit.FailOpen:
+		return ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}
+	case ratelimit.FailClosed:
+		return ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
+	}
+	now := l.storeNow()
+	sh := share{n: float64(l.fleetSize()), factor: p.Factor()}
+	l.mu.Lock()
+	e := l.entry(k)
+	d := e.decideLocal(p, now, req.Units(), sh)
+	l.mu.Unlock()
+	if d.Allowed {
+		l.stats.localGrants.Add(1)
+		if l.cfg.OnLocalGrant != nil {
+			l.cfg.OnLocalGrant(req, now)
+		}
+	}
+	return d
+}
+
+// remember keeps the store's reply as the key's snapshot and updates the
+// clock offset (the reply's time is taken as the middle of the round trip).
+func (l *Limiter) remember(k key, d ratelimit.Decision, sent, recv time.Time) {
+	mid := sent.UnixMicro() + recv.Sub(sent).Microseconds()/2
+	l.offset.Store(d.State.Now - mid)
+	l.hasOffset.Store(true)
+	l.mu.Lock()
+	e := l.entry(k)
+	e.snap, e.snapValid = d.State, true
+	e.version++
+	l.mu.Unlock()
+}
+
+func (l *Limiter) entry(k key) *entry {
+	e, ok := l.keys.Get(k)
+	if !ok {
+		e = &entry{}
+		l.keys.Add(k, e)
+	}
+	return e
+}
+
+func (l *Limiter) keyOf(req ratelimit.Request) key {
+	var k key
+	for i := range k {
+		var h maphash.Hash
+		h.SetSeed(l.seeds[i])
+		p := req.Policy
+		_, _ = h.WriteString(p.Name)
+		_ = h.WriteByte(0)
+		_, _ = h.WriteString(string(p.Algorithm))
+		for _, v := range [...]int64{p.Limit, p.WindowMicros(), p.Capacity()} {
+			var b [8]byte
+			binary.LittleEndian.PutUint64(b[:], uint64(v))
+			_, _ = h.Write(b[:])
+		}
+		_, _ = h.WriteString(req.Key)
+		k[i] = h.Sum64()
+	}
+	return k
+}
+
+// storeNow estimates the store's clock in µs.
+func (l *Limiter) storeNow() int64 { return l.cfg.Now().UnixMicro() + l.offset.Load() }
+
+// fleetSize is the number of instances that may be granting: live and
+// suspect, as the last heartbeat said; ExpectedInstances before the first.
+func (l *Limiter) fleetSize() int64 {
+	if !l.fleetSeen.Load() {
+		return int64(l.cfg.ExpectedInstances)
+	}
+	return max(1, l.live.Load()+l.suspect.Load())
+}
+
+// weight holds back the shares of suspect instances in store decisions.
+func (l *Limiter) weight() ratelimit.Weight {
+	live, suspect := l.live.Load(), l.suspect.Load()
+	if suspect <= 0 || live <= 0 {
+		return ratelimit.Weight{}
+	}
+	return ratelimit.Weight{Num: min(live+suspect, 1024), Den: min(live, 1024)}
+}
+
+// loop heartbeats while closed and probes while open, until Close.
+func (l *Limiter) loop(ctx context.Context) {
+	defer close(l.done)
+	l.heartbeat(ctx)
+	tick := time.NewTicker(l.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	var lastProbe time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		switch l.br.State() {
+		case Closed:
+			l.heartbeat(ctx)
+		case Open:
+			if now := l.cfg.Now(); now.Sub(lastProbe) >= l.cfg.ProbeInterval-l.cfg.HeartbeatInterval/2 {
+				lastProbe = now
+				l.probe(ctx)
+			}
+		}
+	}
+}
+
+func (l *Limiter) heartbeat(ctx context.Context) {
+	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	live, suspect, err := l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
+	if err != nil {
+		if ctx.Err() == nil {
+			l.stats.failures.Add(1)
+			l.br.failure("heartbeat: " + err.Error())
+		}
+		return
+	}
+	l.live.Store(int64(live))
+	l.suspect.Store(int64(suspect))
+	l.fleetSeen.Store(true)
+}
+
+// probe pings the store; on success it recovers (replays) and closes.
+func (l *Limiter) probe(ctx context.Context) {
+	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	err := l.store.Ping(callCtx)
+	cancel()
+	if err != nil {
+		return
+	}
+	if !l.br.set(Open, Recovering, "probe succeeded") {
+		return
+	}
+	if l.cfg.Recover != nil {
+		if err := l.cfg.Recover(ctx); err != nil {
+			l.br.set(Recovering, Open, "recovery failed: "+err.Error())
+			return
+		}
+	}
+	l.heartbeat(ctx)
+	if l.br.set(Recovering, Closed, "recovered") {
+		now := l.cfg.Now()
+		l.lastRecovery.Store(&now)
+	}
+}
+
+// Close stops the background loop and removes this instance's heartbeat, so
+// the others do not hold its share back.
+func (l *Limiter) Close(ctx context.Context) error {
+	if l.closed.Swap(true) {
+		return nil
+	}
+	l.cancel()
+	<-l.done
+	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout*4)
+	defer cancel()
+	if err := l.store.Leave(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace); err != nil {
+		return fmt.Errorf("resilient: leave: %w", err)
+	}
+	return nil
+}
+
+// Status is a snapshot of the limiter's state, for /status and metrics.
+type Status struct {
+	Instance       string     `json:"instance"`
+	Breaker        string     `json:"breaker"`
+	Opens          uint64     `json:"breaker_opens"`
+	Live           int64      `json:"live_instances"`
+	Suspect        int64      `json:"suspect_instances"`
+	FleetSize      int64      `json:"fleet_size"`
+	StoreDecisions uint64     `json:"store_decisions"`
+	LocalDecisions uint64     `json:"local_decisions"`
+	LocalGrants    uint64     `json:"local_grants"`
+	StoreFailures  uint64     `json:"store_failures"`
+	Keys           int        `json:"keys"`
+	Evictions      uint64     `json:"evictions"`
+	LastRecovery   *time.Time `json:"last_recovery,omitempty"`
+	ClockOffsetUS  int64      `json:"clock_offset_us"`
+}
+
+// Status returns the current status.
+func (l *Limiter) Status() Status {
+	l.mu.Lock()
+	n := l.keys.Len()
+	l.mu.Unlock()
+	return Status{
+		Instance:       l.cfg.Instance,
+		Breaker:        l.br.State().String(),
+		Opens:          l.br.opens.Load(),
+		Live:           l.live.Load(),
+		Suspect:        l.suspect.Load(),
+		FleetSize:      l.fleetSize(),
+		StoreDecisions: l.stats.storeDecisions.Load(),
+		LocalDecisions: l.stats.localDecisions.Load(),
+		LocalGrants:    l.stats.localGrants.Load(),
+		StoreFailures:  l.stats.failures.Load(),
+		Keys:           n,
+		Evictions:      l.stats.evictions.Load(),
+		LastRecovery:   l.lastRecovery.Load(),
+		ClockOffsetUS:  l.offset.Load(),
+	}
+}
+
+// State returns the breaker's state.
+func (l *Limiter) State() State { return l.br.State() }

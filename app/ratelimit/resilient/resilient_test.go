@@ -1,0 +1,319 @@
+package resilient_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/internal/mocks"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+)
+
+// fakeStore is a mocked Store whose decisions, while up, come from an
+// in-memory twin of the Redis scripts on the (synctest) clock; while down,
+// every call fails like a refused connection, or hangs until its deadline.
+type fakeStore struct {
+	*mocks.Store
+	down, hang  atomic.Bool
+	live, susp  atomic.Int64
+	lastRequest atomic.Pointer[ratelimit.Request]
+}
+
+func newFakeStore() *fakeStore {
+	twin := memstore.New()
+	f := &fakeStore{}
+	f.live.Store(4)
+	fail := func(ctx context.Context) error {
+		if f.hang.Load() {
+			<-ctx.Done()
+			return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
+		}
+		return fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable)
+	}
+	f.Store = &mocks.Store{
+		DecideFunc: func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+			f.lastRequest.Store(&req)
+			if f.down.Load() || f.hang.Load() {
+				return ratelimit.Decision{}, fail(ctx)
+			}
+			d, err := twin.Decide(ctx, req)
+			d.Mode = ratelimit.ModeRedis
+			return d, err
+		},
+		PingFunc: func(ctx context.Context) error {
+			if f.down.Load() || f.hang.Load() {
+				return fail(ctx)
+			}
+			return nil
+		},
+		HeartbeatFunc: func(ctx context.Context, _ string, _, _ time.Duration) (int, int, error) {
+			if f.down.Load() || f.hang.Load() {
+				return 0, 0, fail(ctx)
+			}
+			return int(f.live.Load()), int(f.susp.Load()), nil
+		},
+		LeaveFunc: func(context.Context, string, time.Duration, time.Duration) error { return nil },
+	}
+	return f
+}
+
+func newLimiter(t *testing.T, s resilient.Store, cfg resilient.Config) *resilient.Limiter {
+	t.Helper()
+	if cfg.Instance == "" {
+		cfg.Instance = "test"
+	}
+	l, err := resilient.New(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	synctest.Wait() // the first heartbeat
+	return l
+}
+
+// admit sends n requests and returns how many were allowed, checking the mode.
+func admit(t *testing.T, l ratelimit.Limiter, p ratelimit.Policy, key string, n int, mode ratelimit.Mode) int {
+	t.Helper()
+	allowed := 0
+	for range n {
+		d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Mode != mode {
+			t.Fatalf("mode %s, want %s", d.Mode, mode)
+		}
+		if d.Allowed {
+			allowed++
+		}
+	}
+	return allowed
+}
+
+func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
+	for _, hang := range []bool{false, true} {
+		t.Run(map[bool]string{false: "refused", true: "hung"}[hang], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFakeStore()
+				l := newLimiter(t, f, resilient.Config{Timeout: 50 * time.Millisecond})
+				p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second}
+				admit(t, l, p, "k", 5, ratelimit.ModeRedis)
+				if hang {
+					f.hang.Store(true)
+				} else {
+					f.down.Store(true)
+				}
+				calls := len(f.DecideCalls())
+				// Each failing call is decided locally, not failed.
+				admit(t, l, p, "k", 3, ratelimit.ModeLocal)
+				if got := l.State(); got != resilient.Open {
+					t.Fatalf("after 3 failures: %s, want open", got)
+				}
+				admit(t, l, p, "k", 20, ratelimit.ModeLocal)
+				if n := len(f.DecideCalls()) - calls; n != 3 {
+					t.Fatalf("%d store calls while failing, want 3: an open breaker must not touch the store", n)
+				}
+				// The prober keeps it open while the store is out, and a
+				// slow store never closes it.
+				time.Sleep(10 * time.Second)
+				if got := l.State(); got != resilient.Open {
+					t.Fatalf("store still out: %s, want open", got)
+				}
+				f.down.Store(false)
+				f.hang.Store(false)
+				time.Sleep(1500 * time.Millisecond)
+				if got := l.State(); got != resilient.Closed {
+					t.Fatalf("store back: %s, want closed", got)
+				}
+				admit(t, l, p, "k", 1, ratelimit.ModeRedis)
+				if s := l.Status(); s.Opens != 1 || s.LastRecovery == nil {
+					t.Fatalf("status %+v, want one opening and a recovery", s)
+				}
+			})
+		})
+	}
+}
+
+func TestRecoverRunsBeforeClosing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		var recoveries atomic.Int64
+		failRecovery := atomic.Bool{}
+		failRecovery.Store(true)
+		l := newLimiter(t, f, resilient.Config{Recover: func(context.Context) error {
+			recoveries.Add(1)
+			if failRecovery.Load() {
+				return errors.New("replay failed")
+			}
+			return nil
+		}})
+		f.down.Store(true)
+		time.Sleep(2 * time.Second) // heartbeats fail: the breaker opens without traffic
+		if l.State() != resilient.Open {
+			t.Fatalf("%s, want open after failed heartbeats", l.State())
+		}
+		f.down.Store(false)
+		time.Sleep(1500 * time.Millisecond)
+		if l.State() != resilient.Open || recoveries.Load() == 0 {
+			t.Fatalf("%s after %d recoveries, want open after a failed recovery", l.State(), recoveries.Load())
+		}
+		failRecovery.Store(false)
+		time.Sleep(1500 * time.Millisecond)
+		if l.State() != resilient.Closed {
+			t.Fatalf("%s, want closed after a successful recovery", l.State())
+		}
+	})
+}
+
+// TestFallbackShare checks the local budget per algorithm: this instance's
+// quarter of what the store last said was left, then refill or ageing.
+func TestFallbackShare(t *testing.T) {
+	cases := []struct {
+		alg ratelimit.Algorithm
+		// grants at once after 60 of 100 were used, and after waiting.
+		first int
+		wait  time.Duration
+		later int
+	}{
+		// 40 tokens left: 10 each; 4 s refill 40 tokens, 10 each.
+		{ratelimit.TokenBucket, 10, 4 * time.Second, 10},
+		{ratelimit.GCRA, 10, 4 * time.Second, 10},
+		// 40 left in the window: 10 each; once the 60 age out (10 s) and the
+		// local 10 too, a quarter of 100.
+		{ratelimit.SlidingWindowLog, 10, 10 * time.Second, 25},
+		// Next window, 5 s in: known 60 × 1/2 = 30, room (100-30)/4 = 17.5,
+		// local previous 10 × 1/2 = 5: 12 more.
+		{ratelimit.SlidingWindowCounter, 10, 15 * time.Second, 12},
+	}
+	for _, c := range cases {
+		t.Run(string(c.alg), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFakeStore()
+				l := newLimiter(t, f, resilient.Config{})
+				p := ratelimit.Policy{Name: "p", Algorithm: c.alg, Limit: 100, Window: 10 * time.Second}
+				if got := admit(t, l, p, "k", 60, ratelimit.ModeRedis); got != 60 {
+					t.Fatalf("healthy: %d of 60", got)
+				}
+				f.down.Store(true)
+				if got := admit(t, l, p, "k", 30, ratelimit.ModeLocal); got != c.first {
+					t.Fatalf("at the outage: %d local grants, want %d", got, c.first)
+				}
+				time.Sleep(c.wait)
+				if got := admit(t, l, p, "k", 40, ratelimit.ModeLocal); got != c.later {
+					t.Fatalf("after %v: %d local grants, want %d", c.wait, got, c.later)
+				}
+				// A key never seen gets a quarter of the quota.
+				if got := admit(t, l, p, "new", 40, ratelimit.ModeLocal); got != 25 {
+					t.Fatalf("new key: %d local grants, want 25", got)
+				}
+			})
+		})
+	}
+}
+
+func TestFallbackFactorAndFailureModes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{})
+		f.down.Store(true)
+		base := ratelimit.Policy{Name: "p", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: 10 * time.Second}
+		strict := base
+		strict.Name, strict.FallbackFactor = "strict", 0.5
+		if got := admit(t, l, strict, "k", 40, ratelimit.ModeLocal); got != 12 {
+			t.Fatalf("factor 0.5: %d, want 12 (half of a quarter of 100)", got)
+		}
+		open := base
+		open.Name, open.FailureMode = "open", ratelimit.FailOpen
+		if got := admit(t, l, open, "k", 200, ratelimit.ModeOpen); got != 200 {
+			t.Fatalf("fail open: %d of 200", got)
+		}
+		closed := base
+		closed.Name, closed.FailureMode = "closed", ratelimit.FailClosed
+		if got := admit(t, l, closed, "k", 5, ratelimit.ModeClosed); got != 0 {
+			t.Fatalf("fail closed: %d of 5", got)
+		}
+	})
+}
+
+func TestSuspectInstancesAreHeldBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		f.live.Store(3)
+		f.susp.Store(1)
+		l := newLimiter(t, f, resilient.Config{})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: 10 * time.Second}
+		// A quarter is held for the suspect: 75 admitted.
+		if got := admit(t, l, p, "k", 100, ratelimit.ModeRedis); got != 75 {
+			t.Fatalf("with one suspect of four: %d admitted, want 75", got)
+		}
+		if w := f.lastRequest.Load().Weight; w != (ratelimit.Weight{Num: 4, Den: 3}) {
+			t.Fatalf("weight %+v, want 4/3", w)
+		}
+		f.susp.Store(0)
+		time.Sleep(time.Second) // next heartbeat
+		if got := admit(t, l, p, "k", 100, ratelimit.ModeRedis); got != 25 {
+			t.Fatalf("suspect gone: %d more admitted, want 25", got)
+		}
+	})
+}
+
+func TestInvalidRequestsAndOddReplies(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: time.Second}
+		if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "a\x00"}); !errors.Is(err, ratelimit.ErrInvalidRequest) {
+			t.Fatalf("bad key: %v", err)
+		}
+		f.DecideFunc = func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
+			return ratelimit.Decision{}, fmt.Errorf("%w: WRONGTYPE", ratelimit.ErrBadReply)
+		}
+		admit(t, l, p, "k", 10, ratelimit.ModeLocal)
+		if l.State() != resilient.Closed {
+			t.Fatal("odd replies for one key opened the breaker")
+		}
+	})
+}
+
+func TestKeyCapacityBoundsMemory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{KeyCapacity: 10})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Second}
+		for i := range 100 {
+			admit(t, l, p, fmt.Sprint("k", i), 1, ratelimit.ModeRedis)
+		}
+		if s := l.Status(); s.Keys != 10 || s.Evictions != 90 {
+			t.Fatalf("keys %d evictions %d, want 10 and 90", s.Keys, s.Evictions)
+		}
+	})
+}
+
+func BenchmarkLocalDecision(b *testing.B) {
+	f := newFakeStore()
+	f.down.Store(true)
+	l, err := resilient.New(f, resilient.Config{Instance: "bench", FailureThreshold: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	for _, alg := range ratelimit.Algorithms {
+		b.Run(string(alg), func(b *testing.B) {
+			req := ratelimit.Request{Policy: ratelimit.Policy{Name: "bench", Algorithm: alg, Limit: 1000, Window: time.Second}, Key: "client-1"}
+			ctx := context.Background()
+			_, _ = l.Decide(ctx, req)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := l.Decide(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
