@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -72,8 +73,13 @@ func (r Request) Validate() error {
 	if !r.Weight.Valid() {
 		return fmt.Errorf("%w: invalid weight %d/%d", ErrInvalidRequest, r.Weight.Num, r.Weight.Den)
 	}
-	if len(r.ID) > MaxKeyBytes {
-		return fmt.Errorf("%w: request id longer than %d bytes", ErrInvalidRequest, MaxKeyBytes)
+	if r.ID != "" {
+		if err := ValidateKey(r.ID); err != nil {
+			return fmt.Errorf("request id: %w", err)
+		}
+		if strings.ContainsAny(r.ID, " #") {
+			return fmt.Errorf("%w: request id holds a space or '#'", ErrInvalidRequest)
+		}
 	}
 	return nil
 }

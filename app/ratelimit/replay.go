@@ -55,24 +55,20 @@ func SortGrants(g []Grant) {
 // a grant earlier than it (another instance's replay, or store decisions
 // since recovery, came first) is charged without refill. So refill is never
 // counted once per grant (the error of replaying each grant as a fresh
-// decision), and usage is never erased: the result is at least the usage
-// the grants represent. The error against an ideal limiter that saw every
-// grant in order comes from the second case only: it overcharges by at most
-// the refill that elapsed between the earliest such grant and the state's
-// last update, and never by more than the units so charged. Grants older than
-// a full refill (capacity / rate) are dropped.
+// decision), and usage is never erased: a capped simulation that leaves out
+// consumption B ends at most ΣB higher, so charging B afterwards never ends
+// above the ideal limiter that saw every grant in order. The error is an
+// overcharge, at most the units charged without refill (in a fleet-wide
+// outage: the grants of every instance but the first to replay, bounded by
+// the refill during the outage). No grant is dropped: whether an old grant
+// still matters depends on what followed it, which the fold accounts for.
 
 // TokenBucketReplay folds grants into a token bucket state.
 func TokenBucketReplay(p Policy, s TokenBucketState, now int64, grants []Grant) (TokenBucketState, ReplayResult) {
 	w, rate := p.WindowMicros(), p.Limit
 	capScaled := p.Capacity() * w
-	horizon := now - ceilDiv(capScaled, rate)
 	var r ReplayResult
 	for _, g := range grants {
-		if g.At <= horizon {
-			r.Dropped += g.Cost
-			continue
-		}
 		if s.Last == 0 {
 			s = TokenBucketState{Tokens: capScaled, Last: g.At}
 		}
@@ -89,13 +85,8 @@ func TokenBucketReplay(p Policy, s TokenBucketState, now int64, grants []Grant) 
 // GCRAReplay folds grants into a GCRA state.
 func GCRAReplay(p Policy, s GCRAState, now int64, grants []Grant) (GCRAState, ReplayResult) {
 	w, rate := p.WindowMicros(), p.Limit
-	horizon := now - ceilDiv(p.Capacity()*w, rate)
 	var r ReplayResult
 	for _, g := range grants {
-		if g.At <= horizon {
-			r.Dropped += g.Cost
-			continue
-		}
 		if s.TAT < g.At {
 			s = GCRAState{TAT: g.At}
 		}

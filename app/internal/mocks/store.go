@@ -35,6 +35,9 @@ var _ resilient.Store = &Store{}
 //			PingFunc: func(ctx context.Context) error {
 //				panic("mock out the Ping method")
 //			},
+//			ReplayFunc: func(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+//				panic("mock out the Replay method")
+//			},
 //		}
 //
 //		// use mockedStore in code that requires resilient.Store
@@ -53,6 +56,9 @@ type Store struct {
 
 	// PingFunc mocks the Ping method.
 	PingFunc func(ctx context.Context) error
+
+	// ReplayFunc mocks the Replay method.
+	ReplayFunc func(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error)
 
 	// calls tracks calls to the methods.
 	calls struct {
@@ -90,11 +96,19 @@ type Store struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 		}
+		// Replay holds details about calls to the Replay method.
+		Replay []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Batches is the batches argument value.
+			Batches []ratelimit.ReplayBatch
+		}
 	}
 	lockDecide    sync.RWMutex
 	lockHeartbeat sync.RWMutex
 	lockLeave     sync.RWMutex
 	lockPing      sync.RWMutex
+	lockReplay    sync.RWMutex
 }
 
 // Decide calls DecideFunc.
@@ -250,5 +264,41 @@ func (mock *Store) PingCalls() []struct {
 	mock.lockPing.RLock()
 	calls = mock.calls.Ping
 	mock.lockPing.RUnlock()
+	return calls
+}
+
+// Replay calls ReplayFunc.
+func (mock *Store) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+	if mock.ReplayFunc == nil {
+		panic("Store.ReplayFunc: method is nil but Store.Replay was just called")
+	}
+	callInfo := struct {
+		Ctx     context.Context
+		Batches []ratelimit.ReplayBatch
+	}{
+		Ctx:     ctx,
+		Batches: batches,
+	}
+	mock.lockReplay.Lock()
+	mock.calls.Replay = append(mock.calls.Replay, callInfo)
+	mock.lockReplay.Unlock()
+	return mock.ReplayFunc(ctx, batches)
+}
+
+// ReplayCalls gets all the calls that were made to Replay.
+// Check the length with:
+//
+//	len(mockedStore.ReplayCalls())
+func (mock *Store) ReplayCalls() []struct {
+	Ctx     context.Context
+	Batches []ratelimit.ReplayBatch
+} {
+	var calls []struct {
+		Ctx     context.Context
+		Batches []ratelimit.ReplayBatch
+	}
+	mock.lockReplay.RLock()
+	calls = mock.calls.Replay
+	mock.lockReplay.RUnlock()
 	return calls
 }

@@ -252,15 +252,15 @@ var ReplayCases = []ReplayCase{
 	},
 	{
 		// An outage longer than a full refill (10 s), the bucket full in
-		// between: the grant at 15 s is dropped (older than a refill), the
-		// one at 25 s charged once against a full bucket. Ideal: 9 left.
-		// Subtracting the total once from the refilled bucket would leave 7.
+		// between: each grant is charged against the bucket as it was at its
+		// time (full both times). Ideal: 9 left. Subtracting the total once
+		// from the refilled bucket would leave 7.
 		Name:   "token bucket: long outage, bucket full in between",
 		Policy: ratelimit.Policy{Name: "rtb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 10 * time.Second},
 		Before: []Step{{At: 0, Cost: 10}},
 		At:     26 * sec,
 		Grants: []ratelimit.Grant{{At: 15 * sec, Cost: 1, ID: "a"}, {At: 25 * sec, Cost: 1, ID: "b"}},
-		Result: ratelimit.ReplayResult{Replayed: 1, Dropped: 1},
+		Result: ratelimit.ReplayResult{Replayed: 2},
 		After:  []Step{{At: 26 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 9, Reset: 1 * sec, Tokens: 9e7}}},
 	},
 	{

@@ -9,6 +9,7 @@ package memstore
 import (
 	"context"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,10 +44,11 @@ type Key [2]uint64
 
 // entry is one key's state; only the policy's algorithm's field is used.
 type entry struct {
-	tb  ratelimit.TokenBucketState
-	gc  ratelimit.GCRAState
-	wc  ratelimit.WindowCounterState
-	log ratelimit.WindowLog
+	tb      ratelimit.TokenBucketState
+	gc      ratelimit.GCRAState
+	wc      ratelimit.WindowCounterState
+	log     ratelimit.WindowLog
+	markers []string // replay batches applied to this key
 }
 
 // Option configures a Limiter.
@@ -84,6 +86,10 @@ func New(opts ...Option) *Limiter {
 
 // KeyOf returns the state key of a request.
 func (l *Limiter) KeyOf(p ratelimit.Policy, identity string) Key {
+	return l.keyOfIdentity(p, ratelimit.IdentityOf(identity))
+}
+
+func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) Key {
 	var k Key
 	for i := range k {
 		var h maphash.Hash
@@ -95,7 +101,7 @@ func (l *Limiter) KeyOf(p ratelimit.Policy, identity string) Key {
 		writeInt(&h, p.Limit)
 		writeInt(&h, p.WindowMicros())
 		writeInt(&h, p.Capacity())
-		_, _ = h.WriteString(identity)
+		_, _ = h.Write(id[:])
 		k[i] = h.Sum64()
 	}
 	return k
@@ -152,3 +158,50 @@ func (l *Limiter) Len() int {
 
 // Evictions returns how many keys were evicted to stay within the capacity.
 func (l *Limiter) Evictions() uint64 { return l.evictions.Load() }
+
+// maxMarkers bounds the replay markers remembered per key.
+const maxMarkers = 16
+
+// Replay folds journaled grants into the in-memory state with the same
+// transitions as the Redis replay scripts, each batch at most once per key
+// (the last maxMarkers markers of a key are remembered). It makes memstore a
+// complete twin of the Redis store for tests.
+func (l *Limiter) Replay(_ context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+	results, errs := make([]ratelimit.ReplayResult, len(batches)), make([]error, len(batches))
+	now := l.now().UnixMicro()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, b := range batches {
+		if err := b.Policy.Validate(); err != nil {
+			errs[i] = err
+			continue
+		}
+		k := l.keyOfIdentity(b.Policy, b.Identity)
+		e, ok := l.keys.Get(k)
+		if !ok {
+			e = &entry{}
+			l.keys.Add(k, e)
+		}
+		if slices.Contains(e.markers, b.Marker) {
+			results[i].Duplicate = true
+			continue
+		}
+		e.markers = append(e.markers, b.Marker)
+		if len(e.markers) > maxMarkers {
+			e.markers = e.markers[1:]
+		}
+		grants := slices.Clone(b.Grants)
+		ratelimit.SortGrants(grants)
+		switch p := b.Policy; p.Algorithm {
+		case ratelimit.TokenBucket:
+			e.tb, results[i] = ratelimit.TokenBucketReplay(p, e.tb, now, grants)
+		case ratelimit.GCRA:
+			e.gc, results[i] = ratelimit.GCRAReplay(p, e.gc, now, grants)
+		case ratelimit.SlidingWindowCounter:
+			e.wc, results[i] = ratelimit.WindowCounterReplay(p, e.wc, now, grants)
+		case ratelimit.SlidingWindowLog:
+			results[i] = ratelimit.WindowLogReplay(p, &e.log, now, grants)
+		}
+	}
+	return results, errs
+}

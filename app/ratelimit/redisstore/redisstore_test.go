@@ -57,9 +57,6 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// grant is one admitted request, at Redis' time.
-type grant struct{ at int64 }
-
 // hammer sends requests for one key through several limiters, from many
 // goroutines, for d, and returns the grants in Redis time order.
 func hammer(t *testing.T, limiters []*redisstore.Limiter, p ratelimit.Policy, key string, d time.Duration) []int64 {

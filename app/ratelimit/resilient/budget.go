@@ -55,6 +55,23 @@ func (e *entry) decideLocal(p ratelimit.Policy, now, cost int64, sh share) ratel
 	return d
 }
 
+// charge applies a grant made before a restart (reloaded from the journal)
+// to the local state, whether or not it fits.
+func (e *entry) charge(p ratelimit.Policy, g ratelimit.Grant, sh share) {
+	if !e.localInit || e.localVersion != e.version {
+		e.initLocal(p, g.At, sh)
+	}
+	switch p.Algorithm {
+	case ratelimit.TokenBucket, ratelimit.GCRA:
+		e.bucket(p, g.At, 0, sh) // refill up to the grant's time
+		e.level -= float64(g.Cost)
+	case ratelimit.SlidingWindowLog:
+		ratelimit.WindowLogReplay(p, &e.log, g.At, []ratelimit.Grant{g})
+	case ratelimit.SlidingWindowCounter:
+		e.wc, _ = ratelimit.WindowCounterReplay(p, e.wc, g.At, []ratelimit.Grant{g})
+	}
+}
+
 func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
 	e.localInit, e.localVersion = true, e.version
 	e.log = ratelimit.WindowLog{}

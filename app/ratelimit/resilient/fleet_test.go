@@ -206,7 +206,8 @@ func overAdmission(p ratelimit.Policy, recs []record, bounds [phases + 1]int64) 
 			for j := i; j < len(adm); j++ {
 				last = max(last, adm[j].recv)
 				n := float64(j - i + 1)
-				note(last, 1+(n-capacity-rate*float64(last-adm[i].send))/capacity)
+				v := 1 + (n-capacity-rate*float64(last-adm[i].send))/capacity
+				note(last, v)
 			}
 		}
 	}
@@ -326,9 +327,8 @@ func TestFleetFaults(t *testing.T) {
 				}
 				sc.inject(f, t)
 			}, func() { sc.heal(f, t) })
-			// Journal replay lands with the next issue; until then the
-			// recovery phase is not judged.
-			check(t, recs, bounds, []phase{healthy, fault})
+			check(t, recs, bounds, []phase{healthy, fault, recovery})
+			reconcile(t, f)
 			if m := modesIn(recs, bounds, healthy, -1); m[ratelimit.ModeLocal]*10 > m[ratelimit.ModeRedis] {
 				t.Errorf("healthy phase decided locally: %v", m)
 			}
@@ -348,5 +348,26 @@ func TestFleetFaults(t *testing.T) {
 				t.Errorf("recovery phase: modes %v, want redis again", m)
 			}
 		})
+	}
+}
+
+// reconcile checks every instance's journal: each local grant was replayed,
+// found present, or dropped as expired; none is pending, none was refused as
+// a duplicate.
+func reconcile(t *testing.T, f *fleet) {
+	t.Helper()
+	for _, l := range f.limiters {
+		st := l.Status()
+		j := st.Journal
+		if j.Granted+j.Reloaded != j.Replayed+j.Present+j.Dropped+j.DuplicateUnits+j.Pending {
+			t.Errorf("%s: journal does not reconcile: %+v", st.Instance, j)
+		}
+		if j.Pending != 0 || j.Duplicates != 0 || j.Overflow != 0 {
+			t.Errorf("%s: journal after recovery: %+v, want nothing pending, duplicated or overflowed", st.Instance, j)
+		}
+		if st.LocalGrants != j.Granted {
+			t.Errorf("%s: %d local grants, %d journaled", st.Instance, st.LocalGrants, j.Granted)
+		}
+		t.Logf("%s: %d local grants: %d replayed, %d present, %d dropped", st.Instance, j.Granted, j.Replayed, j.Present, j.Dropped)
 	}
 }

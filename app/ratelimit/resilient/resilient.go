@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,9 @@ type Store interface {
 	Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (live, suspect int, err error)
 	// Leave removes the instance's heartbeat.
 	Leave(ctx context.Context, instance string, ttl, grace time.Duration) error
+	// Replay folds journaled grants into the store, each batch at most
+	// once (see ratelimit.ReplayBatch).
+	Replay(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error)
 }
 
 // Config configures a Limiter. Zero fields take the defaults shown.
@@ -81,12 +85,20 @@ type Config struct {
 	// OnTransition, if set, is called on every breaker transition, with
 	// the breaker's lock held: keep it short.
 	OnTransition func(from, to State)
-	// Recover, if set, runs when the prober reaches the store, before the
-	// breaker closes (the journal replay). An error reopens the breaker.
-	Recover func(ctx context.Context) error
-	// OnLocalGrant, if set, is called for every request granted locally,
-	// before Decide returns (the journal append).
-	OnLocalGrant func(req ratelimit.Request, storeNow int64)
+	// JournalDir holds the journal of local grants ("": memory only, lost
+	// with the process).
+	JournalDir string
+	// JournalMax bounds the grants journaled (1 000 000); beyond it local
+	// grants are counted as overflow and logged.
+	JournalMax int
+	// ReplayBatch is how many keys one replay pipeline carries (1000).
+	ReplayBatch int
+	// RecoveryWait bounds how long a recovered instance keeps deciding
+	// locally while other instances are still missing (2 × ProbeInterval).
+	// Until every instance has replayed its journal, the store
+	// undercounts; an instance that decided in the store then could spend
+	// refill that the others already used.
+	RecoveryWait time.Duration
 }
 
 func (c *Config) setDefaults() error {
@@ -118,16 +130,24 @@ func (c *Config) setDefaults() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
+	if c.ReplayBatch <= 0 {
+		c.ReplayBatch = 1000
+	}
+	def(&c.RecoveryWait, 2*c.ProbeInterval)
 	return nil
 }
 
 // Limiter is a fault-tolerant ratelimit.Limiter. It is safe for concurrent
 // use. Create it with New and stop it with Close.
 type Limiter struct {
-	store Store
-	cfg   Config
-	br    breaker
-	seeds [2]maphash.Seed
+	store   Store
+	cfg     Config
+	br      breaker
+	seeds   [2]maphash.Seed
+	journal *Journal
+	seq     atomic.Uint64
+	idBase  string
+	replay  sync.Mutex // one replay at a time
 
 	offset    atomic.Int64 // store clock minus local clock, µs
 	hasOffset atomic.Bool
@@ -143,6 +163,7 @@ type Limiter struct {
 		failures, evictions                         atomic.Uint64
 	}
 	lastRecovery atomic.Pointer[time.Time]
+	recoverStart time.Time // owned by the loop goroutine
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -156,16 +177,33 @@ type key [2]uint64
 // New returns a Limiter wrapping store and starts its background loop
 // (heartbeats and, while open, probes). The store is not contacted
 // synchronously: an unreachable store at start is not an error.
+//
+// Grants left in the journal by an earlier process (killed during an
+// outage) are reloaded: they are charged to the local budgets, so their
+// quota is not granted again, and the breaker starts open, so they are
+// replayed before the store is trusted.
 func New(store Store, cfg Config) (*Limiter, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
 	l := &Limiter{store: store, cfg: cfg, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, done: make(chan struct{})}
+	l.idBase = cfg.Instance + "-" + strconv.FormatInt(cfg.Now().UnixNano(), 36) + "-"
 	keys, err := simplelru.NewLRU[key, *entry](cfg.KeyCapacity, func(key, *entry) { l.stats.evictions.Add(1) })
 	if err != nil {
 		return nil, fmt.Errorf("resilient: %w", err)
 	}
 	l.keys = keys
+	if l.journal, err = OpenJournal(cfg.JournalDir, cfg.Instance, cfg.JournalMax, cfg.Logger); err != nil {
+		return nil, fmt.Errorf("resilient: %w", err)
+	}
+	if l.journal.Len() > 0 {
+		sh := share{n: float64(cfg.ExpectedInstances), factor: 1}
+		l.journal.each(func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) {
+			l.entry(l.keyOfIdentity(p, id)).charge(p, g, share{n: sh.n, factor: p.Factor()})
+		})
+		l.br.state.Store(int32(Open))
+		l.br.opens.Add(1)
+	}
 	l.br.threshold = cfg.FailureThreshold
 	l.br.onChange = func(from, to State, reason string) {
 		l.cfg.Logger.Warn("rate limiter breaker transition", "instance", cfg.Instance, "from", from.String(), "to", to.String(), "reason", reason)
@@ -186,7 +224,14 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 	if err := req.Validate(); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	k := l.keyOf(req)
+	if req.ID == "" {
+		// One id for the store call and, if it fails, the local grant, so
+		// the sliding window log counts the request once even if the call
+		// still ran.
+		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+	}
+	id := ratelimit.IdentityOf(req.Key)
+	k := l.keyOfIdentity(req.Policy, id)
 	if l.br.State() == Closed {
 		r := req
 		r.Weight = l.weight()
@@ -211,29 +256,30 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 			l.br.failure(err.Error())
 		}
 	}
-	return l.decideLocal(k, req), nil
+	return l.decideLocal(k, id, req), nil
 }
 
-func (l *Limiter) decideLocal(k key, req ratelimit.Request) ratelimit.Decision {
+func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Request) ratelimit.Decision {
 	l.stats.localDecisions.Add(1)
 	p := req.Policy
+	now := l.storeNow()
+	var d ratelimit.Decision
 	switch p.Mode() {
 	case ratelimit.FailOpen:
-		return ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}
+		d = ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}
 	case ratelimit.FailClosed:
 		return ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
+	default:
+		sh := share{n: float64(l.fleetSize()), factor: p.Factor()}
+		l.mu.Lock()
+		d = l.entry(k).decideLocal(p, now, req.Units(), sh)
+		l.mu.Unlock()
 	}
-	now := l.storeNow()
-	sh := share{n: float64(l.fleetSize()), factor: p.Factor()}
-	l.mu.Lock()
-	e := l.entry(k)
-	d := e.decideLocal(p, now, req.Units(), sh)
-	l.mu.Unlock()
 	if d.Allowed {
-		l.stats.localGrants.Add(1)
-		if l.cfg.OnLocalGrant != nil {
-			l.cfg.OnLocalGrant(req, now)
-		}
+		l.stats.localGrants.Add(uint64(req.Units()))
+		// Journaled before the response is sent; a full journal or a
+		// failed write is counted and logged by the journal itself.
+		_ = l.journal.Append(p, id, ratelimit.Grant{At: now, Cost: req.Units(), ID: req.ID})
 	}
 	return d
 }
@@ -260,12 +306,11 @@ func (l *Limiter) entry(k key) *entry {
 	return e
 }
 
-func (l *Limiter) keyOf(req ratelimit.Request) key {
+func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) key {
 	var k key
 	for i := range k {
 		var h maphash.Hash
 		h.SetSeed(l.seeds[i])
-		p := req.Policy
 		_, _ = h.WriteString(p.Name)
 		_ = h.WriteByte(0)
 		_, _ = h.WriteString(string(p.Algorithm))
@@ -274,7 +319,7 @@ func (l *Limiter) keyOf(req ratelimit.Request) key {
 			binary.LittleEndian.PutUint64(b[:], uint64(v))
 			_, _ = h.Write(b[:])
 		}
-		_, _ = h.WriteString(req.Key)
+		_, _ = h.Write(id[:])
 		k[i] = h.Sum64()
 	}
 	return k
@@ -317,11 +362,21 @@ func (l *Limiter) loop(ctx context.Context) {
 		switch l.br.State() {
 		case Closed:
 			l.heartbeat(ctx)
+			if l.journal.Len() > 0 {
+				// Grants made while recovering, or left by a failed
+				// pass: fold them in now.
+				if err := l.replayJournal(ctx); err != nil && ctx.Err() == nil {
+					l.br.failure("replay: " + err.Error())
+				}
+			}
 		case Open:
 			if now := l.cfg.Now(); now.Sub(lastProbe) >= l.cfg.ProbeInterval-l.cfg.HeartbeatInterval/2 {
 				lastProbe = now
 				l.probe(ctx)
 			}
+		case Recovering:
+			l.heartbeat(ctx)
+			l.maybeClose(ctx)
 		}
 	}
 }
@@ -342,7 +397,9 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	l.fleetSeen.Store(true)
 }
 
-// probe pings the store; on success it recovers (replays) and closes.
+// probe pings the store; on success the breaker moves to recovering and the
+// journal is replayed. The breaker closes once the other instances are back
+// (maybeClose).
 func (l *Limiter) probe(ctx context.Context) {
 	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	err := l.store.Ping(callCtx)
@@ -353,16 +410,35 @@ func (l *Limiter) probe(ctx context.Context) {
 	if !l.br.set(Open, Recovering, "probe succeeded") {
 		return
 	}
-	if l.cfg.Recover != nil {
-		if err := l.cfg.Recover(ctx); err != nil {
-			l.br.set(Recovering, Open, "recovery failed: "+err.Error())
-			return
-		}
+	if err := l.replayJournal(ctx); err != nil {
+		l.br.set(Recovering, Open, "replay failed: "+err.Error())
+		return
 	}
+	l.recoverStart = l.cfg.Now()
 	l.heartbeat(ctx)
+	l.maybeClose(ctx)
+}
+
+// maybeClose closes a recovering breaker once no instance is missing (all
+// have replayed and heartbeat again) or RecoveryWait has passed, replaying
+// first the grants made while it waited.
+func (l *Limiter) maybeClose(ctx context.Context) {
+	if l.br.State() != Recovering {
+		return
+	}
+	if l.suspect.Load() > 0 && l.cfg.Now().Sub(l.recoverStart) < l.cfg.RecoveryWait {
+		return
+	}
+	if err := l.replayJournal(ctx); err != nil {
+		l.br.set(Recovering, Open, "replay failed: "+err.Error())
+		return
+	}
 	if l.br.set(Recovering, Closed, "recovered") {
 		now := l.cfg.Now()
 		l.lastRecovery.Store(&now)
+		if l.journal.Len() > 0 {
+			_ = l.replayJournal(ctx) // the few grants made during the last pass
+		}
 	}
 }
 
@@ -374,12 +450,16 @@ func (l *Limiter) Close(ctx context.Context) error {
 	}
 	l.cancel()
 	<-l.done
+	if l.br.State() == Closed && l.journal.Len() > 0 {
+		_ = l.replayJournal(ctx) // best effort; what is left stays in the file
+	}
+	jerr := l.journal.Close()
 	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout*4)
 	defer cancel()
 	if err := l.store.Leave(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace); err != nil {
-		return fmt.Errorf("resilient: leave: %w", err)
+		return errors.Join(jerr, fmt.Errorf("resilient: leave: %w", err))
 	}
-	return nil
+	return jerr
 }
 
 // Status is a snapshot of the limiter's state, for /status and metrics.
@@ -398,6 +478,9 @@ type Status struct {
 	Evictions      uint64     `json:"evictions"`
 	LastRecovery   *time.Time `json:"last_recovery,omitempty"`
 	ClockOffsetUS  int64      `json:"clock_offset_us"`
+	// Journal reconciles local grants: Granted + Reloaded = Replayed +
+	// Present + Dropped + DuplicateUnits + Pending.
+	Journal JournalStats `json:"journal"`
 }
 
 // Status returns the current status.
@@ -420,8 +503,51 @@ func (l *Limiter) Status() Status {
 		Evictions:      l.stats.evictions.Load(),
 		LastRecovery:   l.lastRecovery.Load(),
 		ClockOffsetUS:  l.offset.Load(),
+		Journal:        l.journal.Stats(),
 	}
 }
 
 // State returns the breaker's state.
 func (l *Limiter) State() State { return l.br.State() }
+
+// replayJournal folds the journal into the store: it starts a new epoch
+// (grants made meanwhile wait for the next pass), sends the older batches in
+// pipelines of ReplayBatch keys and clears each batch the store
+// acknowledged. It stops at the first batch the store could not take, so a
+// store that fails again mid-replay leaves the rest for the next attempt; the
+// markers make resending a batch harmless.
+func (l *Limiter) replayJournal(ctx context.Context) error {
+	l.replay.Lock()
+	defer l.replay.Unlock()
+	through := l.journal.Rotate()
+	pending := l.journal.Pending(through)
+	if len(pending) == 0 {
+		return nil
+	}
+	start := l.cfg.Now()
+	var replayed int
+	for len(pending) > 0 {
+		n := min(len(pending), l.cfg.ReplayBatch)
+		chunk := pending[:n]
+		pending = pending[n:]
+		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout*time.Duration(4+n/100))
+		results, errs := l.store.Replay(callCtx, chunk)
+		cancel()
+		var firstErr error
+		for i, b := range chunk {
+			if errs[i] != nil {
+				if firstErr == nil {
+					firstErr = errs[i]
+				}
+				continue
+			}
+			l.journal.Ack(b, results[i])
+			replayed++
+		}
+		if firstErr != nil {
+			return fmt.Errorf("replayed %d batches, then: %w", replayed, firstErr)
+		}
+	}
+	l.cfg.Logger.Info("journal replayed", "instance", l.cfg.Instance, "batches", replayed, "took", l.cfg.Now().Sub(start).String())
+	return nil
+}

@@ -20,14 +20,16 @@ import (
 // every call fails like a refused connection, or hangs until its deadline.
 type fakeStore struct {
 	*mocks.Store
+	twin        *memstore.Limiter
 	down, hang  atomic.Bool
+	failReplay  atomic.Bool
 	live, susp  atomic.Int64
 	lastRequest atomic.Pointer[ratelimit.Request]
 }
 
 func newFakeStore() *fakeStore {
 	twin := memstore.New()
-	f := &fakeStore{}
+	f := &fakeStore{twin: twin}
 	f.live.Store(4)
 	fail := func(ctx context.Context) error {
 		if f.hang.Load() {
@@ -59,6 +61,16 @@ func newFakeStore() *fakeStore {
 			return int(f.live.Load()), int(f.susp.Load()), nil
 		},
 		LeaveFunc: func(context.Context, string, time.Duration, time.Duration) error { return nil },
+		ReplayFunc: func(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+			if f.down.Load() || f.hang.Load() || f.failReplay.Load() {
+				errs := make([]error, len(batches))
+				for i := range errs {
+					errs[i] = fail(ctx)
+				}
+				return make([]ratelimit.ReplayResult, len(batches)), errs
+			}
+			return twin.Replay(ctx, batches)
+		},
 	}
 	return f
 }
@@ -121,13 +133,13 @@ func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
 				}
 				// The prober keeps it open while the store is out, and a
 				// slow store never closes it.
-				time.Sleep(10 * time.Second)
+				settle(10 * time.Second)
 				if got := l.State(); got != resilient.Open {
 					t.Fatalf("store still out: %s, want open", got)
 				}
 				f.down.Store(false)
 				f.hang.Store(false)
-				time.Sleep(1500 * time.Millisecond)
+				settle(1500 * time.Millisecond)
 				if got := l.State(); got != resilient.Closed {
 					t.Fatalf("store back: %s, want closed", got)
 				}
@@ -140,33 +152,38 @@ func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
 	}
 }
 
-func TestRecoverRunsBeforeClosing(t *testing.T) {
+func TestReplayRunsBeforeClosing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeStore()
-		var recoveries atomic.Int64
-		failRecovery := atomic.Bool{}
-		failRecovery.Store(true)
-		l := newLimiter(t, f, resilient.Config{Recover: func(context.Context) error {
-			recoveries.Add(1)
-			if failRecovery.Load() {
-				return errors.New("replay failed")
-			}
-			return nil
-		}})
+		f.failReplay.Store(true)
+		l := newLimiter(t, f, resilient.Config{})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: time.Minute}
 		f.down.Store(true)
-		time.Sleep(2 * time.Second) // heartbeats fail: the breaker opens without traffic
+		settle(2 * time.Second) // heartbeats fail: the breaker opens without traffic
 		if l.State() != resilient.Open {
 			t.Fatalf("%s, want open after failed heartbeats", l.State())
 		}
-		f.down.Store(false)
-		time.Sleep(1500 * time.Millisecond)
-		if l.State() != resilient.Open || recoveries.Load() == 0 {
-			t.Fatalf("%s after %d recoveries, want open after a failed recovery", l.State(), recoveries.Load())
+		if got := admit(t, l, p, "k", 10, ratelimit.ModeLocal); got != 10 {
+			t.Fatalf("local grants: %d of 10", got)
 		}
-		failRecovery.Store(false)
-		time.Sleep(1500 * time.Millisecond)
+		f.down.Store(false) // pings answer, replays fail
+		settle(3 * time.Second)
+		if l.State() != resilient.Open || len(f.ReplayCalls()) == 0 {
+			t.Fatalf("%s after %d replays, want open while the replay fails", l.State(), len(f.ReplayCalls()))
+		}
+		f.failReplay.Store(false)
+		settle(1500 * time.Millisecond)
 		if l.State() != resilient.Closed {
-			t.Fatalf("%s, want closed after a successful recovery", l.State())
+			t.Fatalf("%s, want closed after a successful replay", l.State())
+		}
+		// The store now holds the 10 local grants: 90 left.
+		d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+		if err != nil || d.Mode != ratelimit.ModeRedis || d.Remaining != 89 {
+			t.Fatalf("after replay: %+v %v, want 89 left in the store", d, err)
+		}
+		js := l.Status().Journal
+		if js.Granted != 10 || js.Replayed != 10 || js.Pending != 0 {
+			t.Fatalf("journal %+v, want 10 granted and replayed", js)
 		}
 	})
 }
@@ -204,7 +221,7 @@ func TestFallbackShare(t *testing.T) {
 				if got := admit(t, l, p, "k", 30, ratelimit.ModeLocal); got != c.first {
 					t.Fatalf("at the outage: %d local grants, want %d", got, c.first)
 				}
-				time.Sleep(c.wait)
+				settle(c.wait)
 				if got := admit(t, l, p, "k", 40, ratelimit.ModeLocal); got != c.later {
 					t.Fatalf("after %v: %d local grants, want %d", c.wait, got, c.later)
 				}
@@ -256,7 +273,7 @@ func TestSuspectInstancesAreHeldBack(t *testing.T) {
 			t.Fatalf("weight %+v, want 4/3", w)
 		}
 		f.susp.Store(0)
-		time.Sleep(time.Second) // next heartbeat
+		settle(time.Second) // next heartbeat
 		if got := admit(t, l, p, "k", 100, ratelimit.ModeRedis); got != 25 {
 			t.Fatalf("suspect gone: %d more admitted, want 25", got)
 		}
@@ -316,4 +333,11 @@ func BenchmarkLocalDecision(b *testing.B) {
 			}
 		})
 	}
+}
+
+// settle lets fake time pass (inside a synctest bubble) and waits until the
+// limiter's loop is idle again, off the ticker's instants.
+func settle(d time.Duration) {
+	time.Sleep(d + 7*time.Millisecond)
+	synctest.Wait()
 }

@@ -1,13 +1,10 @@
 -- GCRA replay. Twin of ratelimit.GCRAReplay.
-local horizon = now - cdiv(capacity * window, limit)
 local st = redis.call('HMGET', key, 't', 'r')
 local tat, rem = 0, 0
 if st[1] then tat, rem = num(st[1], 't'), num(st[2], 'r') end
 local replayed, dropped = 0, 0
 for _, g in ipairs(grants) do
-  if g.at <= horizon then
-    dropped = dropped + g.cost
-  else
+  do
     if tat < g.at then tat, rem = g.at, 0 end
     local inc = g.cost * window
     local q = fdiv(inc, limit)
@@ -16,8 +13,11 @@ for _, g in ipairs(grants) do
     replayed = replayed + g.cost
   end
 end
-if tat > now or (tat == now and rem > 0) then
+-- Written even when the arrival time is already past: a later replay of
+-- another instance's grants must build on it (a past time is a full bucket
+-- for decisions, which take max(tat, now)).
+if replayed > 0 then
   redis.call('HSET', key, 't', str(tat), 'r', str(rem))
-  redis.call('PEXPIRE', key, cdiv(tat - now + 1, 1000) + margin_ms)
+  redis.call('PEXPIRE', key, cdiv(math.max(0, tat - now) + 1, 1000) + margin_ms)
 end
 return {replayed, dropped, 0, 0}

@@ -1,14 +1,11 @@
 -- Token bucket replay. Twin of ratelimit.TokenBucketReplay.
 local cap = capacity * window
-local horizon = now - cdiv(cap, limit)
 local st = redis.call('HMGET', key, 't', 'l')
 local tokens, last = nil, 0
 if st[2] then tokens, last = num(st[1], 't'), num(st[2], 'l') end
 local replayed, dropped = 0, 0
 for _, g in ipairs(grants) do
-  if g.at <= horizon then
-    dropped = dropped + g.cost
-  else
+  do
     if last == 0 then tokens, last = cap, g.at end
     if g.at > last then
       local elapsed = g.at - last

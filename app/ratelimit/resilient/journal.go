@@ -1,0 +1,434 @@
+package resilient
+
+import (
+	"bufio"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// ErrJournalFull: the journal holds its maximum of grants; the grant was
+// made but not journaled (counted as overflow).
+var ErrJournalFull = errors.New("resilient: journal full")
+
+// Journal records every local grant until the store has it. Grants are kept
+// in memory, grouped by outage epoch and key, and, when a directory is set,
+// appended to a file (written before the grant's response is sent, fsync
+// batched) so an instance killed during an outage reloads them.
+//
+// File format, one record a line, tab-separated:
+//
+//	E <epoch>                                      an epoch begins
+//	G <epoch> <policy> <alg> <limit> <window µs> <burst> <identity hex> <at µs> <cost> <request id>
+//	A <epoch> <policy> <fingerprint> <identity hex>  the batch was applied
+//
+// A torn last line (a crash mid-write) is skipped. It is safe for concurrent
+// use.
+type Journal struct {
+	instance string
+	max      int
+	log      *slog.Logger
+
+	mu      sync.Mutex
+	epoch   uint64
+	batches map[batchKey]*batch
+	size    int // grants held
+	f       *os.File
+	buf     []byte
+	dirty   bool
+
+	stats journalStats
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+type journalStats struct {
+	granted, reloaded, overflow          atomic.Uint64
+	replayed, dropped, present, dupUnits atomic.Uint64
+	duplicates, corrupt                  atomic.Uint64
+}
+
+type batchKey struct {
+	epoch    uint64
+	policy   string // name and fingerprint
+	identity ratelimit.Identity
+}
+
+type batch struct {
+	policy ratelimit.Policy
+	grants []ratelimit.Grant
+}
+
+// JournalStats are the journal's counters, in units (a grant of cost 3 is 3),
+// since this process started (Reloaded: found in the file at start).
+// Granted + Reloaded = Replayed + Present + Dropped + DuplicateUnits +
+// Pending; Overflow grants were made but could not be journaled.
+type JournalStats struct {
+	Granted        uint64 `json:"granted"`
+	Reloaded       uint64 `json:"reloaded"`
+	Overflow       uint64 `json:"overflow"`
+	Replayed       uint64 `json:"replayed"`
+	Present        uint64 `json:"present"`
+	Dropped        uint64 `json:"dropped"`
+	DuplicateUnits uint64 `json:"duplicate_units"`
+	Duplicates     uint64 `json:"duplicate_batches"`
+	Pending        uint64 `json:"pending"`
+	Corrupt        uint64 `json:"corrupt_lines"`
+	Epoch          uint64 `json:"epoch"`
+}
+
+const journalFile = "journal.log"
+
+// OpenJournal opens (or creates) the journal in dir, reloading the grants it
+// holds; dir "" keeps the journal in memory only. max bounds the grants
+// held (0: one million).
+func OpenJournal(dir, instance string, max int, logger *slog.Logger) (*Journal, error) {
+	if max <= 0 {
+		max = 1_000_000
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	j := &Journal{instance: instance, max: max, log: logger, batches: map[batchKey]*batch{}, epoch: 1,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, fmt.Errorf("journal: %w", err)
+		}
+		path := filepath.Join(dir, journalFile)
+		if err := j.load(path); err != nil {
+			return nil, err
+		}
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+		if err != nil {
+			return nil, fmt.Errorf("journal: %w", err)
+		}
+		j.f = f
+	}
+	j.mu.Lock()
+	j.writeEpochLocked()
+	j.mu.Unlock()
+	go j.syncLoop()
+	return j, nil
+}
+
+func (j *Journal) load(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	var maxEpoch uint64
+	for sc.Scan() {
+		fields := strings.Split(sc.Text(), "\t")
+		if !j.apply(fields, &maxEpoch) {
+			j.stats.corrupt.Add(1)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("journal: read %s: %w", path, err)
+	}
+	j.epoch = maxEpoch + 1
+	for _, b := range j.batches {
+		for _, g := range b.grants {
+			j.stats.reloaded.Add(uint64(g.Cost))
+		}
+	}
+	if n := j.stats.corrupt.Load(); n > 0 {
+		j.log.Warn("journal: skipped unreadable lines", "file", path, "lines", n)
+	}
+	if j.size > 0 {
+		j.log.Warn("journal: reloaded grants not yet in the store", "file", path, "grants", j.size, "keys", len(j.batches))
+	}
+	return nil
+}
+
+// apply replays one record into memory; false for a malformed one.
+func (j *Journal) apply(f []string, maxEpoch *uint64) bool {
+	if len(f) < 2 {
+		return false
+	}
+	epoch, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return false
+	}
+	*maxEpoch = max(*maxEpoch, epoch)
+	switch f[0] {
+	case "E":
+		return len(f) == 2
+	case "G":
+		if len(f) != 11 {
+			return false
+		}
+		n := make([]int64, 6)
+		for i, s := range []string{f[4], f[5], f[6], f[8], f[9]} {
+			if n[i], err = strconv.ParseInt(s, 10, 64); err != nil {
+				return false
+			}
+		}
+		p := ratelimit.Policy{Name: f[2], Algorithm: ratelimit.Algorithm(f[3]), Limit: n[0], Window: time.Duration(n[1]) * time.Microsecond, Burst: n[2]}
+		id, ok := parseIdentity(f[7])
+		if !ok || p.Validate() != nil || n[4] <= 0 {
+			return false
+		}
+		j.addLocked(epoch, p, id, ratelimit.Grant{At: n[3], Cost: n[4], ID: f[10]})
+		return true
+	case "A":
+		id, ok := parseIdentity(f[4])
+		if len(f) != 5 || !ok {
+			return false
+		}
+		k := batchKey{epoch: epoch, policy: f[2] + "/" + f[3], identity: id}
+		if b, ok := j.batches[k]; ok {
+			j.size -= len(b.grants)
+			delete(j.batches, k)
+		}
+		return true
+	}
+	return false
+}
+
+func parseIdentity(s string) (ratelimit.Identity, bool) {
+	var id ratelimit.Identity
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != len(id) {
+		return id, false
+	}
+	copy(id[:], b)
+	return id, true
+}
+
+func policyKey(p ratelimit.Policy) string { return p.Name + "/" + p.Fingerprint() }
+
+func (j *Journal) addLocked(epoch uint64, p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) {
+	k := batchKey{epoch: epoch, policy: policyKey(p), identity: id}
+	b := j.batches[k]
+	if b == nil {
+		b = &batch{policy: p}
+		j.batches[k] = b
+	}
+	b.grants = append(b.grants, g)
+	j.size++
+}
+
+// Append journals a local grant. It returns ErrJournalFull (the grant is
+// counted as overflow) when the journal is full, or the file's write error;
+// the grant stays in memory in the second case.
+func (j *Journal) Append(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.size >= j.max {
+		if j.stats.overflow.Add(uint64(g.Cost)) == uint64(g.Cost) {
+			j.log.Error("journal full: local grants are no longer journaled", "max", j.max)
+		}
+		return ErrJournalFull
+	}
+	j.addLocked(j.epoch, p, id, g)
+	j.stats.granted.Add(uint64(g.Cost))
+	if j.f == nil {
+		return nil
+	}
+	b := append(j.buf[:0], "G\t"...)
+	b = strconv.AppendUint(b, j.epoch, 10)
+	b = append(append(append(b, '\t'), p.Name...), '\t')
+	b = append(append(b, p.Algorithm...), '\t')
+	b = append(strconv.AppendInt(b, p.Limit, 10), '\t')
+	b = append(strconv.AppendInt(b, p.WindowMicros(), 10), '\t')
+	b = append(strconv.AppendInt(b, p.Burst, 10), '\t')
+	b = append(hex.AppendEncode(b, id[:]), '\t')
+	b = append(strconv.AppendInt(b, g.At, 10), '\t')
+	b = append(strconv.AppendInt(b, g.Cost, 10), '\t')
+	b = append(append(b, g.ID...), '\n')
+	j.buf = b
+	return j.writeLocked(b)
+}
+
+func (j *Journal) writeLocked(b []byte) error {
+	if j.f == nil {
+		return nil
+	}
+	j.dirty = true
+	if _, err := j.f.Write(b); err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	return nil
+}
+
+func (j *Journal) writeEpochLocked() {
+	if err := j.writeLocked([]byte("E\t" + strconv.FormatUint(j.epoch, 10) + "\n")); err != nil {
+		j.log.Error("journal: write epoch", "err", err)
+	}
+}
+
+// Rotate starts a new epoch and returns the one before it: grants from now
+// on go to the new epoch, so a replay of the old ones is not mixed with
+// grants made while it runs.
+func (j *Journal) Rotate() uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.epoch++
+	j.writeEpochLocked()
+	return j.epoch - 1
+}
+
+// Pending returns the batches of epochs up to and including through, as
+// replay batches (the marker names the instance and epoch).
+func (j *Journal) Pending(through uint64) []ratelimit.ReplayBatch {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var out []ratelimit.ReplayBatch
+	for k, b := range j.batches {
+		if k.epoch > through {
+			continue
+		}
+		out = append(out, ratelimit.ReplayBatch{
+			Policy: b.policy, Identity: k.identity,
+			Marker: j.instance + ":" + strconv.FormatUint(k.epoch, 10),
+			Grants: append([]ratelimit.Grant(nil), b.grants...),
+		})
+	}
+	return out
+}
+
+// Ack removes a batch the store applied (or refused as a duplicate) and
+// records it, so a restart does not replay it again.
+func (j *Journal) Ack(b ratelimit.ReplayBatch, r ratelimit.ReplayResult) {
+	epoch, err := strconv.ParseUint(b.Marker[strings.LastIndexByte(b.Marker, ':')+1:], 10, 64)
+	if err != nil {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	k := batchKey{epoch: epoch, policy: policyKey(b.Policy), identity: b.Identity}
+	held, ok := j.batches[k]
+	if !ok {
+		return
+	}
+	delete(j.batches, k)
+	j.size -= len(held.grants)
+	if r.Duplicate {
+		j.stats.duplicates.Add(1)
+		for _, g := range held.grants {
+			j.stats.dupUnits.Add(uint64(g.Cost))
+		}
+	} else {
+		j.stats.replayed.Add(uint64(r.Replayed))
+		j.stats.dropped.Add(uint64(r.Dropped))
+		j.stats.present.Add(uint64(r.Present))
+	}
+	if j.f == nil {
+		return
+	}
+	if j.size == 0 {
+		// Nothing pending: start the file afresh.
+		if err := j.f.Truncate(0); err == nil {
+			j.writeEpochLocked()
+			return
+		}
+	}
+	line := "A\t" + strconv.FormatUint(epoch, 10) + "\t" + b.Policy.Name + "\t" + b.Policy.Fingerprint() + "\t" + hex.EncodeToString(b.Identity[:]) + "\n"
+	if err := j.writeLocked([]byte(line)); err != nil {
+		j.log.Error("journal: write ack", "err", err)
+	}
+}
+
+// Len returns the number of grants held.
+func (j *Journal) Len() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.size
+}
+
+// Stats returns the counters.
+func (j *Journal) Stats() JournalStats {
+	j.mu.Lock()
+	pending, epoch := uint64(0), j.epoch
+	for _, b := range j.batches {
+		for _, g := range b.grants {
+			pending += uint64(g.Cost)
+		}
+	}
+	j.mu.Unlock()
+	s := &j.stats
+	return JournalStats{
+		Granted: s.granted.Load(), Reloaded: s.reloaded.Load(), Overflow: s.overflow.Load(),
+		Replayed: s.replayed.Load(), Present: s.present.Load(), Dropped: s.dropped.Load(),
+		DuplicateUnits: s.dupUnits.Load(), Duplicates: s.duplicates.Load(),
+		Pending: pending, Corrupt: s.corrupt.Load(), Epoch: epoch,
+	}
+}
+
+// each calls fn for every grant held (for rebuilding budgets after a
+// restart).
+func (j *Journal) each(fn func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant)) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for k, b := range j.batches {
+		for _, g := range b.grants {
+			fn(b.policy, k.identity, g)
+		}
+	}
+}
+
+// syncLoop fsyncs the file every 100 ms when it was written to.
+func (j *Journal) syncLoop() {
+	defer close(j.done)
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-j.stop:
+			j.sync()
+			return
+		case <-t.C:
+			j.sync()
+		}
+	}
+}
+
+func (j *Journal) sync() {
+	j.mu.Lock()
+	f, dirty := j.f, j.dirty
+	j.dirty = false
+	j.mu.Unlock()
+	if f != nil && dirty {
+		if err := f.Sync(); err != nil {
+			j.log.Error("journal: fsync", "err", err)
+		}
+	}
+}
+
+// Close syncs and closes the file. The grants it holds stay in the file for
+// the next start.
+func (j *Journal) Close() error {
+	select {
+	case <-j.stop:
+		return nil
+	default:
+	}
+	close(j.stop)
+	<-j.done
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return nil
+	}
+	err := j.f.Close()
+	j.f = nil
+	return err
+}

@@ -1,0 +1,143 @@
+package resilient_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+)
+
+var jp = ratelimit.Policy{Name: "j", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Minute}
+
+func TestJournalSurvivesReopen(t *testing.T) {
+	dir := t.TempDir()
+	j, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := ratelimit.IdentityOf("a"), ratelimit.IdentityOf("b")
+	for i, g := range []struct {
+		id ratelimit.Identity
+		g  ratelimit.Grant
+	}{{a, ratelimit.Grant{At: 1, Cost: 1, ID: "r1"}}, {a, ratelimit.Grant{At: 2, Cost: 2, ID: "r2"}}, {b, ratelimit.Grant{At: 3, Cost: 1, ID: "r3"}}} {
+		if err := j.Append(jp, g.id, g.g); err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+	}
+	epoch := j.Rotate()
+	pending := j.Pending(epoch)
+	if len(pending) != 2 {
+		t.Fatalf("%d batches, want 2 (one per key)", len(pending))
+	}
+	for _, p := range pending {
+		if p.Identity == b {
+			j.Ack(p, ratelimit.ReplayResult{Replayed: 1})
+		}
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A torn last line, as a crash mid-write leaves it.
+	f, err := os.OpenFile(filepath.Join(dir, "journal.log"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteString("G\t1\tj\tsliding_window_log\t10\t600")
+	_ = f.Close()
+
+	j2, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j2.Close()
+	st := j2.Stats()
+	if j2.Len() != 2 || st.Reloaded != 3 || st.Corrupt != 1 || st.Epoch <= epoch {
+		t.Fatalf("reopened: len %d stats %+v, want a's 2 grants (3 units), 1 corrupt line, a later epoch", j2.Len(), st)
+	}
+	got := j2.Pending(st.Epoch)
+	if len(got) != 1 || got[0].Identity != a || len(got[0].Grants) != 2 || got[0].Grants[1].ID != "r2" || got[0].Marker != "app1:1" {
+		t.Fatalf("reloaded batches %+v", got)
+	}
+}
+
+func TestJournalAckEmptiesTheFile(t *testing.T) {
+	dir := t.TempDir()
+	j, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	_ = j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: 1, Cost: 1, ID: "r1"})
+	for _, b := range j.Pending(j.Rotate()) {
+		j.Ack(b, ratelimit.ReplayResult{Replayed: 1})
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "journal.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(data), "G\t") {
+		t.Fatalf("file after every batch was applied:\n%s", data)
+	}
+}
+
+func TestJournalOverflowIsCounted(t *testing.T) {
+	j, err := resilient.OpenJournal("", "app1", 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	for i := range 5 {
+		err := j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: int64(i), Cost: 1, ID: "r"})
+		if (i >= 2) != (err == resilient.ErrJournalFull) {
+			t.Fatalf("append %d: %v", i, err)
+		}
+	}
+	if s := j.Stats(); s.Granted != 2 || s.Overflow != 3 || s.Pending != 2 {
+		t.Fatalf("stats %+v, want 2 journaled and 3 overflowed", s)
+	}
+}
+
+// TestRestartDuringOutage: an instance stopped during an outage (its journal
+// left as a kill leaves it) comes back, does not hand out the share it had
+// already spent, and replays its grants before trusting the store.
+func TestRestartDuringOutage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		f := newFakeStore()
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: time.Hour}
+		cfg := resilient.Config{Instance: "app1", JournalDir: dir, ExpectedInstances: 4}
+		first, err := resilient.New(f, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		f.down.Store(true)
+		if got := admit(t, first, p, "k", 40, ratelimit.ModeLocal); got != 25 {
+			t.Fatalf("first process: %d local grants, want a quarter of 100", got)
+		}
+		_ = first.Close(context.Background()) // the store is down: nothing replayed, nothing acknowledged
+
+		second := newLimiter(t, f, cfg)
+		if second.State() != resilient.Open {
+			t.Fatalf("restarted with a journal: %s, want open until replayed", second.State())
+		}
+		if got := admit(t, second, p, "k", 40, ratelimit.ModeLocal); got != 0 {
+			t.Fatalf("restarted: %d more local grants, want 0: the share was spent", got)
+		}
+		f.down.Store(false)
+		settle(2 * time.Second)
+		if second.State() != resilient.Closed {
+			t.Fatalf("%s, want closed after replay", second.State())
+		}
+		d, err := second.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+		if err != nil || d.Mode != ratelimit.ModeRedis || d.Remaining != 74 {
+			t.Fatalf("after replay: %+v %v, want the store to hold the 25 grants (74 left)", d, err)
+		}
+	})
+}
