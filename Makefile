@@ -1,0 +1,127 @@
+# fleetlimit: a fault-tolerant distributed rate limiter.
+# `make help` lists the targets. The external contract of these commands is
+# shared/CONTRACT.md; the scripts they call live in scripts/.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-print-directory
+
+# nginx and redis-server live in /usr/sbin on Debian, outside an ordinary user's PATH.
+export PATH := $(PATH):/usr/local/sbin:/usr/sbin:/sbin
+
+GO ?= go
+# staticcheck 2026.2.2; staticcheck's proxy versions are v0.x (its 20xx.y tags are not
+# served by the module proxy).
+STATICCHECK_VERSION ?= v0.8.2
+# Chaos scenarios, comma separated (empty: all). e.g. make chaos-local SCENARIOS=redis-kill
+SCENARIOS ?=
+CHAOS_ARGS ?=
+
+# Every module of the workspace (go.work's `use` lines): app, and chaos/ and loadtest/
+# once they exist. Evaluated when a recipe needs it.
+MODULES = $(shell $(GO) list -m -f '{{.Dir}}')
+
+CHAOS_SCENARIO_FLAG = $(if $(strip $(SCENARIOS)),-scenarios $(SCENARIOS))
+
+.PHONY: help up down local-up local-down test chaos-local chaos bench lint generate tidy \
+	deps check-config nginx-conf build
+
+help: ## list the targets
+	@echo "usage: make TARGET"
+	@echo ""
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN { FS = ":.*## " } { printf "  %-14s %s\n", $$1, $$2 }'
+
+# ---- the two stacks ---------------------------------------------------------------
+
+up: ## compose stack: nginx on :8080, app1-app4, Redis; waits until all are healthy
+	@scripts/compose-up.sh
+
+down: ## stop the compose stack (volumes are kept)
+	@scripts/compose.sh down --remove-orphans
+
+local-up: ## native stack without Docker (redis-server, toxiproxy, 4 apps, nginx); writes .run/stack.json
+	@scripts/local-up.sh
+
+local-down: ## stop what local-up started (pids in .run/pids/), keep the logs
+	@scripts/local-down.sh
+
+build: ## build bin/ratelimiter
+	$(GO) build -o bin/ratelimiter ./app/cmd/ratelimiter
+
+# ---- tests ------------------------------------------------------------------------
+
+test: deps ## deps, go vet and go test -race of every module, nginx -t, compose config
+	@failed=""; \
+	for dir in $(MODULES); do \
+		echo "==> go vet ($$dir)"; \
+		(cd "$$dir" && $(GO) vet ./...) || failed="$$failed vet:$$dir"; \
+	done; \
+	for dir in $(MODULES); do \
+		echo "==> go test -race ($$dir)"; \
+		(cd "$$dir" && $(GO) test -race -shuffle=on -count=1 ./...) || failed="$$failed test:$$dir"; \
+	done; \
+	echo "==> deployment files"; \
+	scripts/check-config.sh || failed="$$failed check-config"; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; \
+	echo "make test: all passed"
+
+check-config: ## only the deployment checks: scripts, nginx -t (native, no root), compose config
+	@scripts/check-config.sh
+
+chaos-local: ## chaos suite against the native stack (it starts and stops the stack); SCENARIOS=a,b
+	$(GO) run ./chaos/cmd/chaos -stack local $(CHAOS_SCENARIO_FLAG) $(CHAOS_ARGS)
+
+chaos: ## chaos suite against the compose stack; SCENARIOS=a,b
+	$(GO) run ./chaos/cmd/chaos -stack compose $(CHAOS_SCENARIO_FLAG) $(CHAOS_ARGS)
+
+bench: ## benchmarks, ours beside peer libraries (scripts/bench.sh when present)
+	@if [ -x scripts/bench.sh ]; then \
+		scripts/bench.sh; \
+	else \
+		$(GO) test -run '^$$' -bench . -benchmem ./app/...; \
+	fi
+
+# ---- code hygiene -----------------------------------------------------------------
+
+lint: ## go vet, gofmt and staticcheck over every module; shellcheck over scripts/
+	@failed=""; \
+	for dir in $(MODULES); do \
+		echo "==> lint ($$dir)"; \
+		(cd "$$dir" && $(GO) vet ./...) || failed="$$failed vet:$$dir"; \
+		unformatted=$$(cd "$$dir" && gofmt -l .); \
+		if [ -n "$$unformatted" ]; then \
+			echo "gofmt: these files need formatting (gofmt -w):"; echo "$$unformatted"; \
+			failed="$$failed gofmt:$$dir"; \
+		fi; \
+		(cd "$$dir" && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...) || \
+			failed="$$failed staticcheck:$$dir"; \
+	done; \
+	if command -v shellcheck >/dev/null 2>&1; then \
+		echo "==> shellcheck"; \
+		shellcheck -x scripts/*.sh scripts/lib/*.sh .ci/run || failed="$$failed shellcheck"; \
+	else \
+		echo "lint: shellcheck not installed (apt-get install shellcheck): shell scripts not linted"; \
+	fi; \
+	if [ -n "$$failed" ]; then echo "make lint: FAILED:$$failed"; exit 1; fi
+
+generate: ## regenerate the mocks (mockery, a tool of the app module)
+	cd app && $(GO) tool mockery
+
+tidy: ## go mod tidy in every module; fails when that changed go.mod/go.sum
+	@for dir in $(MODULES); do \
+		echo "==> go mod tidy ($$dir)"; \
+		(cd "$$dir" && $(GO) mod tidy); \
+	done
+	@changes=$$(git status --porcelain -- '*go.mod' '*go.sum' 'go.work' 'go.work.sum'); \
+	if [ -n "$$changes" ]; then \
+		echo "$$changes"; git --no-pager diff -- '*go.mod' '*go.sum' 'go.work' 'go.work.sum'; \
+		echo "tidy: go.mod/go.sum differ from what is committed (see above)"; exit 1; \
+	fi
+
+deps: ## install redis-server, nginx-light, curl, gcc if missing (root + apt), else say what to install
+	@scripts/deps.sh
+
+nginx-conf: ## regenerate nginx/nginx.conf (compose) from nginx/nginx.conf.template
+	scripts/render-nginx.sh compose nginx/nginx.conf

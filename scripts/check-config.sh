@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Static checks of the deployment files (part of `make test`):
+#   1. every shell script parses (bash -n);
+#   2. nginx/nginx.conf is what scripts/render-nginx.sh compose makes of the template, and
+#      the app addresses it names are the ones docker-compose.yml gives the apps;
+#   3. docker-compose.yml's default Redis password is redis/redis.conf's;
+#   4. `nginx -t` accepts the native rendering, in a temp dir, without root (when run as
+#      root, it is checked a second time as the unprivileged user `nobody`);
+#   5. the compose file is valid for the compose CLI this machine has
+#      (`docker compose config -q` or `docker-compose config -q`).
+# With CI set, a missing nginx or compose CLI is a failure; otherwise a notice.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+fail=0
+ok() { echo "check-config: ok    $*"; }
+bad() {
+    echo "check-config: FAIL  $*" >&2
+    fail=1
+}
+missing() {
+    if [[ -n ${CI:-} ]]; then
+        bad "$* (CI is set: a missing dependency is a failure)"
+    else
+        echo "check-config: SKIP  $*" >&2
+    fi
+}
+
+find_bin() {
+    command -v "$1" 2>/dev/null && return 0
+    local d
+    for d in /usr/sbin /usr/local/sbin /sbin; do
+        [[ -x $d/$1 ]] && { echo "$d/$1"; return 0; }
+    done
+    return 1
+}
+
+# 1. shell syntax
+scripts=(scripts/*.sh scripts/lib/*.sh)
+[[ -f .ci/run ]] && scripts+=(.ci/run)
+for f in "${scripts[@]}"; do
+    bash -n "$f" || bad "bash -n $f"
+done
+ok "bash -n: ${#scripts[@]} scripts"
+
+# 2. nginx/nginx.conf generated from the template, addresses in sync with compose
+if diff -u nginx/nginx.conf <(scripts/render-nginx.sh compose) >/tmp/nginx-conf-drift.$$ 2>&1; then
+    ok "nginx/nginx.conf matches nginx/nginx.conf.template"
+else
+    cat /tmp/nginx-conf-drift.$$ >&2
+    bad "nginx/nginx.conf is stale: run make nginx-conf"
+fi
+rm -f /tmp/nginx-conf-drift.$$
+for a in 11 12 13 14; do
+    grep -q "ipv4_address: 172.28.1.$a\$" docker-compose.yml ||
+        bad "docker-compose.yml gives no app the address 172.28.1.$a that nginx/nginx.conf names"
+done
+ok "app addresses: nginx/nginx.conf and docker-compose.yml agree"
+
+# 3. password defaults
+conf_pw=$(awk '$1 == "requirepass" { print $2; exit }' redis/redis.conf)
+mapfile -t compose_pw < <(grep -oE '\$\{REDIS_PASSWORD:-[^}]*\}' docker-compose.yml | sort -u)
+if [[ ${#compose_pw[@]} -eq 1 && ${compose_pw[0]} == "\${REDIS_PASSWORD:-$conf_pw}" ]]; then
+    ok "Redis password default: redis/redis.conf and docker-compose.yml agree"
+else
+    bad "docker-compose.yml's \${REDIS_PASSWORD:-...} defaults (${compose_pw[*]}) differ from requirepass in redis/redis.conf ($conf_pw)"
+fi
+
+# 4. nginx -t on the native rendering
+if nginx=$(find_bin nginx); then
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    scripts/render-nginx.sh native "$tmp/nginx.conf" "$tmp/prefix"
+    if out=$("$nginx" -t -q -p "$tmp/prefix/" -c "$tmp/nginx.conf" -e "$tmp/prefix/error.log" 2>&1); then
+        ok "nginx -t (native rendering, as $(id -un))"
+    else
+        echo "$out" >&2
+        bad "nginx -t (native rendering, as $(id -un))"
+    fi
+    if [[ $(id -u) -eq 0 ]] && command -v setpriv >/dev/null 2>&1 && id nobody >/dev/null 2>&1; then
+        # As an ordinary user: a copy that user can read and write, rendered for it.
+        utmp=$tmp/as-nobody
+        mkdir -p "$utmp"
+        NGINX_RUN_AS_ROOT=0 scripts/render-nginx.sh native "$utmp/nginx.conf" "$utmp/prefix"
+        chmod 755 "$tmp"
+        chown -R nobody "$utmp"
+        if out=$(setpriv --reuid=nobody --regid="$(id -g nobody)" --clear-groups \
+            "$nginx" -t -q -p "$utmp/prefix/" -c "$utmp/nginx.conf" -e "$utmp/prefix/error.log" 2>&1); then
+            ok "nginx -t (native rendering, as nobody: no root needed)"
+        else
+            echo "$out" >&2
+            bad "nginx -t (native rendering, as nobody)"
+        fi
+    fi
+else
+    missing "nginx not installed (apt-get install nginx-light): nginx -t not run"
+fi
+
+# 5. compose file
+if compose=$(scripts/compose.sh --which 2>/dev/null); then
+    # shellcheck disable=SC2086
+    if out=$($compose -f docker-compose.yml config -q 2>&1); then
+        ok "$compose config -q"
+    else
+        echo "$out" >&2
+        bad "$compose config -q"
+    fi
+else
+    missing "no compose CLI (apt-get install docker-compose): docker-compose.yml not validated"
+fi
+
+if ((fail)); then
+    echo "check-config: failed" >&2
+    exit 1
+fi

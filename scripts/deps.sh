@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `make deps`: the system programs the tests and the native stack need.
+#   redis-server, redis-cli  (Debian: redis-server)
+#   nginx                    (Debian: nginx-light)
+#   curl                     (native stack: readiness probes, toxiproxy's API)
+#   gcc + libc headers       (go test -race needs cgo)
+# Missing ones are installed with apt-get when we are root and apt-get exists; otherwise
+# this prints exactly what to install and exits 1.
+set -euo pipefail
+
+have() {
+    command -v "$1" >/dev/null 2>&1 || [[ -x /usr/sbin/$1 || -x /sbin/$1 || -x /usr/local/sbin/$1 ]]
+}
+
+pkgs=()
+have redis-server || pkgs+=(redis-server)
+have redis-cli || pkgs+=(redis-tools)
+have nginx || pkgs+=(nginx-light)
+have curl || pkgs+=(curl)
+# cgo for -race: a compiler and the C library headers.
+if ! have gcc || [[ ! -e /usr/include/stdlib.h ]]; then
+    pkgs+=(gcc libc6-dev)
+fi
+
+if ((${#pkgs[@]} == 0)); then
+    echo "deps: redis-server, redis-cli, nginx, curl and gcc are installed"
+    exit 0
+fi
+
+# de-duplicate
+mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | awk '!seen[$0]++')
+
+if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "deps: missing packages: ${pkgs[*]}" >&2
+    echo "install them with:" >&2
+    echo "  sudo apt-get install -y ${pkgs[*]}" >&2
+    exit 1
+fi
+
+echo "deps: installing ${pkgs[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Keep the packages' init scripts from starting system-wide redis (6379) and nginx (80):
+# the tests and stacks run their own instances on their own ports.
+policy=/usr/sbin/policy-rc.d
+added_policy=0
+if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    added_policy=1
+fi
+cleanup() { if ((added_policy)); then rm -f "$policy"; fi; }
+trap cleanup EXIT
+
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
+echo "deps: installed ${pkgs[*]}"
