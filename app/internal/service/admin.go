@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
 // Status is the body of /status.
@@ -28,6 +30,10 @@ type Status struct {
 	LastReconciliation *time.Time `json:"last_reconciliation"`
 	Ready              bool       `json:"ready"`
 	StartedAt          time.Time  `json:"started_at"`
+	// Limiter is the resilient limiter's own status: breaker openings,
+	// fleet view, and the journal's reconciliation (granted locally =
+	// replayed + present + dropped + duplicate units + pending).
+	Limiter *resilient.Status `json:"limiter,omitempty"`
 }
 
 // adminRouter serves the per-instance admin endpoints (not routed by nginx).
@@ -63,6 +69,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 		ExpectedInstances: s.cfg.ExpectedInstances,
 		JournalSize:       st.JournalSize,
 		Ready:             s.ready.Load(),
+		Limiter:           st.Resilient,
 		StartedAt:         s.started.UTC().Truncate(time.Second),
 	}
 	if !st.LastReconciliation.IsZero() {

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
 // LimiterStatus is what the limiter layer reports about itself for /status
@@ -16,7 +18,7 @@ import (
 type LimiterStatus struct {
 	// Mode is what decides right now: memory, redis, local.
 	Mode ratelimit.Mode
-	// Breaker is the circuit breaker's state (closed, open, half_open); ""
+	// Breaker is the circuit breaker's state (closed, open, recovering); ""
 	// without a breaker.
 	Breaker string
 	// LiveInstances is the fleet size the fallback budget divides by.
@@ -26,6 +28,9 @@ type LimiterStatus struct {
 	JournalSize int64
 	// LastReconciliation is when the journal was last replayed; zero: never.
 	LastReconciliation time.Time
+	// Resilient is the resilient limiter's full status (breaker, fleet,
+	// journal reconciliation); nil in memory mode.
+	Resilient *resilient.Status
 }
 
 // backend is the limiter the service decides with, how it reports its
@@ -40,16 +45,9 @@ type backend struct {
 // newBackend is the one place that picks the limiter implementation.
 //
 // No Redis configured: the in-memory store (mode "memory"). Redis
-// configured: for now the Redis store directly, so a Redis outage reaches the
-// middleware as ErrUnavailable and the middleware fails open. Nothing is
-// dialled here, so an unreachable Redis does not stop the start.
-//
-// TODO(resilient): wrap the Redis store in resilient.New(store,
-// resilient.Config{Instance, Timeout: cfg.RedisTimeout, ExpectedInstances,
-// KeyCapacity, Logger, and the journal in cfg.JournalDir as Recover /
-// OnLocalGrant}); return it as the limiter, map its Status() into
-// LimiterStatus (Mode "redis" while the breaker is closed, "local" while
-// open), and close it (Close(ctx): leaves the fleet) before the client.
+// configured: the Redis store wrapped in the resilient limiter (circuit
+// breaker, fallback budget, journal and replay). Nothing is dialled here, so
+// an unreachable Redis does not stop the start: the fallback serves.
 func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 	if !cfg.RedisEnabled() {
 		mem := memstore.New(memstore.WithCapacity(cfg.KeyCapacity))
@@ -83,13 +81,47 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 				m.observeRedis(err, latency)
 			},
 		}))
+	rl, err := resilient.New(store, resilient.Config{
+		Instance:          cfg.Instance,
+		Timeout:           cfg.RedisTimeout,
+		FailureThreshold:  cfg.BreakerFailures,
+		ProbeInterval:     cfg.ProbeInterval,
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		HeartbeatTTL:      cfg.HeartbeatTTL,
+		LeaseGrace:        cfg.LeaseGrace,
+		ExpectedInstances: cfg.ExpectedInstances,
+		KeyCapacity:       cfg.KeyCapacity,
+		JournalDir:        cfg.JournalDir,
+		JournalMax:        cfg.JournalMax,
+		Logger:            log,
+		OnTransition:      m.observeTransition,
+	})
+	if err != nil {
+		_ = client.Close()
+		return nil, &ConfigError{Var: "RL_JOURNAL_DIR", Err: err}
+	}
 	log.Info("limiter ready", slog.String("mode", string(ratelimit.ModeRedis)),
-		slog.Duration("redis_timeout", cfg.RedisTimeout), slog.Int("redis_pool_size", cfg.RedisPoolSize))
+		slog.Duration("redis_timeout", cfg.RedisTimeout), slog.Int("redis_pool_size", cfg.RedisPoolSize),
+		slog.String("journal_dir", cfg.JournalDir))
 	return &backend{
-		limiter: store,
-		// TODO(resilient): breaker state, live instances, journal size and
-		// last reconciliation come from the resilient limiter's Status().
-		status: func() LimiterStatus { return LimiterStatus{Mode: ratelimit.ModeRedis} },
-		close:  func(context.Context) error { return client.Close() },
+		limiter: rl,
+		status: func() LimiterStatus {
+			st := rl.Status()
+			mode := ratelimit.ModeRedis
+			if st.Breaker != resilient.Closed.String() {
+				mode = ratelimit.ModeLocal
+			}
+			out := LimiterStatus{
+				Mode: mode, Breaker: st.Breaker, LiveInstances: int(st.FleetSize),
+				JournalSize: int64(st.Journal.Pending), Resilient: &st,
+			}
+			if st.LastRecovery != nil {
+				out.LastReconciliation = *st.LastRecovery
+			}
+			return out
+		},
+		close: func(ctx context.Context) error {
+			return errors.Join(rl.Close(ctx), client.Close())
+		},
 	}, nil
 }

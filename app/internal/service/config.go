@@ -44,9 +44,19 @@ type Config struct {
 	TrustedProxies []netip.Prefix `env:"RL_TRUSTED_PROXIES" envSeparator:"," envDefault:"127.0.0.1/32,::1/128"`
 	// JournalDir is the fallback journal's directory. Default:
 	// ./journal-<instance>.
-	JournalDir  string     `env:"RL_JOURNAL_DIR"`
-	KeyCapacity int        `env:"RL_KEY_CAPACITY" envDefault:"100000"`
-	LogLevel    slog.Level `env:"RL_LOG_LEVEL" envDefault:"info"`
+	JournalDir string `env:"RL_JOURNAL_DIR"`
+	// JournalMax bounds the grants journaled during an outage.
+	JournalMax  int `env:"RL_JOURNAL_MAX" envDefault:"1000000"`
+	KeyCapacity int `env:"RL_KEY_CAPACITY" envDefault:"100000"`
+
+	// The circuit breaker and the fleet heartbeats (resilient limiter).
+	BreakerFailures   int           `env:"RL_BREAKER_FAILURES" envDefault:"3"`
+	ProbeInterval     time.Duration `env:"RL_PROBE_INTERVAL" envDefault:"1s"`
+	HeartbeatInterval time.Duration `env:"RL_HEARTBEAT_INTERVAL" envDefault:"500ms"`
+	HeartbeatTTL      time.Duration `env:"RL_HEARTBEAT_TTL" envDefault:"2s"`
+	LeaseGrace        time.Duration `env:"RL_LEASE_GRACE" envDefault:"30s"`
+
+	LogLevel slog.Level `env:"RL_LOG_LEVEL" envDefault:"info"`
 
 	// Policies is the loaded and validated policy file.
 	Policies PolicySet `env:"-"`
@@ -167,6 +177,23 @@ func (c *Config) validate() error {
 	}
 	if c.KeyCapacity < 1 {
 		return configErr("RL_KEY_CAPACITY", "must be at least 1, got %d", c.KeyCapacity)
+	}
+	if c.JournalMax < 1 {
+		return configErr("RL_JOURNAL_MAX", "must be at least 1, got %d", c.JournalMax)
+	}
+	if c.BreakerFailures < 1 {
+		return configErr("RL_BREAKER_FAILURES", "must be at least 1, got %d", c.BreakerFailures)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"RL_PROBE_INTERVAL", c.ProbeInterval}, {"RL_HEARTBEAT_INTERVAL", c.HeartbeatInterval}, {"RL_HEARTBEAT_TTL", c.HeartbeatTTL}, {"RL_LEASE_GRACE", c.LeaseGrace}} {
+		if d.v <= 0 || d.v > time.Hour {
+			return configErr(d.name, "must be between 1ns and 1h, got %v", d.v)
+		}
+	}
+	if c.HeartbeatTTL <= c.HeartbeatInterval {
+		return configErr("RL_HEARTBEAT_TTL", "must exceed RL_HEARTBEAT_INTERVAL (%v), got %v", c.HeartbeatInterval, c.HeartbeatTTL)
 	}
 	for i, p := range c.TrustedProxies {
 		c.TrustedProxies[i] = p.Masked()

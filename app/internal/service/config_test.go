@@ -32,7 +32,13 @@ func TestLoadConfigDefaults(t *testing.T) {
 		ExpectedInstances: 1,
 		TrustedProxies:    []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")},
 		JournalDir:        "./journal-app1",
+		JournalMax:        1_000_000,
 		KeyCapacity:       100000,
+		BreakerFailures:   3,
+		ProbeInterval:     time.Second,
+		HeartbeatInterval: 500 * time.Millisecond,
+		HeartbeatTTL:      2 * time.Second,
+		LeaseGrace:        30 * time.Second,
 	}
 	cfg.Policies = PolicySet{}
 	if !reflect.DeepEqual(cfg, want) {

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
 // metrics holds the service's Prometheus metrics on a private registry (no
@@ -20,6 +21,7 @@ type metrics struct {
 	errors       *prometheus.CounterVec   // policy, kind
 	redisLatency *prometheus.HistogramVec // outcome
 	requests     *prometheus.CounterVec   // route, code
+	transitions  *prometheus.CounterVec   // from, to
 }
 
 func newMetrics() *metrics {
@@ -42,8 +44,12 @@ func newMetrics() *metrics {
 			Name: "ratelimit_http_requests_total",
 			Help: "Public HTTP requests by route pattern and status code.",
 		}, []string{"route", "code"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratelimit_breaker_transitions_total",
+			Help: "Circuit breaker transitions by from and to state (closed, open, recovering).",
+		}, []string{"from", "to"}),
 	}
-	m.reg.MustRegister(m.decisions, m.errors, m.redisLatency, m.requests,
+	m.reg.MustRegister(m.decisions, m.errors, m.redisLatency, m.requests, m.transitions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -72,6 +78,11 @@ func (m *metrics) observeRedis(err error, latency time.Duration) {
 		outcome = errorKind(err)
 	}
 	m.redisLatency.WithLabelValues(outcome).Observe(latency.Seconds())
+}
+
+// observeTransition counts breaker transitions.
+func (m *metrics) observeTransition(from, to resilient.State) {
+	m.transitions.WithLabelValues(from.String(), to.String()).Inc()
 }
 
 // watchStatus exports the limiter layer's status as gauges: live instances,
@@ -114,7 +125,7 @@ var (
 	journalDesc = prometheus.NewDesc("ratelimit_journal_entries",
 		"Locally granted decisions journaled and not yet reconciled with Redis.", nil, nil)
 	breakerDesc = prometheus.NewDesc("ratelimit_breaker_state",
-		"1 for the circuit breaker's current state (closed, open, half_open); absent without a breaker.", []string{"state"}, nil)
+		"1 for the circuit breaker's current state (closed, open, recovering); absent without a breaker.", []string{"state"}, nil)
 )
 
 // statusCollector turns LimiterStatus into gauges at scrape time.
@@ -126,6 +137,10 @@ func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- liveInstancesDesc
 	ch <- journalDesc
 	ch <- breakerDesc
+	ch <- journalUnitsDesc
+	ch <- duplicateBatchesDesc
+	ch <- evictionsDesc
+	ch <- suspectDesc
 }
 
 func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
@@ -135,4 +150,30 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	if st.Breaker != "" {
 		ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, 1, st.Breaker)
 	}
+	if r := st.Resilient; r != nil {
+		j := r.Journal
+		for _, c := range []struct {
+			what string
+			v    uint64
+		}{
+			{"granted", j.Granted}, {"reloaded", j.Reloaded}, {"replayed", j.Replayed}, {"present", j.Present},
+			{"dropped", j.Dropped}, {"duplicate", j.DuplicateUnits}, {"overflow", j.Overflow},
+		} {
+			ch <- prometheus.MustNewConstMetric(journalUnitsDesc, prometheus.CounterValue, float64(c.v), c.what)
+		}
+		ch <- prometheus.MustNewConstMetric(duplicateBatchesDesc, prometheus.CounterValue, float64(j.Duplicates))
+		ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(r.Evictions))
+		ch <- prometheus.MustNewConstMetric(suspectDesc, prometheus.GaugeValue, float64(r.Suspect))
+	}
 }
+
+var (
+	journalUnitsDesc = prometheus.NewDesc("ratelimit_journal_units_total",
+		"Units granted locally and what became of them: granted (journaled), reloaded (found at start), replayed, present (already in Redis), dropped (expired), duplicate (refused by a replay marker), overflow (journal full).", []string{"what"}, nil)
+	duplicateBatchesDesc = prometheus.NewDesc("ratelimit_replay_duplicate_batches_total",
+		"Replay batches Redis refused because their idempotency marker was set.", nil, nil)
+	evictionsDesc = prometheus.NewDesc("ratelimit_fallback_evictions_total",
+		"Keys evicted from the local fallback state to stay within RL_KEY_CAPACITY.", nil, nil)
+	suspectDesc = prometheus.NewDesc("ratelimit_suspect_instances",
+		"Instances whose heartbeat is missing but whose fallback lease may still run; their share is held back.", nil, nil)
+)

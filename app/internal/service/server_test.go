@@ -45,6 +45,7 @@ func startServer(t *testing.T, env map[string]string) (*Server, *syncBuffer) {
 		"RL_INSTANCE":    "test-1",
 		"RL_LISTEN_ADDR": "127.0.0.1:0",
 		"RL_ADMIN_ADDR":  "127.0.0.1:0",
+		"RL_JOURNAL_DIR": t.TempDir(),
 	}
 	for k, v := range env {
 		all[k] = v
@@ -264,7 +265,8 @@ func TestAdminEndpoints(t *testing.T) {
 
 // TestRedisUnreachable starts in Redis mode against a port nobody listens
 // on: the start succeeds, the instance is ready, and requests are answered
-// (failing open while the Redis store is wired without the resilient layer).
+// by the local fallback budget (a quarter of the quota per key with 4
+// expected instances), counted and journaled.
 func TestRedisUnreachable(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -275,30 +277,38 @@ func TestRedisUnreachable(t *testing.T) {
 
 	s, logs := startServer(t, map[string]string{
 		"RL_REDIS_URL":     "redis://" + deadAddr + "/0",
-		"RL_REDIS_TIMEOUT": "50ms",
-		"RL_DEBUG_HEADERS": "true",
+		"RL_REDIS_TIMEOUT":      "50ms",
+		"RL_DEBUG_HEADERS":      "true",
+		"RL_EXPECTED_INSTANCES": "4",
 	})
 	if resp, _ := get(t, "http://"+s.AdminAddr()+"/readyz"); resp.StatusCode != 200 {
 		t.Errorf("/readyz: %d", resp.StatusCode)
 	}
-	for range 3 {
+	codes := map[int]int{}
+	for range 30 {
 		resp, body := get(t, "http://"+s.PublicAddr()+"/api/gcra", "X-API-Key", "k")
-		if resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Mode") != "open" || resp.Header.Get("RateLimit") == "" {
+		codes[resp.StatusCode]++
+		if resp.Header.Get("X-RateLimit-Mode") != "local" || resp.Header.Get("RateLimit") == "" {
 			t.Errorf("status %d, headers %v, body %s", resp.StatusCode, resp.Header, body)
 		}
 	}
+	if codes[200] != 25 || codes[429] != 5 {
+		t.Errorf("answers %v, want 25 admitted (a quarter of 100) and 5 limited", codes)
+	}
 	_, body := get(t, "http://"+s.AdminAddr()+"/status")
-	if !bytes.Contains(body, []byte(`"mode":"redis"`)) {
-		t.Errorf("/status = %s", body)
+	for _, want := range []string{`"mode":"local"`, `"breaker":"open"`, `"granted":25`, `"journal_size":25`} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("/status lacks %s: %s", want, body)
+		}
 	}
 	_, body = get(t, "http://"+s.AdminAddr()+"/metrics")
-	if !bytes.Contains(body, []byte(`ratelimit_errors_total{kind="unavailable",policy="gcra"} 3`)) ||
-		!bytes.Contains(body, []byte(`ratelimit_redis_call_duration_seconds_count{outcome="unavailable"} 3`)) {
-		t.Errorf("errors not counted:\n%s", grep(body, "ratelimit_"))
+	for _, want := range []string{`ratelimit_breaker_transitions_total{from="closed",to="open"} 1`, `ratelimit_journal_units_total{what="granted"} 25`, `ratelimit_decisions_total{mode="local",policy="gcra",result="allowed"} 25`} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("/metrics lacks %s:\n%s", want, grep(body, "ratelimit_"))
+		}
 	}
-	// One error line per second at most, however many requests failed.
-	if n := strings.Count(logs.String(), "failing open"); n != 1 {
-		t.Errorf("%d error lines, want 1", n)
+	if !strings.Contains(logs.String(), "breaker transition") {
+		t.Errorf("no breaker transition logged:\n%s", logs.String())
 	}
 }
 

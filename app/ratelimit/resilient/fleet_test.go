@@ -337,8 +337,15 @@ func TestFleetFaults(t *testing.T) {
 			}
 			for i, l := range f.limiters {
 				faulty := sc.localInstance < 0 || i == sc.localInstance
-				if opened := l.Status().Opens > opensBefore[i]; opened != faulty {
-					t.Errorf("%s: breaker opened during the fault: %v, want %v", l.Status().Instance, opened, faulty)
+				opened := l.Status().Opens > opensBefore[i]
+				if faulty && !opened {
+					t.Errorf("%s: breaker did not open during the fault", l.Status().Instance)
+				}
+				// An instance the fault did not touch may still trip on a
+				// stray slow call on a loaded machine; it must decide in
+				// Redis nearly always.
+				if m := modesIn(recs, bounds, fault, i); !faulty && m[ratelimit.ModeLocal]*10 > m[ratelimit.ModeRedis] {
+					t.Errorf("%s: untouched by the fault but decided locally: %v", l.Status().Instance, m)
 				}
 				if l.State() != resilient.Closed {
 					t.Errorf("%s: breaker %s after recovery", l.Status().Instance, l.State())
