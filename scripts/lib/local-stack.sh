@@ -21,9 +21,13 @@
 #   LOCAL_POLICY_FILE (optional JSON policy file, passed to the apps as RL_POLICY_FILE)
 #   LOCAL_READY_TIMEOUT=30 (seconds)  LOCAL_SKIP_BUILD=1 (use the binaries in bin/ as is)
 #   LOCAL_REDIS_TIMEOUT=50ms (RL_REDIS_TIMEOUT of the apps)
+#   LOCAL_RUN_DIR (default: .run in the checkout) holds the pids, logs, data, stack.env and
+#   stack.json in place of .run/, so a second stack (a test's, on other ports) cannot collide
+#   with the usual one; every call of the three scripts for that stack must set it.
 
 LS_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-RUN_DIR=$LS_ROOT/.run
+RUN_DIR=${LOCAL_RUN_DIR:-$LS_ROOT/.run}
+[[ $RUN_DIR == /* ]] || RUN_DIR=$PWD/$RUN_DIR # the scripts cd to the checkout
 PID_DIR=$RUN_DIR/pids
 STACK_ENV=$RUN_DIR/stack.env
 STACK_JSON=$RUN_DIR/stack.json
