@@ -160,7 +160,7 @@ type Limiter struct {
 
 	stats struct {
 		storeDecisions, localDecisions, localGrants atomic.Uint64
-		failures, evictions                         atomic.Uint64
+		failures, failedDecisions, evictions        atomic.Uint64
 	}
 	lastRecovery atomic.Pointer[time.Time]
 	recoverStart time.Time // owned by the loop goroutine
@@ -252,6 +252,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 			return ratelimit.Decision{}, ctx.Err()
 		}
 		l.stats.failures.Add(1)
+		l.stats.failedDecisions.Add(1)
 		if !errors.Is(err, ratelimit.ErrBadReply) { // one odd key is no outage
 			l.br.failure(err.Error())
 		}
@@ -464,20 +465,26 @@ func (l *Limiter) Close(ctx context.Context) error {
 
 // Status is a snapshot of the limiter's state, for /status and metrics.
 type Status struct {
-	Instance       string     `json:"instance"`
-	Breaker        string     `json:"breaker"`
-	Opens          uint64     `json:"breaker_opens"`
-	Live           int64      `json:"live_instances"`
-	Suspect        int64      `json:"suspect_instances"`
-	FleetSize      int64      `json:"fleet_size"`
-	StoreDecisions uint64     `json:"store_decisions"`
-	LocalDecisions uint64     `json:"local_decisions"`
-	LocalGrants    uint64     `json:"local_grants"`
-	StoreFailures  uint64     `json:"store_failures"`
-	Keys           int        `json:"keys"`
-	Evictions      uint64     `json:"evictions"`
-	LastRecovery   *time.Time `json:"last_recovery,omitempty"`
-	ClockOffsetUS  int64      `json:"clock_offset_us"`
+	Instance       string `json:"instance"`
+	Breaker        string `json:"breaker"`
+	Opens          uint64 `json:"breaker_opens"`
+	Live           int64  `json:"live_instances"`
+	Suspect        int64  `json:"suspect_instances"`
+	FleetSize      int64  `json:"fleet_size"`
+	StoreDecisions uint64 `json:"store_decisions"`
+	LocalDecisions uint64 `json:"local_decisions"`
+	LocalGrants    uint64 `json:"local_grants"`
+	StoreFailures  uint64 `json:"store_failures"`
+	// FailedDecisions are decisions whose store call failed or timed out
+	// and that were decided locally instead. A timed-out call may still
+	// have run in the store: for the token bucket, GCRA and the counter
+	// each such request can be charged twice (the sliding window log
+	// dedups by request id), so this bounds that overcharge.
+	FailedDecisions uint64     `json:"failed_decisions"`
+	Keys            int        `json:"keys"`
+	Evictions       uint64     `json:"evictions"`
+	LastRecovery    *time.Time `json:"last_recovery,omitempty"`
+	ClockOffsetUS   int64      `json:"clock_offset_us"`
 	// Journal reconciles local grants: Granted + Reloaded = Replayed +
 	// Present + Dropped + DuplicateUnits + Pending.
 	Journal JournalStats `json:"journal"`
@@ -489,21 +496,22 @@ func (l *Limiter) Status() Status {
 	n := l.keys.Len()
 	l.mu.Unlock()
 	return Status{
-		Instance:       l.cfg.Instance,
-		Breaker:        l.br.State().String(),
-		Opens:          l.br.opens.Load(),
-		Live:           l.live.Load(),
-		Suspect:        l.suspect.Load(),
-		FleetSize:      l.fleetSize(),
-		StoreDecisions: l.stats.storeDecisions.Load(),
-		LocalDecisions: l.stats.localDecisions.Load(),
-		LocalGrants:    l.stats.localGrants.Load(),
-		StoreFailures:  l.stats.failures.Load(),
-		Keys:           n,
-		Evictions:      l.stats.evictions.Load(),
-		LastRecovery:   l.lastRecovery.Load(),
-		ClockOffsetUS:  l.offset.Load(),
-		Journal:        l.journal.Stats(),
+		Instance:        l.cfg.Instance,
+		Breaker:         l.br.State().String(),
+		Opens:           l.br.opens.Load(),
+		Live:            l.live.Load(),
+		Suspect:         l.suspect.Load(),
+		FleetSize:       l.fleetSize(),
+		StoreDecisions:  l.stats.storeDecisions.Load(),
+		LocalDecisions:  l.stats.localDecisions.Load(),
+		LocalGrants:     l.stats.localGrants.Load(),
+		StoreFailures:   l.stats.failures.Load(),
+		FailedDecisions: l.stats.failedDecisions.Load(),
+		Keys:            n,
+		Evictions:       l.stats.evictions.Load(),
+		LastRecovery:    l.lastRecovery.Load(),
+		ClockOffsetUS:   l.offset.Load(),
+		Journal:         l.journal.Stats(),
 	}
 }
 
