@@ -107,3 +107,26 @@ func TestReplayPipelinesManyKeys(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkReplay100kKeys replays a journal of 100 000 keys (one grant each)
+// in pipelines of 1000, as the resilient limiter does.
+func BenchmarkReplay100kKeys(b *testing.B) {
+	srv := redistest.StartServer(b, redistest.ServerOptions{})
+	l := redisstore.New(newClient(b, srv.Addr()))
+	p := ratelimit.Policy{Name: "bench", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: time.Minute}
+	const keys = 100_000
+	for i := 0; b.Loop(); i++ {
+		now := time.Now().UnixMicro()
+		for start := 0; start < keys; start += 1000 {
+			batches := make([]ratelimit.ReplayBatch, 1000)
+			for k := range batches {
+				batches[k] = ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf(fmt.Sprint("k", start+k)), Marker: fmt.Sprint("bench:", i),
+					Grants: []ratelimit.Grant{{At: now, Cost: 1, ID: fmt.Sprint("r", i)}}}
+			}
+			if _, errs := l.Replay(context.Background(), batches); errs[0] != nil {
+				b.Fatal(errs[0])
+			}
+		}
+	}
+	b.ReportMetric(float64(keys)*float64(b.N)/b.Elapsed().Seconds(), "keys/s")
+}
