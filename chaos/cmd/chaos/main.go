@@ -1,0 +1,184 @@
+// Command chaos runs the chaos suite (shared/CONTRACT.md, "Chaos suite")
+// against the native stack (-stack local: it starts and stops the stack
+// itself, once per scenario) or the compose stack (-stack compose), and
+// writes chaos-out/. It exits 1 when any invariant fails, 2 when the suite
+// itself could not run.
+//
+//	go run ./chaos/cmd/chaos -stack local -scenarios redis-pause
+//	go run ./chaos/cmd/chaos -reanalyze -out chaos-out   # recompute the reports from the logs
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/chaos/report"
+	"github.com/fleetlimit/fleetlimit/chaos/stack"
+	"github.com/fleetlimit/fleetlimit/chaos/suite"
+)
+
+// errFailed: the suite ran and an invariant failed.
+var errFailed = errors.New("invariants failed")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, errFailed):
+		os.Exit(1)
+	default:
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(2)
+	}
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		stackName = fs.String("stack", "local", "the stack: local (native processes) or compose")
+		scenarios = fs.String("scenarios", "", "comma-separated scenarios (default: $SCENARIOS, else all: "+strings.Join(suite.Names(), ",")+")")
+		out       = fs.String("out", "chaos-out", "output directory")
+		root      = fs.String("root", "", "repository root (default: found upwards from the working directory)")
+		warmup    = fs.Duration("warmup", 0, "warmup phase (default: one window)")
+		healthy   = fs.Duration("healthy", 0, "healthy phase (default: one window)")
+		fault     = fs.Duration("fault", 15*time.Second, "fault duration")
+		flap      = fs.Duration("flap", 20*time.Second, "redis-flap: span of its four kill/restart cycles")
+		recovery  = fs.Duration("recovery", 0, "recovery phase (default: two windows)")
+		settle    = fs.Duration("settle", 0, "settle phase (default: one window)")
+		quick     = fs.Bool("quick", false, "development only: fault 5 s, flap 8 s (not the contract's durations)")
+		timeout   = fs.Duration("redis-timeout", 100*time.Millisecond, "the apps' Redis call timeout, for the latency bound of fault and recovery (used unless /status reports redis_timeout_ms)")
+		seed      = fs.Uint64("seed", 1, "seed of the load's send schedule")
+		reanalyze = fs.Bool("reanalyze", false, "recompute report.json, report.html and summary.json from the logs under -out; runs no stack")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	list := *scenarios
+	if list == "" {
+		list = getenv("SCENARIOS")
+	}
+	selected, err := suite.Select(list)
+	if err != nil {
+		return err
+	}
+	if *reanalyze {
+		return reanalyzeAll(*out, *stackName, selected, stdout)
+	}
+
+	if *root == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return err
+		}
+		if *root, err = stack.FindRoot(wd); err != nil {
+			return err
+		}
+	}
+	outDir := *out
+	if !filepath.IsAbs(outDir) {
+		wd, err := os.Getwd()
+		if err != nil {
+			return err
+		}
+		outDir = filepath.Join(wd, outDir)
+	}
+	var st stack.Stack
+	switch *stackName {
+	case "local":
+		st = stack.NewLocal(*root, stderr)
+	case "compose":
+		st = stack.NewCompose(*root, stderr)
+	default:
+		return fmt.Errorf("-stack %q: want local or compose", *stackName)
+	}
+	d := suite.Durations{Warmup: *warmup, Healthy: *healthy, Fault: *fault, Flap: *flap, Recovery: *recovery, Settle: *settle}
+	if *quick {
+		d.Fault, d.Flap = 5*time.Second, 8*time.Second
+		fmt.Fprintln(stderr, "chaos: -quick: fault 5 s, flap 8 s (development durations, not the contract's)")
+	}
+	sum, err := suite.Run(ctx, suite.Config{
+		Stack:        st,
+		Scenarios:    selected,
+		Out:          outDir,
+		Durations:    d,
+		RedisTimeout: *timeout,
+		Seed:         *seed,
+		Log:          stderr,
+	})
+	printSummary(stdout, sum, outDir)
+	if err != nil {
+		return err
+	}
+	if !sum.Pass {
+		return errFailed
+	}
+	return nil
+}
+
+func printSummary(w io.Writer, sum report.Summary, out string) {
+	fmt.Fprintf(w, "\nchaos suite (%s stack), reports in %s:\n", sum.Stack, out)
+	for _, s := range sum.Scenarios {
+		verdict := "FAIL"
+		switch {
+		case s.Skipped:
+			verdict = "SKIPPED (" + s.SkipReason + ")"
+		case s.Pass:
+			verdict = "PASS"
+		case s.Error != "":
+			verdict = "FAIL (error: " + s.Error + ")"
+		case len(s.Failed) > 0:
+			verdict = fmt.Sprintf("FAIL (%d invariants)", len(s.Failed))
+		}
+		fmt.Fprintf(w, "  %-14s %s\n", s.Name, verdict)
+	}
+	if sum.Pass {
+		fmt.Fprintln(w, "overall: PASS")
+	} else {
+		fmt.Fprintln(w, "overall: FAIL")
+	}
+}
+
+// reanalyzeAll recomputes the reports of the selected scenarios that have a
+// directory under out.
+func reanalyzeAll(out, stackName string, selected []suite.Scenario, stdout io.Writer) error {
+	var reports []*report.Report
+	for _, sc := range selected {
+		dir := filepath.Join(out, sc.Name)
+		if _, err := os.Stat(filepath.Join(dir, "report.json")); err != nil {
+			continue
+		}
+		rep, err := suite.Reanalyze(dir)
+		if err != nil {
+			return err
+		}
+		stackName = rep.Stack
+		reports = append(reports, rep)
+	}
+	if len(reports) == 0 {
+		return fmt.Errorf("no scenario reports under %s", out)
+	}
+	sum := report.Summarize(stackName, reports)
+	if err := report.WriteJSON(filepath.Join(out, "summary.json"), sum); err != nil {
+		return err
+	}
+	printSummary(stdout, sum, out)
+	if !sum.Pass {
+		return errFailed
+	}
+	return nil
+}

@@ -1,0 +1,407 @@
+package invariant
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/chaos/ideal"
+)
+
+// Input is everything the invariants are computed from.
+type Input struct {
+	Requests []Request
+	Phases   []Phase
+	// Policies by route; routes without one are not judged.
+	Policies map[string]Policy
+	// RedisTimeout is the apps' per-call Redis timeout (the latency bound
+	// in fault and recovery is this plus 25 ms).
+	RedisTimeout time.Duration
+	// Affected lists the instances the fault cuts off from Redis (every
+	// instance, or the partitioned one); failover_ms and recovery_ms are
+	// measured on each of them and the worst is reported.
+	Affected []string
+	// Statuses are the instances' /status documents after settle, plus
+	// the last snapshot of any incarnation killed during the run.
+	Statuses []InstanceStatus
+	// NoFault: the scenario injects no fault (failover_ms and recovery_ms
+	// are not judged).
+	NoFault bool
+}
+
+// Bounds of the contract.
+var (
+	overAdmissionBound = map[string]float64{Healthy: 1.00, Settle: 1.00, Fault: 1.10, Recovery: 1.10}
+	politeLimitedBound = map[string]float64{Healthy: 0, Settle: 0, Fault: 0.01, Recovery: 0.01}
+	goodputBound       = map[string]float64{Healthy: 0.90, Fault: 0.70, Recovery: 0.70}
+)
+
+// Bounds of failover_ms and recovery_ms.
+const (
+	FailoverBoundMS = 1000
+	RecoveryBoundMS = 3000
+	// LatencySlackMS is the latency bound of healthy and settle, and what
+	// fault and recovery allow beyond the Redis timeout.
+	LatencySlackMS = 25
+)
+
+// Check computes every invariant row, in a stable order: per invariant, per
+// route (sorted), per judged phase; then the fleet-wide rows.
+func Check(in Input) []Row {
+	routes := make([]string, 0, len(in.Policies))
+	for r := range in.Policies {
+		routes = append(routes, r)
+	}
+	sort.Strings(routes)
+	ps := spans(in.Phases)
+	byRoute := map[string][]Request{}
+	for _, r := range in.Requests {
+		byRoute[r.Route] = append(byRoute[r.Route], r)
+	}
+	judged := make([]int, 0, len(JudgedPhases)) // indexes into in.Phases
+	for i, p := range in.Phases {
+		if slices.Contains(JudgedPhases, p.Name) {
+			judged = append(judged, i)
+		}
+	}
+
+	var rows []Row
+	// over_admission
+	for _, route := range routes {
+		vals, err := RouteOverAdmission(in.Policies[route], byRoute[route], in.Phases)
+		for _, pi := range judged {
+			name := in.Phases[pi].Name
+			bound := overAdmissionBound[name]
+			row := Row{Name: OverAdmission, Route: route, Phase: name, Bound: bound}
+			switch {
+			case err != nil:
+				row.Measured = err.Error()
+			case !hasRequests(byRoute[route], ps, pi):
+				row.Measured = "no requests"
+			case math.IsNaN(vals[pi]):
+				row.Measured, row.Pass = 0.0, true // nothing admitted
+			default:
+				row.Measured, row.Pass = round(vals[pi], 4), vals[pi] <= bound+eps
+			}
+			rows = append(rows, row)
+		}
+	}
+	// polite_limited
+	for _, route := range routes {
+		for _, pi := range judged {
+			name := in.Phases[pi].Name
+			bound := politeLimitedBound[name]
+			row := Row{Name: PoliteLimited, Route: route, Phase: name, Bound: bound}
+			var polite, limited int
+			for _, r := range byRoute[route] {
+				if r.Class == "polite" && phaseOf(ps, r.recv()) == pi {
+					polite++
+					if r.Limited() {
+						limited++
+					}
+				}
+			}
+			if polite == 0 {
+				row.Measured = "no polite requests"
+			} else {
+				share := float64(limited) / float64(polite)
+				row.Measured, row.Pass = round(share, 6), share <= bound+eps
+			}
+			rows = append(rows, row)
+		}
+	}
+	// goodput
+	for _, route := range routes {
+		vals, err := RouteGoodput(in.Policies[route], byRoute[route], in.Phases)
+		for _, pi := range judged {
+			name := in.Phases[pi].Name
+			bound, ok := goodputBound[name]
+			if !ok {
+				continue // the contract bounds goodput in healthy, fault and recovery
+			}
+			row := Row{Name: Goodput, Route: route, Phase: name, Bound: bound}
+			switch {
+			case err != nil:
+				row.Measured = err.Error()
+			case math.IsNaN(vals[pi]):
+				row.Measured = "no abusive request the ideal limiter admits"
+			default:
+				row.Measured, row.Pass = round(vals[pi], 4), vals[pi] >= bound-eps
+			}
+			rows = append(rows, row)
+		}
+	}
+	// errors
+	for _, route := range routes {
+		for _, pi := range judged {
+			n := 0
+			for _, r := range byRoute[route] {
+				if r.Failed() && phaseOf(ps, r.recv()) == pi {
+					n++
+				}
+			}
+			rows = append(rows, Row{Name: Errors, Route: route, Phase: in.Phases[pi].Name, Measured: n, Bound: 0, Pass: n == 0})
+		}
+	}
+	// latency_p99_ms
+	timeoutMS := float64(in.RedisTimeout) / float64(time.Millisecond)
+	for _, route := range routes {
+		for _, pi := range judged {
+			name := in.Phases[pi].Name
+			bound := float64(LatencySlackMS)
+			if name == Fault || name == Recovery {
+				bound = timeoutMS + LatencySlackMS
+			}
+			row := Row{Name: LatencyP99, Route: route, Phase: name, Bound: bound}
+			var lat []float64
+			for _, r := range byRoute[route] {
+				if phaseOf(ps, r.recv()) == pi {
+					lat = append(lat, r.LatencyMS)
+				}
+			}
+			if len(lat) == 0 {
+				row.Measured = "no requests"
+			} else {
+				p := P99(lat)
+				row.Measured, row.Pass = round(p, 3), p <= bound+eps
+			}
+			rows = append(rows, row)
+		}
+	}
+	// reconciled
+	rows = append(rows, ReconciledRow(in.Statuses))
+	// failover_ms and recovery_ms
+	if !in.NoFault {
+		rows = append(rows, FailoverRows(in.Requests, in.Phases, in.Affected)...)
+	}
+	return rows
+}
+
+func hasRequests(reqs []Request, ps []phaseSpan, pi int) bool {
+	for _, r := range reqs {
+		if phaseOf(ps, r.recv()) == pi {
+			return true
+		}
+	}
+	return false
+}
+
+// RouteOverAdmission is the largest KeyOverAdmission over the route's keys,
+// per phase (NaN: nothing admitted in that phase).
+func RouteOverAdmission(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
+	out := make([]float64, len(phases))
+	for i := range out {
+		out[i] = math.NaN()
+	}
+	for _, keyReqs := range byKey(reqs) {
+		vals, err := KeyOverAdmission(p, keyReqs, phases)
+		if err != nil {
+			return nil, err
+		}
+		for i, v := range vals {
+			if !math.IsNaN(v) && (math.IsNaN(out[i]) || v > out[i]) {
+				out[i] = v
+			}
+		}
+	}
+	return out, nil
+}
+
+// byKey groups requests by key, keys in sorted order.
+func byKey(reqs []Request) [][]Request {
+	m := map[string][]Request{}
+	for _, r := range reqs {
+		m[r.Key] = append(m[r.Key], r)
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([][]Request, len(keys))
+	for i, k := range keys {
+		out[i] = m[k]
+	}
+	return out
+}
+
+// KeyGoodput feeds one key's requests, in t_send order, to an ideal single
+// limiter of the policy at their t_send, and returns, per phase (by each
+// request's t_recv), the requests the fleet admitted divided by those the
+// ideal limiter admitted; NaN where the ideal limiter admitted none.
+func KeyGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
+	lim, err := ideal.New(p.ideal())
+	if err != nil {
+		return nil, err
+	}
+	sorted := slices.Clone(reqs)
+	slices.SortStableFunc(sorted, func(a, b Request) int {
+		if c := cmpInt(a.send(), b.send()); c != 0 {
+			return c
+		}
+		return cmpInt(a.recv(), b.recv())
+	})
+	ps := spans(phases)
+	actual := make([]int, len(ps))
+	want := make([]int, len(ps))
+	for _, r := range sorted {
+		allowed := lim.Allow(r.send())
+		k := phaseOf(ps, r.recv())
+		if k < 0 {
+			continue
+		}
+		if allowed {
+			want[k]++
+		}
+		if r.Admitted() {
+			actual[k]++
+		}
+	}
+	out := make([]float64, len(ps))
+	for i := range out {
+		if want[i] == 0 {
+			out[i] = math.NaN()
+		} else {
+			out[i] = float64(actual[i]) / float64(want[i])
+		}
+	}
+	return out, nil
+}
+
+// RouteGoodput is the smallest KeyGoodput over the route's abusive keys,
+// per phase.
+func RouteGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
+	out := make([]float64, len(phases))
+	for i := range out {
+		out[i] = math.NaN()
+	}
+	for _, keyReqs := range byKey(reqs) {
+		if keyReqs[0].Class != "abusive" {
+			continue
+		}
+		vals, err := KeyGoodput(p, keyReqs, phases)
+		if err != nil {
+			return nil, err
+		}
+		for i, v := range vals {
+			if !math.IsNaN(v) && (math.IsNaN(out[i]) || v < out[i]) {
+				out[i] = v
+			}
+		}
+	}
+	return out, nil
+}
+
+// P99 is the nearest-rank 99th percentile of v (not modified).
+func P99(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	rank := int(math.Ceil(0.99 * float64(len(s))))
+	return s[max(rank-1, 0)]
+}
+
+// InstanceFailover is one instance's failover and recovery time, in ms;
+// negative where there was no such answer.
+type InstanceFailover struct {
+	Instance   string  `json:"instance"`
+	FailoverMS float64 `json:"failover_ms"`
+	RecoveryMS float64 `json:"recovery_ms"`
+}
+
+// Failover measures, for each affected instance, the time from the start of
+// the fault phase to its first answer in mode "local" received during the
+// fault, and from the end of the fault phase to its first answer in mode
+// "redis" received after it.
+func Failover(reqs []Request, phases []Phase, affected []string) (out []InstanceFailover, ok bool) {
+	var fault Phase
+	for _, p := range phases {
+		if p.Name == Fault {
+			fault, ok = p, true
+		}
+	}
+	if !ok {
+		return nil, false
+	}
+	start, end := msToUS(fault.StartMS), msToUS(fault.EndMS)
+	for _, inst := range affected {
+		f := InstanceFailover{Instance: inst, FailoverMS: -1, RecoveryMS: -1}
+		firstLocal, firstRedis := int64(math.MaxInt64), int64(math.MaxInt64)
+		for _, r := range reqs {
+			if r.Instance != inst {
+				continue
+			}
+			t := r.recv()
+			switch {
+			case r.Mode == "local" && t >= start && t < end:
+				firstLocal = min(firstLocal, t)
+			case r.Mode == "redis" && t >= end:
+				firstRedis = min(firstRedis, t)
+			}
+		}
+		if firstLocal != math.MaxInt64 {
+			f.FailoverMS = round(float64(firstLocal-start)/1000, 1)
+		}
+		if firstRedis != math.MaxInt64 {
+			f.RecoveryMS = round(float64(firstRedis-end)/1000, 1)
+		}
+		out = append(out, f)
+	}
+	return out, true
+}
+
+// FailoverRows are the failover_ms (phase fault) and recovery_ms (phase
+// recovery) rows: the worst affected instance, or which instances never
+// answered in that mode.
+func FailoverRows(reqs []Request, phases []Phase, affected []string) []Row {
+	fo := Row{Name: FailoverMS, Route: AllRoutes, Phase: Fault, Bound: float64(FailoverBoundMS)}
+	rc := Row{Name: RecoveryMS, Route: AllRoutes, Phase: Recovery, Bound: float64(RecoveryBoundMS)}
+	per, ok := Failover(reqs, phases, affected)
+	if !ok {
+		fo.Measured, rc.Measured = "no fault phase", "no fault phase"
+		return []Row{fo, rc}
+	}
+	if len(per) == 0 {
+		fo.Measured, rc.Measured = "no affected instance", "no affected instance"
+		return []Row{fo, rc}
+	}
+	// worst is the largest value, or why there is none.
+	worst := func(get func(InstanceFailover) float64, what string) (float64, string) {
+		var missing []string
+		w := 0.0
+		for _, f := range per {
+			v := get(f)
+			if v < 0 {
+				missing = append(missing, f.Instance)
+				continue
+			}
+			w = max(w, v)
+		}
+		if len(missing) > 0 {
+			return 0, fmt.Sprintf("no %s from %s", what, strings.Join(missing, ", "))
+		}
+		return w, ""
+	}
+	for _, x := range []struct {
+		row   *Row
+		get   func(InstanceFailover) float64
+		what  string
+		bound float64
+	}{
+		{&fo, func(f InstanceFailover) float64 { return f.FailoverMS }, "local answer during the fault", FailoverBoundMS},
+		{&rc, func(f InstanceFailover) float64 { return f.RecoveryMS }, "redis answer after the fault", RecoveryBoundMS},
+	} {
+		v, why := worst(x.get, x.what)
+		if why != "" {
+			x.row.Measured = why
+			continue
+		}
+		x.row.Measured, x.row.Pass = v, v <= x.bound
+	}
+	return []Row{fo, rc}
+}

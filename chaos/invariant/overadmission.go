@@ -1,0 +1,177 @@
+package invariant
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/fleetlimit/fleetlimit/chaos/ideal"
+)
+
+// bracket is an admitted request's decision interval [send, recv], in µs.
+type bracket struct{ send, recv int64 }
+
+func brackets(reqs []Request) []bracket {
+	out := make([]bracket, 0, len(reqs))
+	for _, r := range reqs {
+		if r.Admitted() {
+			out = append(out, bracket{send: r.send(), recv: r.recv()})
+		}
+	}
+	slices.SortFunc(out, func(a, b bracket) int {
+		if a.send != b.send {
+			return cmpInt(a.send, b.send)
+		}
+		return cmpInt(a.recv, b.recv)
+	})
+	return out
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// KeyOverAdmission is the over-admission ratio of one key's requests per
+// phase (indexed like phases); NaN where the phase has no admitted request
+// of the key to judge.
+//
+//   - Sliding window log: the largest number of admitted requests with
+//     max(t_recv) - min(t_send) < window (so all of them were certainly
+//     decided within one window), divided by the limit.
+//   - Sliding window counter: the same, counting only sets that lie in one
+//     aligned window (Unix epoch aligned): min(t_send) >= the window's start
+//     and max(t_recv) < its end. A bracket that straddles a boundary is not
+//     certain to be in either window and is not counted.
+//   - Token bucket and GCRA: 1 + max(n - capacity - refill * (t_recv_max -
+//     t_send[i])) / capacity over every run i..j (n = j-i+1 requests,
+//     consecutive in t_send order) of admitted requests, refill being
+//     Limit/Window and t_recv_max the latest t_recv in the run (t_recv[j]
+//     when the answers come back in order): the run's decisions certainly
+//     happened within [t_send[i], t_recv_max], over which one limiter could
+//     admit at most capacity + refill * that span.
+//
+// A set is attributed to the phase in which its last request was received.
+func KeyOverAdmission(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
+	ps := spans(phases)
+	adm := brackets(reqs)
+	out := make([]float64, len(ps))
+	for i := range out {
+		out[i] = math.NaN()
+	}
+	w := p.Window.Microseconds()
+	if w <= 0 || p.Limit <= 0 {
+		return nil, fmt.Errorf("over_admission: policy %q: no limit or window", p.Name)
+	}
+	switch p.Algorithm {
+	case ideal.SlidingWindowLog:
+		best := windowLogCounts(adm, w, ps)
+		for i, n := range best {
+			if n > 0 {
+				out[i] = float64(n) / float64(p.Limit)
+			}
+		}
+	case ideal.SlidingWindowCounter:
+		best := alignedWindowCounts(adm, w, ps)
+		for i, n := range best {
+			if n > 0 {
+				out[i] = float64(n) / float64(p.Limit)
+			}
+		}
+	case ideal.TokenBucket, ideal.GCRA:
+		c := float64(p.capacity())
+		refill := float64(p.Limit) / float64(w) // per µs
+		for i := range adm {
+			maxRecv := int64(math.MinInt64)
+			for j := i; j < len(adm); j++ {
+				maxRecv = max(maxRecv, adm[j].recv)
+				k := phaseOf(ps, maxRecv)
+				if k < 0 {
+					continue
+				}
+				n := float64(j - i + 1)
+				v := 1 + (n-c-refill*float64(maxRecv-adm[i].send))/c
+				if math.IsNaN(out[k]) || v > out[k] {
+					out[k] = v
+				}
+			}
+		}
+	default:
+		return nil, fmt.Errorf("over_admission: unknown algorithm %q", p.Algorithm)
+	}
+	return out, nil
+}
+
+// windowLogCounts: per phase, the largest set with max(recv) - min(send) <
+// w whose latest recv falls in the phase. For an anchor a (a send time of
+// the set's earliest request) the largest such set within phase P is every
+// request with send >= a and recv < min(a+w, P.end); it belongs to P if its
+// latest recv is at least P.start.
+func windowLogCounts(adm []bracket, w int64, ps []phaseSpan) []int {
+	best := make([]int, len(ps))
+	var recvs []int64
+	for i := range adm {
+		a := adm[i].send
+		recvs = recvs[:0]
+		for j := i; j < len(adm) && adm[j].send < a+w; j++ {
+			if adm[j].recv < a+w {
+				recvs = append(recvs, adm[j].recv)
+			}
+		}
+		countInPhases(recvs, a+w, ps, best)
+	}
+	return best
+}
+
+// alignedWindowCounts: per phase, the largest number of requests certainly
+// decided within one aligned window [k*w, (k+1)*w), attributed like
+// windowLogCounts.
+func alignedWindowCounts(adm []bracket, w int64, ps []phaseSpan) []int {
+	best := make([]int, len(ps))
+	byWindow := map[int64][]int64{}
+	var order []int64
+	for _, b := range adm {
+		k := floorDiv(b.send, w)
+		if b.recv >= (k+1)*w {
+			continue // straddles the boundary: not certainly in window k
+		}
+		if _, ok := byWindow[k]; !ok {
+			order = append(order, k)
+		}
+		byWindow[k] = append(byWindow[k], b.recv)
+	}
+	for _, k := range order {
+		countInPhases(byWindow[k], (k+1)*w, ps, best)
+	}
+	return best
+}
+
+// countInPhases: recvs are the receive times of one candidate set, whose
+// every subset is valid when cut at limit. For each phase, the set's
+// members with recv < min(limit, phase end) form the largest subset ending
+// no later than the phase; it counts for the phase if its latest recv lies
+// in it.
+func countInPhases(recvs []int64, limit int64, ps []phaseSpan, best []int) {
+	slices.Sort(recvs)
+	for pi, p := range ps {
+		cut := min(limit, p.end)
+		n, _ := slices.BinarySearch(recvs, cut) // members with recv < cut
+		if n == 0 || recvs[n-1] < p.start {
+			continue
+		}
+		best[pi] = max(best[pi], n)
+	}
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}

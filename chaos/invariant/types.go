@@ -1,0 +1,158 @@
+// Package invariant computes the chaos suite's invariants
+// (shared/CONTRACT.md, "Chaos suite", "Invariants") from a request log, the
+// phases of the run, the routes' policies and the instances' /status after
+// settle.
+//
+// A request admitted by the fleet was decided at some instant between its
+// t_send and its t_recv. Every measure counts only what is certain under
+// that bracket, and is attributed to the phase in which its last request was
+// received (a single request: its own t_recv). Times are handled as integer
+// Unix microseconds.
+package invariant
+
+import (
+	"math"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/chaos/ideal"
+)
+
+// Phase names, in their order.
+const (
+	Warmup   = "warmup"
+	Healthy  = "healthy"
+	Fault    = "fault"
+	Recovery = "recovery"
+	Settle   = "settle"
+)
+
+// PhaseNames lists the phases in order.
+var PhaseNames = []string{Warmup, Healthy, Fault, Recovery, Settle}
+
+// JudgedPhases are the phases the invariants judge (warmup is not judged).
+var JudgedPhases = []string{Healthy, Fault, Recovery, Settle}
+
+// Invariant names.
+const (
+	OverAdmission = "over_admission"
+	PoliteLimited = "polite_limited"
+	Goodput       = "goodput"
+	Errors        = "errors"
+	LatencyP99    = "latency_p99_ms"
+	Reconciled    = "reconciled"
+	FailoverMS    = "failover_ms"
+	RecoveryMS    = "recovery_ms"
+)
+
+// AllRoutes is the route of rows about the whole fleet.
+const AllRoutes = "*"
+
+// Request is one line of requests.jsonl.
+type Request struct {
+	TSendMS   float64 `json:"t_send_ms"`
+	TRecvMS   float64 `json:"t_recv_ms"`
+	Route     string  `json:"route"`
+	Key       string  `json:"key"`
+	Class     string  `json:"class"`
+	Status    int     `json:"status"`
+	RequestID string  `json:"request_id"`
+	Instance  string  `json:"instance"`
+	Mode      string  `json:"mode"`
+	LatencyMS float64 `json:"latency_ms"`
+	Error     string  `json:"error,omitempty"`
+}
+
+// Admitted reports whether the fleet admitted the request (a 2xx answer).
+func (r Request) Admitted() bool { return r.Status >= 200 && r.Status < 300 }
+
+// Limited reports whether the request was refused (429).
+func (r Request) Limited() bool { return r.Status == 429 }
+
+// Failed reports a 5xx answer or a transport error.
+func (r Request) Failed() bool { return r.Status == 0 || r.Status >= 500 }
+
+func (r Request) send() int64 { return msToUS(r.TSendMS) }
+func (r Request) recv() int64 { return msToUS(r.TRecvMS) }
+
+// Event is one line of events.jsonl.
+type Event struct {
+	TMS    float64 `json:"t_ms"`
+	Event  string  `json:"event"`
+	Detail string  `json:"detail,omitempty"`
+}
+
+// Phase is one phase of a run: [StartMS, EndMS) in Unix milliseconds.
+type Phase struct {
+	Name    string  `json:"name"`
+	StartMS float64 `json:"start_ms"`
+	EndMS   float64 `json:"end_ms"`
+}
+
+// Policy is a route's policy as the suite knows it: learned from the
+// RateLimit-Policy header (name, quota, window) and the algorithm named by
+// the route. For token bucket and GCRA the quota is the capacity, refilled
+// at Limit per Window.
+type Policy struct {
+	Name      string
+	Algorithm string
+	Limit     int64
+	Window    time.Duration
+	Capacity  int64
+}
+
+func (p Policy) capacity() int64 {
+	if p.Capacity > 0 {
+		return p.Capacity
+	}
+	return p.Limit
+}
+
+func (p Policy) ideal() ideal.Policy {
+	return ideal.Policy{Algorithm: p.Algorithm, Limit: p.Limit, WindowUS: p.Window.Microseconds(), Capacity: p.capacity()}
+}
+
+// Row is one judged invariant: Measured is a number, or a string saying why
+// there is none (which fails the row).
+type Row struct {
+	Name     string `json:"name"`
+	Route    string `json:"route"`
+	Phase    string `json:"phase"`
+	Measured any    `json:"measured"`
+	Bound    any    `json:"bound"`
+	Pass     bool   `json:"pass"`
+}
+
+// msToUS converts Unix milliseconds (with a fraction) to microseconds.
+func msToUS(ms float64) int64 { return int64(math.Round(ms * 1000)) }
+
+// phaseSpan is a phase in µs.
+type phaseSpan struct {
+	name       string
+	start, end int64
+}
+
+func spans(phases []Phase) []phaseSpan {
+	out := make([]phaseSpan, len(phases))
+	for i, p := range phases {
+		out[i] = phaseSpan{name: p.Name, start: msToUS(p.StartMS), end: msToUS(p.EndMS)}
+	}
+	return out
+}
+
+// phaseOf returns the index of the phase holding t, or -1.
+func phaseOf(ps []phaseSpan, t int64) int {
+	for i, p := range ps {
+		if t >= p.start && t < p.end {
+			return i
+		}
+	}
+	return -1
+}
+
+// round rounds v to d decimals.
+func round(v float64, d int) float64 {
+	f := math.Pow(10, float64(d))
+	return math.Round(v*f) / f
+}
+
+const eps = 1e-9

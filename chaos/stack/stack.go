@@ -1,0 +1,150 @@
+// Package stack drives the two demo stacks for the chaos suite: the native
+// one (make local-up / local-down, .run/stack.json, processes and the
+// toxiproxy API) and the compose one (make up / down, the compose CLI).
+// Each fault the scenarios need is one method; a stack that cannot inject a
+// fault returns an *UnsupportedError saying why.
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// App is one rate-limiter instance.
+type App struct {
+	Name     string `json:"name"`
+	URL      string `json:"url"`
+	AdminURL string `json:"admin_url"`
+	PID      int    `json:"pid"`
+	RedisVia string `json:"redis_via"`
+	Proxy    string `json:"proxy"`
+}
+
+// Info is what the suite needs to know about a running stack; for the
+// native stack it is .run/stack.json.
+type Info struct {
+	NginxURL  string `json:"nginx_url"`
+	RedisAddr string `json:"redis_addr"`
+	RedisPID  int    `json:"redis_pid"`
+	ProxyAPI  string `json:"proxy_api"`
+	Apps      []App  `json:"apps"`
+}
+
+// AppNames lists the instances' names.
+func (i Info) AppNames() []string {
+	out := make([]string, len(i.Apps))
+	for k, a := range i.Apps {
+		out[k] = a.Name
+	}
+	return out
+}
+
+// Stack is a running (or startable) demo stack.
+type Stack interface {
+	// Name is "local" or "compose".
+	Name() string
+	// Up starts the stack from scratch (stopping a running one first) and
+	// returns its description once every service is ready.
+	Up(ctx context.Context) (Info, error)
+	// Down stops everything Up started.
+	Down(ctx context.Context) error
+	// Flush empties Redis (FLUSHALL) and compacts its AOF, so that a
+	// scenario starts from an empty store and Redis restarts fast.
+	Flush(ctx context.Context) error
+
+	KillRedis(ctx context.Context) error
+	// StartRedis starts Redis after KillRedis, with its data or (wipe)
+	// without, and returns once it answers.
+	StartRedis(ctx context.Context, wipe bool) error
+	PauseRedis(ctx context.Context) error
+	ResumeRedis(ctx context.Context) error
+	KillApp(ctx context.Context, app string) error
+	// StartApp starts an app after KillApp and returns once it is ready.
+	StartApp(ctx context.Context, app string) error
+	// Partition cuts app off Redis (on) or reconnects it (off).
+	Partition(ctx context.Context, app string, on bool) error
+	// Latency delays every Redis reply to every app by d (0: removes it).
+	Latency(ctx context.Context, d time.Duration) error
+	// Status returns an app's admin /status body.
+	Status(ctx context.Context, app string) ([]byte, error)
+	// Unsupported says why a fault ("latency", ...) cannot be injected on
+	// this stack; "" if it can.
+	Unsupported(fault string) string
+}
+
+// UnsupportedError is a fault the stack cannot inject.
+type UnsupportedError struct{ Fault, Reason string }
+
+func (e *UnsupportedError) Error() string {
+	return fmt.Sprintf("%s: not supported on this stack: %s", e.Fault, e.Reason)
+}
+
+// FindRoot returns the repository root: the nearest directory from dir
+// upwards holding a Makefile and scripts/.
+func FindRoot(dir string) (string, error) {
+	d, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	for {
+		if isFile(filepath.Join(d, "Makefile")) && isDir(filepath.Join(d, "scripts")) {
+			return d, nil
+		}
+		parent := filepath.Dir(d)
+		if parent == d {
+			return "", errors.New("no repository root (a directory with a Makefile and scripts/) above " + dir)
+		}
+		d = parent
+	}
+}
+
+func isFile(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
+}
+
+func isDir(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
+}
+
+// runner runs commands in the repository root, their output to log.
+type runner struct {
+	root string
+	log  io.Writer
+	env  []string
+}
+
+// run runs name args, output to the log; the error carries the command.
+func (r runner) run(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = r.root
+	cmd.Stdout, cmd.Stderr = r.log, r.log
+	cmd.Env = append(os.Environ(), r.env...)
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+// output runs name args and returns its stdout (stderr to the log).
+func (r runner) output(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = r.root
+	cmd.Stderr = r.log
+	cmd.Env = append(os.Environ(), r.env...)
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	return out, nil
+}

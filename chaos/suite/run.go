@@ -1,0 +1,535 @@
+// Package suite runs the chaos scenarios: for each, a clean stack, the
+// contract's load through nginx, the phases warmup, healthy, fault,
+// recovery and settle, the fault itself, then the invariants and the
+// reports.
+package suite
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/chaos/ideal"
+	"github.com/fleetlimit/fleetlimit/chaos/invariant"
+	"github.com/fleetlimit/fleetlimit/chaos/report"
+	"github.com/fleetlimit/fleetlimit/chaos/stack"
+	"github.com/fleetlimit/fleetlimit/loadtest"
+)
+
+// Durations of the phases. Zero fields take the contract's defaults: warmup
+// and healthy one window, fault 15 s, recovery two windows, settle one
+// window, and redis-flap's four cycles over 20 s.
+type Durations struct {
+	Warmup, Healthy, Fault, Recovery, Settle time.Duration
+	Flap                                     time.Duration
+}
+
+func (d Durations) withDefaults(window time.Duration) Durations {
+	def := func(v *time.Duration, x time.Duration) {
+		if *v <= 0 {
+			*v = x
+		}
+	}
+	def(&d.Warmup, window)
+	def(&d.Healthy, window)
+	def(&d.Fault, 15*time.Second)
+	def(&d.Recovery, 2*window)
+	def(&d.Settle, window)
+	def(&d.Flap, 20*time.Second)
+	return d
+}
+
+// Config is one run of the suite.
+type Config struct {
+	Stack     stack.Stack
+	Scenarios []Scenario
+	// Out is the output directory (chaos-out).
+	Out string
+	// Routes are loaded and judged (loadtest.DefaultRoutes).
+	Routes    []string
+	Durations Durations
+	// RedisTimeout is the apps' Redis call timeout, unless their /status
+	// reports one (redis_timeout_ms or redis_timeout).
+	RedisTimeout time.Duration
+	// Seed fixes the load's send schedule.
+	Seed uint64
+	// Log receives progress lines.
+	Log io.Writer
+}
+
+func (c *Config) setDefaults() {
+	if len(c.Routes) == 0 {
+		c.Routes = loadtest.DefaultRoutes
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	if c.RedisTimeout <= 0 {
+		c.RedisTimeout = 100 * time.Millisecond
+	}
+}
+
+// Run runs every scenario and writes summary.json. It returns the summary;
+// the error is for failures of the suite itself (not of invariants).
+func Run(ctx context.Context, cfg Config) (report.Summary, error) {
+	cfg.setDefaults()
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return report.Summary{}, err
+	}
+	var reports []*report.Report
+	for _, sc := range cfg.Scenarios {
+		if ctx.Err() != nil {
+			break
+		}
+		fmt.Fprintf(cfg.Log, "\n==> scenario %s: %s\n", sc.Name, sc.Fault)
+		rep := RunScenario(ctx, cfg, sc)
+		reports = append(reports, rep)
+		switch {
+		case rep.Skipped:
+			fmt.Fprintf(cfg.Log, "==> %s: SKIPPED: %s\n", sc.Name, rep.SkipReason)
+		case rep.Pass:
+			fmt.Fprintf(cfg.Log, "==> %s: PASS\n", sc.Name)
+		default:
+			fmt.Fprintf(cfg.Log, "==> %s: FAIL", sc.Name)
+			if rep.Error != "" {
+				fmt.Fprintf(cfg.Log, " (error: %s)", rep.Error)
+			}
+			fmt.Fprintln(cfg.Log)
+			for _, row := range rep.Invariants {
+				if !row.Pass {
+					fmt.Fprintf(cfg.Log, "    %-15s %-28s %-9s measured %s, bound %v\n",
+						row.Name, row.Route, row.Phase, report.FormatValue(row.Measured), report.FormatValue(row.Bound))
+				}
+			}
+		}
+		sum := report.Summarize(cfg.Stack.Name(), reports)
+		if err := report.WriteJSON(filepath.Join(cfg.Out, "summary.json"), sum); err != nil {
+			return sum, err
+		}
+	}
+	sum := report.Summarize(cfg.Stack.Name(), reports)
+	if ctx.Err() != nil {
+		return sum, ctx.Err()
+	}
+	return sum, nil
+}
+
+// AlgorithmOf names the algorithm of a demo route, or of a policy named
+// after its algorithm; "" if neither says.
+func AlgorithmOf(route, policyName string) string {
+	for _, s := range []string{strings.TrimPrefix(route, "/api/"), policyName} {
+		switch strings.ReplaceAll(s, "-", "_") {
+		case ideal.TokenBucket:
+			return ideal.TokenBucket
+		case ideal.GCRA:
+			return ideal.GCRA
+		case ideal.SlidingWindowLog:
+			return ideal.SlidingWindowLog
+		case ideal.SlidingWindowCounter:
+			return ideal.SlidingWindowCounter
+		}
+	}
+	return ""
+}
+
+// scenarioRun holds one scenario's streams.
+type scenarioRun struct {
+	dir    string
+	start  time.Time
+	mu     sync.Mutex
+	events []invariant.Event
+	evW    *bufio.Writer
+	evF    *os.File
+	phases []invariant.Phase
+	log    io.Writer
+}
+
+func (s *scenarioRun) event(name, detail string) {
+	e := invariant.Event{TMS: loadtest.UnixMS(time.Now()), Event: name, Detail: detail}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.events = append(s.events, e)
+	if s.evW != nil {
+		b, _ := json.Marshal(e)
+		_, _ = s.evW.Write(append(b, '\n'))
+		_ = s.evW.Flush()
+	}
+	fmt.Fprintf(s.log, "    %7.1fs  %s %s\n", time.Since(s.start).Seconds(), name, detail)
+}
+
+// phase ends the current phase (if any) and starts the named one.
+func (s *scenarioRun) phase(name string) {
+	now := loadtest.UnixMS(time.Now())
+	s.mu.Lock()
+	if n := len(s.phases); n > 0 {
+		s.phases[n-1].EndMS = now
+	}
+	if name != "" {
+		s.phases = append(s.phases, invariant.Phase{Name: name, StartMS: now})
+	}
+	s.mu.Unlock()
+	if name != "" {
+		s.event("phase_start", name)
+	}
+}
+
+// RunScenario runs one scenario and writes its outputs; the report says how
+// it went (it is never nil).
+func RunScenario(ctx context.Context, cfg Config, sc Scenario) *report.Report {
+	cfg.setDefaults()
+	runID := sc.Name + "-" + loadtest.NewRunID()
+	rep := &report.Report{Scenario: sc.Name, Fault: sc.Fault, Stack: cfg.Stack.Name(), RunID: runID,
+		Policies: map[string]report.Policy{}, Phases: []invariant.Phase{}, Events: []invariant.Event{}, Invariants: []invariant.Row{}}
+	dir := filepath.Join(cfg.Out, sc.Name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		rep.Error = err.Error()
+		return rep
+	}
+	run := &scenarioRun{dir: dir, start: time.Now(), log: cfg.Log}
+	var reqs []invariant.Request
+	defer func() {
+		if err := writeOutputs(dir, rep, reqs); err != nil {
+			fmt.Fprintf(cfg.Log, "chaos: writing %s: %v\n", dir, err)
+		}
+	}()
+
+	if why := cfg.Stack.Unsupported(sc.Needs); sc.Needs != "" && why != "" {
+		rep.Skipped, rep.SkipReason = true, why
+		_ = os.WriteFile(filepath.Join(dir, "requests.jsonl"), nil, 0o644)
+		_ = os.WriteFile(filepath.Join(dir, "events.jsonl"), nil, 0o644)
+		rep.Judge()
+		return rep
+	}
+
+	evF, err := os.Create(filepath.Join(dir, "events.jsonl"))
+	if err != nil {
+		rep.Error = err.Error()
+		return rep
+	}
+	defer evF.Close()
+	run.evF, run.evW = evF, bufio.NewWriter(evF)
+
+	fmt.Fprintf(cfg.Log, "    starting the %s stack\n", cfg.Stack.Name())
+	info, err := cfg.Stack.Up(ctx)
+	stackDown := false
+	down := func() {
+		if stackDown {
+			return
+		}
+		stackDown = true
+		fmt.Fprintf(cfg.Log, "    stopping the %s stack\n", cfg.Stack.Name())
+		if err := cfg.Stack.Down(ctx); err != nil {
+			fmt.Fprintf(cfg.Log, "chaos: stopping the stack: %v\n", err)
+			if rep.Error == "" {
+				rep.Error = "stopping the stack: " + err.Error()
+			}
+		}
+	}
+	defer down()
+	if err != nil {
+		rep.Error = "starting the stack: " + err.Error()
+		return rep
+	}
+	// A clean store: earlier runs' keys would not disturb this one (its keys
+	// are its own), but a large AOF makes every Redis restart slower.
+	if err := cfg.Stack.Flush(ctx); err != nil {
+		fmt.Fprintf(cfg.Log, "chaos: flushing Redis: %v (going on with its data)\n", err)
+	}
+
+	reqs, err = runPhases(ctx, cfg, sc, info, run, rep)
+	if err != nil && rep.Error == "" {
+		rep.Error = err.Error()
+	}
+	down()
+	if len(reqs) > 0 && len(rep.Phases) > 0 {
+		// Even after an error: what was measured is worth reading (the
+		// report still fails).
+		analyze(rep, reqs)
+	}
+	rep.Judge()
+	return rep
+}
+
+// runPhases learns the policies, drives the load through the phases with
+// the fault in the middle, and collects the /status documents. It fills
+// rep's policies, phases, events, statuses and Redis check.
+func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, run *scenarioRun, rep *report.Report) ([]invariant.Request, error) {
+	client := loadtest.NewClient()
+	defer client.CloseIdleConnections()
+	var learned map[string]loadtest.Policy
+	err := retry(ctx, 10*time.Second, func() error {
+		var err error
+		learned, err = loadtest.LearnAll(ctx, client, info.NginxURL, cfg.Routes, rep.RunID)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("learning the policies: %w", err)
+	}
+	policies := map[string]invariant.Policy{}
+	window := time.Duration(0)
+	for route, p := range learned {
+		alg := AlgorithmOf(route, p.Name)
+		if alg == "" {
+			return nil, fmt.Errorf("route %s: cannot tell its algorithm (policy %q)", route, p.Name)
+		}
+		ip := invariant.Policy{Name: p.Name, Algorithm: alg, Limit: p.Quota, Window: p.Window}
+		if alg == ideal.TokenBucket || alg == ideal.GCRA {
+			ip.Capacity = p.Quota // the header's q is the capacity; refilled over the window
+		}
+		policies[route] = ip
+		rep.Policies[route] = report.PolicyOf(ip)
+		window = max(window, p.Window)
+	}
+	d := cfg.Durations.withDefaults(window)
+	timeout := cfg.RedisTimeout
+	if t, ok := statusTimeout(ctx, cfg.Stack, info); ok {
+		timeout = t
+	}
+	rep.RedisTimeoutMS = float64(timeout) / float64(time.Millisecond)
+	fmt.Fprintf(cfg.Log, "    window %v; phases warmup %v, healthy %v, fault %v, recovery %v, settle %v; run %s\n",
+		window, d.Warmup, d.Healthy, d.Fault, d.Recovery, d.Settle, rep.RunID)
+
+	reqF, err := os.Create(filepath.Join(run.dir, "requests.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	defer reqF.Close()
+	reqW := bufio.NewWriterSize(reqF, 1<<16)
+	var (
+		records  []loadtest.Record
+		writeErr error
+	)
+	total := d.Warmup + d.Healthy + max(d.Fault, d.Flap) + d.Recovery + d.Settle + 2*time.Minute
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	loadDone := make(chan error, 1)
+	lp := map[string]loadtest.Policy{}
+	for r, p := range learned {
+		lp[r] = p
+	}
+	go func() {
+		_, err := loadtest.Run(loadCtx, loadtest.Config{
+			BaseURL:  info.NginxURL,
+			Routes:   cfg.Routes,
+			Policies: lp,
+			RunID:    rep.RunID,
+			Seed:     cfg.Seed,
+			Duration: total,
+			Client:   client,
+			OnRecord: func(r loadtest.Record) {
+				records = append(records, r)
+				b, err := json.Marshal(r)
+				if err == nil {
+					_, err = reqW.Write(append(b, '\n'))
+				}
+				if err != nil && writeErr == nil {
+					writeErr = err
+				}
+			},
+		})
+		loadDone <- err
+	}()
+
+	env := &Env{Stack: cfg.Stack, Info: info, Fault: d.Fault, Flap: d.Flap, Event: run.event}
+	injectErr := func() error {
+		run.phase(invariant.Warmup)
+		if err := sleep(ctx, d.Warmup); err != nil {
+			return err
+		}
+		run.phase(invariant.Healthy)
+		if err := sleep(ctx, d.Healthy); err != nil {
+			return err
+		}
+		run.phase(invariant.Fault)
+		if err := sc.Inject(ctx, env); err != nil {
+			return fmt.Errorf("injecting the fault: %w", err)
+		}
+		run.phase(invariant.Recovery)
+		if err := sleep(ctx, d.Recovery); err != nil {
+			return err
+		}
+		run.phase(invariant.Settle)
+		return sleep(ctx, d.Settle)
+	}()
+	run.phase("")
+	run.event("run_end", "")
+	stopLoad()
+	loadErr := <-loadDone
+	if err := reqW.Flush(); err != nil && writeErr == nil {
+		writeErr = err
+	}
+
+	// After settle: every instance's /status, and what Redis holds.
+	statuses := append([]invariant.InstanceStatus{}, env.Snapshots...)
+	for _, a := range info.AppNames() {
+		st := invariant.InstanceStatus{Instance: a, Final: true}
+		b, err := cfg.Stack.Status(context.WithoutCancel(ctx), a)
+		if err == nil {
+			err = json.Unmarshal(b, &st.Body)
+		}
+		if err != nil {
+			st.Err = err.Error()
+		}
+		statuses = append(statuses, st)
+	}
+	rep.Statuses = statuses
+	if rc, ok := cfg.Stack.(interface{ RedisClient() *redis.Client }); ok && injectErr == nil {
+		rep.RedisCheck = redisCheck(ctx, rc.RedisClient())
+	}
+
+	run.mu.Lock()
+	rep.Phases = append(rep.Phases[:0], run.phases...)
+	rep.Events = append(rep.Events[:0], run.events...)
+	run.mu.Unlock()
+	rep.Affected = sc.Affected(info)
+
+	reqs := make([]invariant.Request, len(records))
+	for i, r := range records {
+		reqs[i] = invariant.Request{
+			TSendMS: r.TSendMS, TRecvMS: r.TRecvMS, Route: r.Route, Key: r.Key, Class: string(r.Class),
+			Status: r.Status, RequestID: r.RequestID, Instance: r.Instance, Mode: r.Mode,
+			LatencyMS: r.LatencyMS, Error: r.Error,
+		}
+	}
+	switch {
+	case injectErr != nil:
+		return reqs, injectErr
+	case loadErr != nil && !errors.Is(loadErr, context.Canceled):
+		return reqs, fmt.Errorf("load: %w", loadErr)
+	case writeErr != nil:
+		return reqs, fmt.Errorf("writing requests.jsonl: %w", writeErr)
+	}
+	return reqs, nil
+}
+
+// analyze computes the invariants and totals of a finished run.
+func analyze(rep *report.Report, reqs []invariant.Request) {
+	in := invariant.Input{
+		Requests:     reqs,
+		Phases:       rep.Phases,
+		Policies:     rep.JudgedPolicies(),
+		RedisTimeout: time.Duration(rep.RedisTimeoutMS * float64(time.Millisecond)),
+		Affected:     rep.Affected,
+		Statuses:     rep.Statuses,
+	}
+	rep.Invariants = invariant.Check(in)
+	rep.Failover, _ = invariant.Failover(reqs, rep.Phases, rep.Affected)
+	rep.Totals = invariant.ComputeTotals(reqs, rep.Phases)
+}
+
+// Reanalyze recomputes the invariants, report.json and report.html of a
+// scenario directory from its requests.jsonl and the run facts in its
+// report.json (policies, phases, events, statuses, timeout, affected
+// instances).
+func Reanalyze(dir string) (*report.Report, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err != nil {
+		return nil, err
+	}
+	var rep report.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("%s/report.json: %w", dir, err)
+	}
+	if rep.Skipped {
+		return &rep, nil
+	}
+	reqs, err := report.ReadJSONL[invariant.Request](filepath.Join(dir, "requests.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	rep.Error = ""
+	analyze(&rep, reqs)
+	rep.Judge()
+	return &rep, writeOutputs(dir, &rep, reqs)
+}
+
+func writeOutputs(dir string, rep *report.Report, reqs []invariant.Request) error {
+	if err := report.WriteJSON(filepath.Join(dir, "report.json"), rep); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "report.html"))
+	if err != nil {
+		return err
+	}
+	if err := report.RenderHTML(f, rep, reqs); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// statusTimeout reads the Redis timeout from the first app's /status, if it
+// reports one (redis_timeout_ms as a number, or redis_timeout as a Go
+// duration string).
+func statusTimeout(ctx context.Context, st stack.Stack, info stack.Info) (time.Duration, bool) {
+	if len(info.Apps) == 0 {
+		return 0, false
+	}
+	b, err := st.Status(ctx, info.Apps[0].Name)
+	if err != nil {
+		return 0, false
+	}
+	var doc map[string]any
+	if json.Unmarshal(b, &doc) != nil {
+		return 0, false
+	}
+	if v, ok := doc["redis_timeout_ms"].(float64); ok && v > 0 {
+		return time.Duration(v * float64(time.Millisecond)), true
+	}
+	if s, ok := doc["redis_timeout"].(string); ok {
+		if d, err := time.ParseDuration(s); err == nil && d > 0 {
+			return d, true
+		}
+	}
+	return 0, false
+}
+
+// redisCheck records what Redis holds after settle: its key count and the
+// replay idempotency markers (keys with ":replay:" in their name). It is
+// information for the reader, not part of any verdict.
+func redisCheck(ctx context.Context, rdb *redis.Client) map[string]any {
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	out := map[string]any{}
+	n, err := rdb.DBSize(ctx).Result()
+	if err != nil {
+		out["error"] = err.Error()
+		return out
+	}
+	out["keys"] = n
+	markers := 0
+	iter := rdb.Scan(ctx, 0, "*:replay:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		markers++
+	}
+	if err := iter.Err(); err != nil {
+		out["error"] = err.Error()
+	}
+	out["replay_markers"] = markers
+	return out
+}
+
+// retry calls f until it succeeds or d has passed.
+func retry(ctx context.Context, d time.Duration, f func() error) error {
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		if serr := sleep(ctx, 250*time.Millisecond); serr != nil {
+			return errors.Join(err, serr)
+		}
+	}
+}

@@ -1,0 +1,396 @@
+package suite
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/chaos/ideal"
+	"github.com/fleetlimit/fleetlimit/chaos/invariant"
+	"github.com/fleetlimit/fleetlimit/chaos/report"
+	"github.com/fleetlimit/fleetlimit/chaos/stack"
+)
+
+// fakeFleet imitates nginx in front of four instances sharing one exact
+// limiter per key: the policy headers of the four demo routes (quota 10 per
+// 1 s), X-Served-By round robin, and X-RateLimit-Mode "local" on the
+// instances the fake stack has cut off from Redis.
+type fakeFleet struct {
+	mu       sync.Mutex
+	limiters map[string]ideal.Limiter
+	n        atomic.Int64
+	cut      func(app string) bool
+}
+
+func (f *fakeFleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := f.n.Add(1)
+	app := fmt.Sprintf("app%d", n%4+1)
+	name := strings.TrimPrefix(r.URL.Path, "/api/")
+	alg := AlgorithmOf(r.URL.Path, name)
+	if alg == "" {
+		http.NotFound(w, r)
+		return
+	}
+	f.mu.Lock()
+	k := r.URL.Path + "|" + r.Header.Get("X-API-Key")
+	lim := f.limiters[k]
+	if lim == nil {
+		lim, _ = ideal.New(ideal.Policy{Algorithm: alg, Limit: 10, WindowUS: 1_000_000})
+		f.limiters[k] = lim
+	}
+	ok := lim.Allow(time.Now().UnixMicro())
+	f.mu.Unlock()
+	h := w.Header()
+	h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=10;w=1", name))
+	h.Set("X-Request-Id", fmt.Sprint(n))
+	h.Set("X-Served-By", app)
+	mode := "redis"
+	if f.cut(app) {
+		mode = "local"
+	}
+	h.Set("X-RateLimit-Mode", mode)
+	if !ok {
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+}
+
+// fakeStack is a stack.Stack over a fakeFleet: faults only flip state.
+type fakeStack struct {
+	url         string
+	mu          sync.Mutex
+	redisDown   bool
+	partitioned map[string]bool
+	calls       []string
+	unsupported string
+}
+
+var _ stack.Stack = (*fakeStack)(nil)
+
+func (s *fakeStack) record(c string) {
+	s.mu.Lock()
+	s.calls = append(s.calls, c)
+	s.mu.Unlock()
+}
+
+func (s *fakeStack) cut(app string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.redisDown || s.partitioned[app]
+}
+
+func (s *fakeStack) setDown(v bool) { s.mu.Lock(); s.redisDown = v; s.mu.Unlock() }
+
+func (s *fakeStack) Name() string { return "fake" }
+func (s *fakeStack) Up(context.Context) (stack.Info, error) {
+	s.record("up")
+	info := stack.Info{NginxURL: s.url}
+	for i := 1; i <= 4; i++ {
+		info.Apps = append(info.Apps, stack.App{Name: fmt.Sprintf("app%d", i)})
+	}
+	return info, nil
+}
+func (s *fakeStack) Down(context.Context) error  { s.record("down"); return nil }
+func (s *fakeStack) Flush(context.Context) error { return nil }
+func (s *fakeStack) KillRedis(context.Context) error {
+	s.record("kill redis")
+	s.setDown(true)
+	return nil
+}
+func (s *fakeStack) StartRedis(_ context.Context, wipe bool) error {
+	s.record(fmt.Sprintf("start redis wipe=%v", wipe))
+	s.setDown(false)
+	return nil
+}
+func (s *fakeStack) PauseRedis(context.Context) error { s.record("pause"); s.setDown(true); return nil }
+func (s *fakeStack) ResumeRedis(context.Context) error {
+	s.record("resume")
+	s.setDown(false)
+	return nil
+}
+func (s *fakeStack) KillApp(_ context.Context, app string) error {
+	s.record("kill " + app)
+	return nil
+}
+func (s *fakeStack) StartApp(_ context.Context, app string) error {
+	s.record("start " + app)
+	return nil
+}
+func (s *fakeStack) Partition(_ context.Context, app string, on bool) error {
+	s.record(fmt.Sprintf("partition %s %v", app, on))
+	s.mu.Lock()
+	s.partitioned[app] = on
+	s.mu.Unlock()
+	return nil
+}
+func (s *fakeStack) Latency(_ context.Context, d time.Duration) error {
+	s.record("latency " + d.String())
+	s.setDown(d > 0)
+	return nil
+}
+func (s *fakeStack) Status(_ context.Context, app string) ([]byte, error) {
+	return []byte(`{"instance":"` + app + `","journal_size":0,"limiter":{"local_grants":5,"journal":{"granted":5,"reloaded":0,` +
+		`"replayed":3,"present":1,"dropped":1,"duplicate_units":0,"pending":0}}}`), nil
+}
+func (s *fakeStack) Unsupported(fault string) string {
+	if fault == "latency" {
+		return s.unsupported
+	}
+	return ""
+}
+
+func newFake(t *testing.T) *fakeStack {
+	st := &fakeStack{partitioned: map[string]bool{}}
+	srv := httptest.NewServer(&fakeFleet{limiters: map[string]ideal.Limiter{}, cut: st.cut})
+	t.Cleanup(srv.Close)
+	st.url = srv.URL
+	return st
+}
+
+var quick = Durations{
+	Warmup: 300 * time.Millisecond, Healthy: 400 * time.Millisecond, Fault: 500 * time.Millisecond,
+	Recovery: 400 * time.Millisecond, Settle: 300 * time.Millisecond, Flap: 800 * time.Millisecond,
+}
+
+func scenario(t *testing.T, name string) Scenario {
+	t.Helper()
+	s, err := Select(name)
+	if err != nil || len(s) != 1 {
+		t.Fatalf("Select(%q) = %v, %v", name, s, err)
+	}
+	return s[0]
+}
+
+// TestRunScenarioEndToEnd runs redis-kill against the fake stack: the
+// phases, events, outputs and invariants (the fake fleet is one exact
+// limiter, so it never over-admits, and it fails over at once).
+func TestRunScenarioEndToEnd(t *testing.T) {
+	st := newFake(t)
+	out := t.TempDir()
+	cfg := Config{Stack: st, Out: out, Durations: quick, RedisTimeout: 100 * time.Millisecond, Seed: 1, Log: io.Discard}
+	rep := RunScenario(context.Background(), cfg, scenario(t, "redis-kill"))
+	if rep.Error != "" {
+		t.Fatalf("error: %s", rep.Error)
+	}
+	if want := []string{"up", "kill redis", "start redis wipe=false", "down"}; !slices.Equal(st.calls, want) {
+		t.Errorf("stack calls %v, want %v", st.calls, want)
+	}
+	var names []string
+	for _, p := range rep.Phases {
+		names = append(names, p.Name)
+		if p.EndMS <= p.StartMS {
+			t.Errorf("phase %+v is empty", p)
+		}
+	}
+	if !slices.Equal(names, invariant.PhaseNames) {
+		t.Errorf("phases %v", names)
+	}
+	for i := 1; i < len(rep.Phases); i++ {
+		if rep.Phases[i].StartMS != rep.Phases[i-1].EndMS {
+			t.Errorf("phases %d and %d are not contiguous", i-1, i)
+		}
+	}
+	fault := rep.Phases[2]
+	if d := fault.EndMS - fault.StartMS; d < 500 || d > 1500 {
+		t.Errorf("fault phase lasted %v ms, want about 500", d)
+	}
+	if len(rep.Policies) != 4 || rep.Policies["/api/gcra"].Capacity == nil || *rep.Policies["/api/gcra"].Capacity != 10 {
+		t.Errorf("policies %+v", rep.Policies)
+	}
+	if n := len(rep.Invariants); n != 4*(4+4+3+4+4)+1+2 {
+		t.Errorf("%d invariant rows", n)
+	}
+	for _, row := range rep.Invariants {
+		switch row.Name {
+		case invariant.OverAdmission, invariant.PoliteLimited, invariant.Errors,
+			invariant.FailoverMS, invariant.RecoveryMS, invariant.Reconciled:
+			if !row.Pass {
+				t.Errorf("row failed: %+v", row)
+			}
+		}
+	}
+	if rep.Totals.Requests == 0 || rep.Totals.ByMode["local"] == 0 || rep.Totals.ByMode["redis"] == 0 {
+		t.Errorf("totals %+v", rep.Totals)
+	}
+
+	dir := filepath.Join(out, "redis-kill")
+	events, err := report.ReadJSONL[invariant.Event](filepath.Join(dir, "events.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []string
+	for _, e := range events {
+		evs = append(evs, e.Event+":"+e.Detail)
+	}
+	want := []string{"phase_start:warmup", "phase_start:healthy", "phase_start:fault", "redis_down:SIGKILL",
+		"redis_up:restarted with its data", "phase_start:recovery", "phase_start:settle", "run_end:"}
+	if !slices.Equal(evs, want) {
+		t.Errorf("events %v, want %v", evs, want)
+	}
+	reqs, err := report.ReadJSONL[invariant.Request](filepath.Join(dir, "requests.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != rep.Totals.Requests {
+		t.Errorf("%d lines in requests.jsonl, totals say %d", len(reqs), rep.Totals.Requests)
+	}
+	for _, r := range reqs[:10] {
+		if r.RequestID == "" || r.Instance == "" || r.Mode == "" || r.Key == "" || r.Class == "" || r.Status == 0 {
+			t.Fatalf("incomplete record %+v", r)
+		}
+	}
+	var onDisk report.Report
+	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &onDisk); err != nil {
+		t.Fatal(err)
+	}
+	if onDisk.Scenario != "redis-kill" || len(onDisk.Invariants) != len(rep.Invariants) || onDisk.Pass != rep.Pass {
+		t.Errorf("report.json differs from the report")
+	}
+	html, err := os.ReadFile(filepath.Join(dir, "report.html"))
+	if err != nil || !strings.Contains(string(html), "<svg") {
+		t.Errorf("report.html: %v", err)
+	}
+
+	// Re-analysis from the files gives the same verdicts.
+	again, err := Reanalyze(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, row := range again.Invariants {
+		if old := rep.Invariants[i]; row.Name != old.Name || row.Pass != old.Pass || fmt.Sprint(row.Measured) != fmt.Sprint(old.Measured) {
+			t.Errorf("re-analysis row %d: %+v, was %+v", i, row, old)
+		}
+	}
+}
+
+func TestPartitionAffectsOneApp(t *testing.T) {
+	st := newFake(t)
+	cfg := Config{Stack: st, Out: t.TempDir(), Durations: quick, RedisTimeout: 100 * time.Millisecond, Log: io.Discard}
+	rep := RunScenario(context.Background(), cfg, scenario(t, "partition-one"))
+	if rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	if !slices.Equal(rep.Affected, []string{"app1"}) {
+		t.Errorf("affected %v", rep.Affected)
+	}
+	if want := []string{"up", "partition app1 true", "partition app1 false", "down"}; !slices.Equal(st.calls, want) {
+		t.Errorf("calls %v", st.calls)
+	}
+	if len(rep.Failover) != 1 || rep.Failover[0].FailoverMS < 0 || rep.Failover[0].RecoveryMS < 0 {
+		t.Errorf("failover %+v", rep.Failover)
+	}
+}
+
+func TestFlapAndCrashSequences(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		calls []string
+	}{
+		{"redis-flap", []string{"up",
+			"kill redis", "start redis wipe=false", "kill redis", "start redis wipe=false",
+			"kill redis", "start redis wipe=false", "kill redis", "start redis wipe=false", "down"}},
+		{"redis-wipe", []string{"up", "kill redis", "start redis wipe=true", "down"}},
+		{"app-crash", []string{"up", "kill redis", "kill app2", "start app2", "start redis wipe=false", "down"}},
+		{"redis-pause", []string{"up", "pause", "resume", "down"}},
+		{"redis-latency", []string{"up", "latency 300ms", "latency 0s", "down"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			st := newFake(t)
+			d := quick
+			d.Warmup, d.Healthy, d.Recovery, d.Settle = 50*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond
+			cfg := Config{Stack: st, Out: t.TempDir(), Durations: d, RedisTimeout: 100 * time.Millisecond, Log: io.Discard}
+			rep := RunScenario(context.Background(), cfg, scenario(t, tt.name))
+			if rep.Error != "" {
+				t.Fatal(rep.Error)
+			}
+			if !slices.Equal(st.calls, tt.calls) {
+				t.Errorf("calls %v, want %v", st.calls, tt.calls)
+			}
+			if tt.name == "app-crash" && (len(rep.Statuses) != 5 || rep.Statuses[0].Final) {
+				t.Errorf("statuses %+v: want the crashed incarnation's snapshot first", rep.Statuses)
+			}
+		})
+	}
+}
+
+func TestUnsupportedScenarioIsSkipped(t *testing.T) {
+	st := newFake(t)
+	st.unsupported = "no proxy here"
+	out := t.TempDir()
+	cfg := Config{Stack: st, Scenarios: []Scenario{scenario(t, "redis-latency")}, Out: out, Durations: quick, Log: io.Discard}
+	sum, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.calls) != 0 {
+		t.Errorf("the stack was touched: %v", st.calls)
+	}
+	if len(sum.Scenarios) != 1 || !sum.Scenarios[0].Skipped || sum.Scenarios[0].SkipReason != "no proxy here" || sum.Scenarios[0].Pass {
+		t.Errorf("summary %+v", sum)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "redis-latency", "report.json"))
+	if err != nil || !strings.Contains(string(b), `"skip_reason": "no proxy here"`) {
+		t.Errorf("report.json: %v %s", err, b)
+	}
+	if _, err := os.Stat(filepath.Join(out, "summary.json")); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestSelect(t *testing.T) {
+	all, err := Select("")
+	if err != nil || len(all) != 7 {
+		t.Fatalf("Select(\"\") = %d scenarios, %v", len(all), err)
+	}
+	want := []string{"redis-kill", "redis-pause", "redis-flap", "redis-wipe", "redis-latency", "partition-one", "app-crash"}
+	if !slices.Equal(Names(), want) {
+		t.Errorf("names %v", Names())
+	}
+	got, err := Select("app-crash, redis-kill")
+	if err != nil || len(got) != 2 || got[0].Name != "redis-kill" || got[1].Name != "app-crash" {
+		t.Errorf("Select = %v, %v", got, err)
+	}
+	if _, err := Select("redis-kill,nope"); err == nil {
+		t.Error("an unknown scenario was accepted")
+	}
+}
+
+func TestAlgorithmOf(t *testing.T) {
+	for route, want := range map[string]string{
+		"/api/token-bucket":           ideal.TokenBucket,
+		"/api/sliding-window-log":     ideal.SlidingWindowLog,
+		"/api/sliding-window-counter": ideal.SlidingWindowCounter,
+		"/api/gcra":                   ideal.GCRA,
+		"/api/other":                  "",
+	} {
+		if got := AlgorithmOf(route, "default"); got != want {
+			t.Errorf("AlgorithmOf(%s) = %q, want %q", route, got, want)
+		}
+	}
+	if got := AlgorithmOf("/api/x", "token-bucket"); got != ideal.TokenBucket {
+		t.Errorf("by policy name: %q", got)
+	}
+}
+
+func TestDurationDefaults(t *testing.T) {
+	d := Durations{}.withDefaults(10 * time.Second)
+	want := Durations{Warmup: 10 * time.Second, Healthy: 10 * time.Second, Fault: 15 * time.Second,
+		Recovery: 20 * time.Second, Settle: 10 * time.Second, Flap: 20 * time.Second}
+	if d != want {
+		t.Errorf("defaults %+v, want %+v", d, want)
+	}
+}

@@ -1,0 +1,163 @@
+// Command loadtest drives the chaos suite's load (shared/CONTRACT.md) against
+// a base URL and writes one JSON line per request.
+//
+//	go run ./loadtest/cmd/loadtest -url http://127.0.0.1:8080 -duration 30s -out requests.jsonl
+//
+// Quota and window of each route come from its RateLimit-Policy header,
+// unless -quota and -window give them for every route.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/loadtest"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		os.Exit(1)
+	}
+}
+
+// run is main without the process: flags in args, the summary on stdout.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		baseURL     = fs.String("url", "http://127.0.0.1:8080", "base URL of the service (loopback only)")
+		routes      = fs.String("routes", strings.Join(loadtest.DefaultRoutes, ","), "comma-separated routes loaded at once")
+		duration    = fs.Duration("duration", 30*time.Second, "how long to send")
+		maxRequests = fs.Int64("max-requests", 1_000_000, "stop after this many requests")
+		maxInFlight = fs.Int("max-inflight", 1024, "most requests waiting for an answer at once")
+		out         = fs.String("out", "requests.jsonl", `where to write the records ("-": stdout)`)
+		seed        = fs.Uint64("seed", 1, "seed of the send schedule")
+		runID       = fs.String("run-id", "", "suffix of the key names (default: random)")
+		quota       = fs.Int64("quota", 0, "quota (capacity) of every route; with -window, skips learning from headers")
+		window      = fs.Duration("window", 0, "window of every route; with -quota")
+		jitter      = fs.Float64("jitter", 0.8, "send jitter as a fraction of each key's interval, in [0, 1)")
+	)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if (*quota > 0) != (*window > 0) {
+		return errors.New("-quota and -window go together")
+	}
+	if err := loadtest.CheckLoopback(*baseURL); err != nil {
+		return err
+	}
+	cfg := loadtest.Config{
+		BaseURL:     *baseURL,
+		Routes:      splitList(*routes),
+		RunID:       *runID,
+		Seed:        *seed,
+		Jitter:      *jitter,
+		Duration:    *duration,
+		MaxRequests: *maxRequests,
+		MaxInFlight: *maxInFlight,
+	}
+	if *quota > 0 {
+		cfg.Policies = map[string]loadtest.Policy{}
+		for _, r := range cfg.Routes {
+			cfg.Policies[r] = loadtest.Policy{Name: loadtest.ShortRoute(r), Quota: *quota, Window: *window}
+		}
+	}
+
+	var w io.Writer = stdout
+	if *out != "-" {
+		f, err := os.Create(*out)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w = f
+	}
+	bw := bufio.NewWriterSize(w, 1<<16)
+	enc := json.NewEncoder(bw)
+	var writeErr error
+	type tally struct{ sent, ok, limited, errors int64 }
+	tallies := map[string]*tally{}
+	cfg.OnRecord = func(r loadtest.Record) {
+		if err := enc.Encode(r); err != nil && writeErr == nil {
+			writeErr = err
+		}
+		k := r.Route + " " + string(r.Class)
+		t := tallies[k]
+		if t == nil {
+			t = &tally{}
+			tallies[k] = t
+		}
+		t.sent++
+		switch {
+		case r.Status >= 200 && r.Status < 300:
+			t.ok++
+		case r.Status == 429:
+			t.limited++
+		case r.Status == 0 || r.Status >= 500:
+			t.errors++
+		}
+	}
+	res, err := loadtest.Run(ctx, cfg)
+	if ferr := bw.Flush(); ferr != nil && writeErr == nil {
+		writeErr = ferr
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	if writeErr != nil {
+		return fmt.Errorf("writing records: %w", writeErr)
+	}
+
+	summary := stdout // the records went to a file
+	if *out == "-" {
+		summary = stderr
+	}
+	fmt.Fprintf(summary, "run %s: %d requests in %v\n", res.RunID, res.Sent, res.End.Sub(res.Start).Round(time.Millisecond))
+	names := make([]string, 0, len(res.Policies))
+	for r := range res.Policies {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	for _, r := range names {
+		p := res.Policies[r]
+		fmt.Fprintf(summary, "  %-30s policy %q q=%d w=%v\n", r, p.Name, p.Quota, p.Window)
+	}
+	keys := make([]string, 0, len(tallies))
+	for k := range tallies {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		t := tallies[k]
+		fmt.Fprintf(summary, "  %-38s sent %6d  2xx %6d  429 %6d  errors %d\n", k, t.sent, t.ok, t.limited, t.errors)
+	}
+	return err
+}
+
+func splitList(s string) []string {
+	var out []string
+	for p := range strings.SplitSeq(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestRunWritesRecords(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Served-By", "app1")
+		w.Header().Set("X-RateLimit-Mode", "redis")
+		w.Header().Set("X-Request-Id", "id")
+	}))
+	defer srv.Close()
+	out := filepath.Join(t.TempDir(), "requests.jsonl")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"-url", srv.URL, "-routes", "/api/gcra", "-quota", "50", "-window", "1s",
+		"-duration", "300ms", "-out", out, "-run-id", "cli"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v; %s", err, stderr.String())
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) < 30 {
+		t.Fatalf("%d records", len(lines))
+	}
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"t_send_ms", "t_recv_ms", "route", "key", "class", "status", "request_id", "instance", "mode", "latency_ms"} {
+		if _, ok := rec[k]; !ok {
+			t.Errorf("record lacks %q: %v", k, rec)
+		}
+	}
+	if !strings.Contains(stdout.String(), "run cli:") || !strings.Contains(stdout.String(), "/api/gcra abusive") {
+		t.Errorf("summary: %s", stdout.String())
+	}
+}
+
+func TestRunFlags(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), []string{"-quota", "5"}, &stdout, &stderr); err == nil {
+		t.Error("-quota without -window accepted")
+	}
+	if err := run(context.Background(), []string{"-url", "http://10.1.2.3:8080", "-out", filepath.Join(t.TempDir(), "x")}, &stdout, &stderr); err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Errorf("non-loopback target: %v", err)
+	}
+}

@@ -1,0 +1,3 @@
+module github.com/fleetlimit/fleetlimit/loadtest
+
+go 1.26.8

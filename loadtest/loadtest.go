@@ -1,0 +1,462 @@
+// Package loadtest drives the chaos suite's load against a rate-limited
+// HTTP service (shared/CONTRACT.md, "Chaos suite", "Load"): for every route
+// at once, polite keys at 40% of the quota and abusive keys at 2x and 10x,
+// each key an independent sender with jittered send times, so that no key's
+// requests line up with the round-robin of the balancer in front.
+//
+// It is black-box: it speaks HTTP only, learns each route's quota and window
+// from the RateLimit-Policy header (or takes them as given), and records
+// every request as one Record (a line of requests.jsonl). It only ever
+// connects to loopback addresses.
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Headers read and sent.
+const (
+	HeaderAPIKey    = "X-API-Key"
+	HeaderRequestID = "X-Request-Id"
+	HeaderServedBy  = "X-Served-By"
+	HeaderMode      = "X-RateLimit-Mode"
+)
+
+// maxBody bounds how much of a response body is read (and discarded).
+const maxBody = 64 << 10
+
+// DefaultRoutes are the four algorithm routes of the demo stacks.
+var DefaultRoutes = []string{
+	"/api/token-bucket",
+	"/api/sliding-window-log",
+	"/api/sliding-window-counter",
+	"/api/gcra",
+}
+
+// ShortRoute abbreviates a route for key names: "/api/token-bucket" is
+// "tb", "/api/sliding-window-log" "swl", "/api/sliding-window-counter"
+// "swc", "/api/gcra" "gcra"; any other route its last path element.
+func ShortRoute(route string) string {
+	switch route {
+	case "/api/token-bucket":
+		return "tb"
+	case "/api/sliding-window-log":
+		return "swl"
+	case "/api/sliding-window-counter":
+		return "swc"
+	case "/api/gcra":
+		return "gcra"
+	}
+	r := strings.TrimRight(route, "/")
+	if i := strings.LastIndexByte(r, '/'); i >= 0 {
+		r = r[i+1:]
+	}
+	if r == "" {
+		return "root"
+	}
+	return r
+}
+
+// Class is a key's behaviour: polite keys stay well within their quota,
+// abusive keys exceed it.
+type Class string
+
+// The classes.
+const (
+	Polite  Class = "polite"
+	Abusive Class = "abusive"
+)
+
+// KeySpec is Count keys of one class, each sending Factor times its quota
+// per window.
+type KeySpec struct {
+	Class  Class
+	Factor float64
+	Count  int
+}
+
+// DefaultMix is the contract's load per route: 4 polite keys at 40% of the
+// quota, 4 abusive keys at 2x, 1 abusive key at 10x.
+var DefaultMix = []KeySpec{
+	{Class: Polite, Factor: 0.4, Count: 4},
+	{Class: Abusive, Factor: 2, Count: 4},
+	{Class: Abusive, Factor: 10, Count: 1},
+}
+
+// Record is one request: one line of requests.jsonl. Times are Unix
+// milliseconds with microsecond precision; Status is 0 for a transport
+// error (Error then says what happened).
+type Record struct {
+	TSendMS   float64 `json:"t_send_ms"`
+	TRecvMS   float64 `json:"t_recv_ms"`
+	Route     string  `json:"route"`
+	Key       string  `json:"key"`
+	Class     Class   `json:"class"`
+	Status    int     `json:"status"`
+	RequestID string  `json:"request_id"`
+	Instance  string  `json:"instance"`
+	Mode      string  `json:"mode"`
+	LatencyMS float64 `json:"latency_ms"`
+	Error     string  `json:"error,omitempty"`
+}
+
+// UnixMS converts t to Unix milliseconds, keeping microseconds.
+func UnixMS(t time.Time) float64 { return float64(t.UnixMicro()) / 1000 }
+
+// Key is one simulated client of one route.
+type Key struct {
+	Route  string
+	Name   string // the X-API-Key value
+	Class  Class
+	Factor float64
+	// Interval is the mean time between two sends.
+	Interval time.Duration
+}
+
+// Config is one load run. The zero value is not usable: BaseURL and
+// Duration are required, and Policies must cover every route unless the
+// run may learn them (LearnPolicies).
+type Config struct {
+	// BaseURL is the service, e.g. http://127.0.0.1:8080. Its host must be
+	// a loopback address (or "localhost").
+	BaseURL string
+	// Routes to load at once (DefaultRoutes).
+	Routes []string
+	// Mix of keys per route (DefaultMix).
+	Mix []KeySpec
+	// Policies by route. A route missing here is learned from its
+	// RateLimit-Policy header before the load starts.
+	Policies map[string]Policy
+	// RunID makes the key names unique to the run (a random one).
+	RunID string
+	// Seed fixes the send schedule (send offsets and jitter): the same seed
+	// gives the same schedule relative to the start.
+	Seed uint64
+	// Jitter spreads each send uniformly over ±Jitter/2 of the interval
+	// around its slot, 0 <= Jitter < 1 (0.8). Slots are k * interval plus a
+	// random per-key offset, so the jitter never accumulates: a key sends
+	// at most ceil(rate * window) + 1 requests in any window.
+	Jitter float64
+	// Duration bounds the run; required.
+	Duration time.Duration
+	// MaxRequests bounds the number of requests sent (10 000 000).
+	MaxRequests int64
+	// MaxInFlight bounds the requests waiting for an answer (1024); a send
+	// due while the bound is reached waits.
+	MaxInFlight int
+	// Client sends the requests (NewClient()).
+	Client *http.Client
+	// OnRecord, if set, receives every record, from one goroutine at a
+	// time, in the order the answers arrive.
+	OnRecord func(Record)
+	// Now is the clock (time.Now).
+	Now func() time.Time
+}
+
+// Result sums up a run.
+type Result struct {
+	RunID    string
+	Policies map[string]Policy
+	Keys     []Key
+	Sent     int64
+	// ByStatus counts the answers by HTTP status (0: transport error).
+	ByStatus map[int]int64
+	Start    time.Time
+	End      time.Time
+}
+
+// NewRunID returns a short random run id (12 base-36 characters).
+func NewRunID() string {
+	const alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
+	b := make([]byte, 12)
+	for i := range b {
+		b[i] = alphabet[rand.IntN(len(alphabet))]
+	}
+	return string(b)
+}
+
+// Keys returns the keys of a run: for each route, for each KeySpec, Count
+// keys named "<class>-<short route>-<n>-<runID>" (n counts from 1 within
+// the route; the 10x key is "abusive-tb-5-<runID>").
+func Keys(routes []string, mix []KeySpec, policies map[string]Policy, runID string) ([]Key, error) {
+	var keys []Key
+	for _, r := range routes {
+		p, ok := policies[r]
+		if !ok || p.Quota <= 0 || p.Window <= 0 {
+			return nil, fmt.Errorf("loadtest: no policy for %s", r)
+		}
+		counts := map[Class]int{}
+		for _, s := range mix {
+			if s.Factor <= 0 {
+				return nil, fmt.Errorf("loadtest: factor %v: must be positive", s.Factor)
+			}
+			for range s.Count {
+				counts[s.Class]++
+				rate := s.Factor * p.Rate() // requests per second
+				keys = append(keys, Key{
+					Route:    r,
+					Name:     fmt.Sprintf("%s-%s-%d-%s", s.Class, ShortRoute(r), counts[s.Class], runID),
+					Class:    s.Class,
+					Factor:   s.Factor,
+					Interval: time.Duration(float64(time.Second) / rate),
+				})
+			}
+		}
+	}
+	return keys, nil
+}
+
+func (c *Config) setDefaults() error {
+	if c.BaseURL == "" {
+		return errors.New("loadtest: no base URL")
+	}
+	if err := CheckLoopback(c.BaseURL); err != nil {
+		return err
+	}
+	if c.Duration <= 0 {
+		return errors.New("loadtest: the duration must be positive")
+	}
+	if len(c.Routes) == 0 {
+		c.Routes = DefaultRoutes
+	}
+	if len(c.Mix) == 0 {
+		c.Mix = DefaultMix
+	}
+	if c.RunID == "" {
+		c.RunID = NewRunID()
+	}
+	if c.Jitter == 0 {
+		c.Jitter = 0.8
+	}
+	if c.Jitter < 0 || c.Jitter >= 1 {
+		return fmt.Errorf("loadtest: jitter %v: must be in [0, 1)", c.Jitter)
+	}
+	if c.MaxRequests <= 0 {
+		c.MaxRequests = 10_000_000
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 1024
+	}
+	if c.Client == nil {
+		c.Client = NewClient()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// NewClient returns the HTTP client of a run: one keep-alive pool large
+// enough for every in-flight request, 2 s timeouts, and a dialer that
+// refuses any address but loopback.
+func NewClient() *http.Client {
+	tr := &http.Transport{
+		DialContext:           loopbackDialer().DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: 2 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}
+	return &http.Client{
+		Transport: tr,
+		Timeout:   2 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+}
+
+// Run drives the load until cfg.Duration has passed, cfg.MaxRequests have
+// been sent or ctx is done, then waits for the answers still in flight
+// (each bounded by the client's timeout) and returns.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return Result{}, err
+	}
+	policies := make(map[string]Policy, len(cfg.Routes))
+	var missing []string
+	for _, r := range cfg.Routes {
+		if p, ok := cfg.Policies[r]; ok {
+			policies[r] = p
+		} else {
+			missing = append(missing, r)
+		}
+	}
+	if len(missing) > 0 {
+		learned, err := LearnAll(ctx, cfg.Client, cfg.BaseURL, missing, cfg.RunID)
+		if err != nil {
+			return Result{}, err
+		}
+		for r, p := range learned {
+			policies[r] = p
+		}
+	}
+	keys, err := Keys(cfg.Routes, cfg.Mix, policies, cfg.RunID)
+	if err != nil {
+		return Result{}, err
+	}
+
+	res := Result{RunID: cfg.RunID, Policies: policies, Keys: keys, ByStatus: map[int]int64{}}
+	records := make(chan Record, 4096)
+	collected := make(chan struct{})
+	go func() {
+		defer close(collected)
+		for r := range records {
+			res.ByStatus[r.Status]++
+			if cfg.OnRecord != nil {
+				cfg.OnRecord(r)
+			}
+		}
+	}()
+
+	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	defer cancel()
+	base := strings.TrimRight(cfg.BaseURL, "/")
+	var (
+		sent     atomic.Int64
+		inflight = make(chan struct{}, cfg.MaxInFlight)
+		requests sync.WaitGroup
+		senders  sync.WaitGroup
+	)
+	res.Start = cfg.Now()
+	deadline := res.Start.Add(cfg.Duration)
+	for i, k := range keys {
+		senders.Add(1)
+		go func() {
+			defer senders.Done()
+			rng := rand.New(rand.NewPCG(cfg.Seed, seedOf(i)))
+			for at := range schedule(rng, res.Start, deadline, k.Interval, cfg.Jitter) {
+				if !sleepUntil(runCtx, cfg.Now, at) {
+					return
+				}
+				select {
+				case inflight <- struct{}{}:
+				case <-runCtx.Done():
+					return
+				}
+				if sent.Add(1) > cfg.MaxRequests {
+					<-inflight
+					cancel()
+					return
+				}
+				requests.Add(1)
+				go func() {
+					defer requests.Done()
+					defer func() { <-inflight }()
+					// The request itself outlives the run's deadline: an
+					// answer already on its way is recorded, within the
+					// client's timeout.
+					records <- send(context.WithoutCancel(ctx), cfg.Client, base, k, cfg.Now)
+				}()
+			}
+		}()
+	}
+	senders.Wait()
+	requests.Wait()
+	close(records)
+	<-collected
+	res.Sent = min(sent.Load(), cfg.MaxRequests)
+	res.End = cfg.Now()
+	if ctx.Err() != nil {
+		return res, ctx.Err()
+	}
+	return res, nil
+}
+
+// seedOf derives a key's second PCG seed from its position, so the
+// schedule depends on Seed and the key's place in the mix, not on the run
+// id (which only names the keys).
+func seedOf(i int) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(strconv.Itoa(i)))
+	return h.Sum64()
+}
+
+// schedule yields the send times of one key between start and end: slot k
+// is at start + offset + k*interval, offset uniform in [0, interval), each
+// send moved uniformly within ±jitter*interval/2 of its slot.
+func schedule(rng *rand.Rand, start, end time.Time, interval time.Duration, jitter float64) func(yield func(time.Time) bool) {
+	return func(yield func(time.Time) bool) {
+		if interval <= 0 {
+			return
+		}
+		offset := time.Duration(rng.Float64() * float64(interval))
+		for k := int64(0); ; k++ {
+			slot := offset + time.Duration(k)*interval
+			shift := time.Duration((rng.Float64() - 0.5) * jitter * float64(interval))
+			at := start.Add(max(slot+shift, 0))
+			if !at.Before(end) {
+				return
+			}
+			if !yield(at) {
+				return
+			}
+		}
+	}
+}
+
+// sleepUntil waits until the clock reads at; false if ctx ended first.
+func sleepUntil(ctx context.Context, now func() time.Time, at time.Time) bool {
+	d := at.Sub(now())
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// send makes one request and records it.
+func send(ctx context.Context, client *http.Client, base string, k Key, now func() time.Time) Record {
+	rec := Record{Route: k.Route, Key: k.Name, Class: k.Class}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+k.Route, nil)
+	if err != nil {
+		t := now()
+		rec.TSendMS, rec.TRecvMS = UnixMS(t), UnixMS(t)
+		rec.Error = err.Error()
+		return rec
+	}
+	req.Header.Set(HeaderAPIKey, k.Name)
+	t0 := now()
+	resp, err := client.Do(req)
+	if err == nil {
+		_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, maxBody))
+		_ = resp.Body.Close()
+		rec.Status = resp.StatusCode
+		rec.RequestID = resp.Header.Get(HeaderRequestID)
+		rec.Instance = resp.Header.Get(HeaderServedBy)
+		rec.Mode = resp.Header.Get(HeaderMode)
+		if err != nil { // the status came, the body broke off: still an answer
+			rec.Error = "body: " + err.Error()
+		}
+	} else {
+		rec.Error = err.Error()
+	}
+	// t1 is t0 moved by the monotonic elapsed time: t_recv - t_send is the
+	// latency even if the wall clock steps meanwhile.
+	elapsed := now().Sub(t0)
+	t1 := t0.Add(elapsed)
+	rec.TSendMS, rec.TRecvMS = UnixMS(t0), UnixMS(t1)
+	rec.LatencyMS = math.Round(float64(elapsed.Microseconds())) / 1000
+	return rec
+}
