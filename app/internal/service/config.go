@@ -52,8 +52,8 @@ type Config struct {
 	// The circuit breaker and the fleet heartbeats (resilient limiter).
 	BreakerFailures   int           `env:"RL_BREAKER_FAILURES" envDefault:"3"`
 	ProbeInterval     time.Duration `env:"RL_PROBE_INTERVAL" envDefault:"1s"`
-	HeartbeatInterval time.Duration `env:"RL_HEARTBEAT_INTERVAL" envDefault:"500ms"`
-	HeartbeatTTL      time.Duration `env:"RL_HEARTBEAT_TTL" envDefault:"2s"`
+	HeartbeatInterval time.Duration `env:"RL_HEARTBEAT_INTERVAL" envDefault:"100ms"`
+	HeartbeatTTL      time.Duration `env:"RL_HEARTBEAT_TTL" envDefault:"300ms"`
 	LeaseGrace        time.Duration `env:"RL_LEASE_GRACE" envDefault:"30s"`
 
 	LogLevel slog.Level `env:"RL_LOG_LEVEL" envDefault:"info"`

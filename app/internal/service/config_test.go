@@ -36,8 +36,8 @@ func TestLoadConfigDefaults(t *testing.T) {
 		KeyCapacity:       100000,
 		BreakerFailures:   3,
 		ProbeInterval:     time.Second,
-		HeartbeatInterval: 500 * time.Millisecond,
-		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 100 * time.Millisecond,
+		HeartbeatTTL:      300 * time.Millisecond,
 		LeaseGrace:        30 * time.Second,
 	}
 	cfg.Policies = PolicySet{}

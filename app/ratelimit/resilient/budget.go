@@ -21,6 +21,7 @@ type entry struct {
 	localInit    bool
 	level        float64 // token bucket and GCRA: units left in this instance's share
 	at           int64   // µs (store time) of level
+	confirmed    int64   // share.confirmed when the local state began (see share)
 	log          ratelimit.WindowLog
 	wc           ratelimit.WindowCounterState
 }
@@ -29,6 +30,12 @@ type entry struct {
 type share struct {
 	n      float64 // instances that may be granting: live + suspect
 	factor float64 // the policy's fallback factor
+	// confirmed is when (store time, µs) the other instances can know this
+	// one is missing: its last heartbeat plus the heartbeat TTL and one
+	// interval. Until then they decide in Redis without holding its share
+	// back, and may take capacity that frees up meanwhile (refill, grants
+	// ageing out); the local share does not count that capacity.
+	confirmed int64
 }
 
 func (s share) of(x float64) float64 { return x * s.factor / s.n }
@@ -74,6 +81,8 @@ func (e *entry) charge(p ratelimit.Policy, g ratelimit.Grant, sh share) {
 
 func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
 	e.localInit, e.localVersion = true, e.version
+	// Fixed for this outage: a heartbeat during recovery must not move it.
+	e.confirmed = sh.confirmed
 	e.log = ratelimit.WindowLog{}
 	e.wc = ratelimit.WindowCounterState{}
 	w := float64(p.WindowMicros())
@@ -81,13 +90,14 @@ func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
 	if !e.snapValid {
 		return
 	}
+	// Refill from the snapshot on, but not before the others can know.
 	switch p.Algorithm {
 	case ratelimit.TokenBucket:
-		e.level, e.at = sh.of(float64(e.snap.Tokens)/w), e.snap.Now
+		e.level, e.at = sh.of(float64(e.snap.Tokens)/w), max(e.snap.Now, sh.confirmed)
 	case ratelimit.GCRA:
 		ahead := float64(e.snap.TAT-e.snap.Now)*float64(p.Limit) + float64(e.snap.TATRem)
 		avail := (float64(p.Capacity())*w - max(0, ahead)) / w
-		e.level, e.at = sh.of(max(0, avail)), e.snap.Now
+		e.level, e.at = sh.of(max(0, avail)), max(e.snap.Now, sh.confirmed)
 	}
 }
 
@@ -122,7 +132,12 @@ func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) ratelim
 	var pre int64
 	if e.snapValid {
 		for i, n := range e.snap.Ages {
-			if e.snap.Now+w-int64(i)*w/ratelimit.AgeBuckets > now {
+			// Bucket i leaves the window at the latest at expiry. If that
+			// is before the others can know this instance is missing, one
+			// of them may have taken the freed place: it stays taken for
+			// a window more.
+			expiry := e.snap.Now + w - int64(i)*w/ratelimit.AgeBuckets
+			if expiry > now || expiry <= e.confirmed && expiry+w > now {
 				pre += n
 			}
 		}

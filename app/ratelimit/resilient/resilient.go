@@ -62,10 +62,13 @@ type Config struct {
 	FailureThreshold int
 	// ProbeInterval is how often an open breaker pings the store (1 s).
 	ProbeInterval time.Duration
-	// HeartbeatInterval is how often a closed breaker heartbeats (500 ms).
+	// HeartbeatInterval is how often a closed breaker heartbeats (100 ms).
 	HeartbeatInterval time.Duration
 	// HeartbeatTTL is how long after its last heartbeat an instance counts
-	// as missing (2 s).
+	// as missing (300 ms). Until then, plus one interval, the others do not
+	// hold its share back, so a cut-off instance's fallback share does not
+	// count capacity that frees up in that time: shorter is better for
+	// goodput during an outage, as long as heartbeats are not missed.
 	HeartbeatTTL time.Duration
 	// LeaseGrace is how long a missing instance may keep granting its
 	// fallback share, and so how long the others hold it back (30 s).
@@ -112,8 +115,8 @@ func (c *Config) setDefaults() error {
 	}
 	def(&c.Timeout, 50*time.Millisecond)
 	def(&c.ProbeInterval, time.Second)
-	def(&c.HeartbeatInterval, 500*time.Millisecond)
-	def(&c.HeartbeatTTL, 2*time.Second)
+	def(&c.HeartbeatInterval, 100*time.Millisecond)
+	def(&c.HeartbeatTTL, 300*time.Millisecond)
 	def(&c.LeaseGrace, 30*time.Second)
 	if c.FailureThreshold <= 0 {
 		c.FailureThreshold = 3
@@ -154,6 +157,7 @@ type Limiter struct {
 	live      atomic.Int64
 	suspect   atomic.Int64
 	fleetSeen atomic.Bool
+	lastBeat  atomic.Int64 // local µs of the last heartbeat Redis acknowledged
 
 	mu   sync.Mutex // guards keys and the entries in it; never held across I/O
 	keys *simplelru.LRU[key, *entry]
@@ -271,7 +275,7 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 	case ratelimit.FailClosed:
 		return ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
 	default:
-		sh := share{n: float64(l.fleetSize()), factor: p.Factor()}
+		sh := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
 		l.mu.Lock()
 		d = l.entry(k).decideLocal(p, now, req.Units(), sh)
 		l.mu.Unlock()
@@ -324,6 +328,17 @@ func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) key {
 		k[i] = h.Sum64()
 	}
 	return k
+}
+
+// confirmedAt is when (store µs) the other instances can know this one is
+// missing: they count it as missing HeartbeatTTL after its last heartbeat,
+// and learn so at their next heartbeat.
+func (l *Limiter) confirmedAt() int64 {
+	beat := l.lastBeat.Load()
+	if beat == 0 {
+		return 0 // never in the fleet's view: nobody decides unaware of it
+	}
+	return beat + l.offset.Load() + (l.cfg.HeartbeatTTL + l.cfg.HeartbeatInterval).Microseconds()
 }
 
 // storeNow estimates the store's clock in µs.
@@ -396,6 +411,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	l.live.Store(int64(live))
 	l.suspect.Store(int64(suspect))
 	l.fleetSeen.Store(true)
+	l.lastBeat.Store(l.cfg.Now().UnixMicro())
 }
 
 // probe pings the store; on success the breaker moves to recovering and the

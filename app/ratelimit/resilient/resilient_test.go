@@ -198,9 +198,11 @@ func TestFallbackShare(t *testing.T) {
 		wait  time.Duration
 		later int
 	}{
-		// 40 tokens left: 10 each; 4 s refill 40 tokens, 10 each.
-		{ratelimit.TokenBucket, 10, 4 * time.Second, 10},
-		{ratelimit.GCRA, 10, 4 * time.Second, 10},
+		// 40 tokens left: 10 each. The refill counts only from when the
+		// others can know this instance is missing (last heartbeat + 300 ms
+		// TTL + 100 ms interval): 3.6 s of 4 s at 2.5 tokens/s.
+		{ratelimit.TokenBucket, 10, 4 * time.Second, 9},
+		{ratelimit.GCRA, 10, 4 * time.Second, 9},
 		// 40 left in the window: 10 each; once the 60 age out (10 s) and the
 		// local 10 too, a quarter of 100.
 		{ratelimit.SlidingWindowLog, 10, 10 * time.Second, 25},
@@ -232,6 +234,30 @@ func TestFallbackShare(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestFallbackShareIgnoresCapacityFreedBeforeConfirmation: grants that
+// leave the window before the other instances can know this one is missing
+// may have been replaced by theirs, so they still count for a window.
+func TestFallbackShareIgnoresCapacityFreedBeforeConfirmation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: 10 * time.Second}
+		admit(t, l, p, "k", 60, ratelimit.ModeRedis)
+		settle(9800 * time.Millisecond) // heartbeats go on: the last one at 9.8 s
+		f.down.Store(true)
+		// The 60 leave the window at 10 s, before the others can know
+		// (9.8 s + 0.4 s): their places count as taken until 20 s.
+		settle(2500 * time.Millisecond)
+		if got := admit(t, l, p, "k", 40, ratelimit.ModeLocal); got != 10 {
+			t.Fatalf("at 12.3 s: %d local grants, want 10 (a quarter of the 40 left)", got)
+		}
+		settle(8500 * time.Millisecond)
+		if got := admit(t, l, p, "k", 40, ratelimit.ModeLocal); got != 15 {
+			t.Fatalf("at 20.8 s: %d more local grants, want 15 (a quarter of 100, less the 10)", got)
+		}
+	})
 }
 
 func TestFallbackFactorAndFailureModes(t *testing.T) {
