@@ -276,7 +276,7 @@ func TestRedisUnreachable(t *testing.T) {
 	_ = ln.Close()
 
 	s, logs := startServer(t, map[string]string{
-		"RL_REDIS_URL":     "redis://" + deadAddr + "/0",
+		"RL_REDIS_URL":          "redis://" + deadAddr + "/0",
 		"RL_REDIS_TIMEOUT":      "50ms",
 		"RL_DEBUG_HEADERS":      "true",
 		"RL_EXPECTED_INSTANCES": "4",
