@@ -22,6 +22,8 @@ type entry struct {
 	level        float64 // token bucket and GCRA: units left in this instance's share
 	at           int64   // µs (store time) of level
 	confirmed    int64   // share.confirmed when the local state began (see share)
+	n            float64 // share.n when the local state began
+	journaled    bool    // the start of the local state is in the journal
 	log          ratelimit.WindowLog
 	wc           ratelimit.WindowCounterState
 }
@@ -47,6 +49,9 @@ func (e *entry) decideLocal(p ratelimit.Policy, now, cost int64, sh share) ratel
 	if !e.localInit || e.localVersion != e.version {
 		e.initLocal(p, now, sh)
 	}
+	// The fleet size is the one the share started with (after a restart:
+	// the one the journal recorded), not the one assumed since.
+	sh.n = e.n
 	var d ratelimit.Decision
 	switch p.Algorithm {
 	case ratelimit.TokenBucket, ratelimit.GCRA:
@@ -68,6 +73,7 @@ func (e *entry) charge(p ratelimit.Policy, g ratelimit.Grant, sh share) {
 	if !e.localInit || e.localVersion != e.version {
 		e.initLocal(p, g.At, sh)
 	}
+	sh.n = e.n
 	switch p.Algorithm {
 	case ratelimit.TokenBucket, ratelimit.GCRA:
 		e.bucket(p, g.At, 0, sh) // refill up to the grant's time
@@ -82,7 +88,7 @@ func (e *entry) charge(p ratelimit.Policy, g ratelimit.Grant, sh share) {
 func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
 	e.localInit, e.localVersion = true, e.version
 	// Fixed for this outage: a heartbeat during recovery must not move it.
-	e.confirmed = sh.confirmed
+	e.confirmed, e.n, e.journaled = sh.confirmed, sh.n, false
 	e.log = ratelimit.WindowLog{}
 	e.wc = ratelimit.WindowCounterState{}
 	w := float64(p.WindowMicros())

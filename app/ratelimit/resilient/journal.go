@@ -2,12 +2,14 @@ package resilient
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +33,8 @@ var ErrJournalFull = errors.New("resilient: journal full")
 //	E <epoch>                                      an epoch begins
 //	G <epoch> <policy> <alg> <limit> <window µs> <burst> <identity hex> <at µs> <cost> <request id>
 //	A <epoch> <policy> <fingerprint> <identity hex>  the batch was applied
+//	S <epoch> <policy> <alg> <limit> <window µs> <burst> <identity hex> <snapshot...>
+//	                                               what the key's local share started from
 //
 // A torn last line (a crash mid-write) is skipped. It is safe for concurrent
 // use.
@@ -42,7 +46,8 @@ type Journal struct {
 	mu      sync.Mutex
 	epoch   uint64
 	batches map[batchKey]*batch
-	size    int // grants held
+	snaps   map[snapKey]Snapshot // the latest per key; dropped when the journal empties
+	size    int                  // grants held
 	f       *os.File
 	buf     []byte
 	dirty   bool
@@ -67,6 +72,24 @@ type batchKey struct {
 type batch struct {
 	policy ratelimit.Policy
 	grants []ratelimit.Grant
+}
+
+type snapKey struct {
+	policy   string
+	identity ratelimit.Identity
+}
+
+// Snapshot is what a key's local share started from in an outage: the last
+// store reply (if any), the fleet size and when the others could know this
+// instance was missing. Journaled with the key's first local grant, so a
+// restarted instance rebuilds the same share.
+type Snapshot struct {
+	Policy    ratelimit.Policy
+	Identity  ratelimit.Identity
+	State     ratelimit.State
+	Valid     bool // State holds a store reply
+	N         float64
+	Confirmed int64
 }
 
 // JournalStats are the journal's counters, in units (a grant of cost 3 is 3),
@@ -99,7 +122,7 @@ func OpenJournal(dir, instance string, max int, logger *slog.Logger) (*Journal, 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	j := &Journal{instance: instance, max: max, log: logger, batches: map[batchKey]*batch{}, epoch: 1,
+	j := &Journal{instance: instance, max: max, log: logger, batches: map[batchKey]*batch{}, snaps: map[snapKey]Snapshot{}, epoch: 1,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -188,6 +211,12 @@ func (j *Journal) apply(f []string, maxEpoch *uint64) bool {
 		}
 		j.addLocked(epoch, p, id, ratelimit.Grant{At: n[3], Cost: n[4], ID: f[10]})
 		return true
+	case "S":
+		s, ok := parseSnapshot(f)
+		if ok {
+			j.snaps[snapKey{policyKey(s.Policy), s.Identity}] = s
+		}
+		return ok
 	case "A":
 		id, ok := parseIdentity(f[4])
 		if len(f) != 5 || !ok {
@@ -201,6 +230,41 @@ func (j *Journal) apply(f []string, maxEpoch *uint64) bool {
 		return true
 	}
 	return false
+}
+
+// snapshotFields is the number of fields of an S record.
+const snapshotFields = 8 + 3 + 7 + ratelimit.AgeBuckets
+
+func parseSnapshot(f []string) (Snapshot, bool) {
+	if len(f) != snapshotFields {
+		return Snapshot{}, false
+	}
+	var n [7]int64
+	for i, s := range f[4:7] {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return Snapshot{}, false
+		}
+		n[i] = v
+	}
+	p := ratelimit.Policy{Name: f[2], Algorithm: ratelimit.Algorithm(f[3]), Limit: n[0], Window: time.Duration(n[1]) * time.Microsecond, Burst: n[2]}
+	id, ok := parseIdentity(f[7])
+	if !ok || p.Validate() != nil {
+		return Snapshot{}, false
+	}
+	fleet, err := strconv.ParseFloat(f[9], 64)
+	if err != nil || fleet < 1 {
+		return Snapshot{}, false
+	}
+	var v [8 + ratelimit.AgeBuckets]int64
+	for i, s := range append([]string{f[10]}, f[11:]...) {
+		if v[i], err = strconv.ParseInt(s, 10, 64); err != nil {
+			return Snapshot{}, false
+		}
+	}
+	st := ratelimit.State{Now: v[1], Tokens: v[2], TAT: v[3], TATRem: v[4], WindowStart: v[5], Current: v[6], Previous: v[7]}
+	copy(st.Ages[:], v[8:])
+	return Snapshot{Policy: p, Identity: id, State: st, Valid: f[8] == "1", N: fleet, Confirmed: v[0]}, true
 }
 
 func parseIdentity(s string) (ratelimit.Identity, bool) {
@@ -275,6 +339,45 @@ func (j *Journal) writeEpochLocked() {
 	}
 }
 
+// AppendSnapshot journals what a key's local share started from (before its
+// first local grant). It counts toward the journal's bound.
+func (j *Journal) AppendSnapshot(s Snapshot) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.size >= j.max {
+		return ErrJournalFull
+	}
+	j.snaps[snapKey{policyKey(s.Policy), s.Identity}] = s
+	if j.f == nil {
+		return nil
+	}
+	p := s.Policy
+	b := append(j.buf[:0], "S\t"...)
+	b = strconv.AppendUint(b, j.epoch, 10)
+	b = append(append(append(b, '\t'), p.Name...), '\t')
+	b = append(append(b, p.Algorithm...), '\t')
+	b = append(strconv.AppendInt(b, p.Limit, 10), '\t')
+	b = append(strconv.AppendInt(b, p.WindowMicros(), 10), '\t')
+	b = append(strconv.AppendInt(b, p.Burst, 10), '\t')
+	b = append(hex.AppendEncode(b, s.Identity[:]), '\t')
+	if s.Valid {
+		b = append(b, "1\t"...)
+	} else {
+		b = append(b, "0\t"...)
+	}
+	b = append(strconv.AppendFloat(b, s.N, 'g', -1, 64), '\t')
+	st := s.State
+	for i, v := range append([]int64{s.Confirmed, st.Now, st.Tokens, st.TAT, st.TATRem, st.WindowStart, st.Current, st.Previous}, st.Ages[:]...) {
+		if i > 0 {
+			b = append(b, '\t')
+		}
+		b = strconv.AppendInt(b, v, 10)
+	}
+	b = append(b, '\n')
+	j.buf = b
+	return j.writeLocked(b)
+}
+
 // Rotate starts a new epoch and returns the one before it: grants from now
 // on go to the new epoch, so a replay of the old ones is not mixed with
 // grants made while it runs.
@@ -331,6 +434,9 @@ func (j *Journal) Ack(b ratelimit.ReplayBatch, r ratelimit.ReplayResult) {
 		j.stats.dropped.Add(uint64(r.Dropped))
 		j.stats.present.Add(uint64(r.Present))
 	}
+	if j.size == 0 {
+		clear(j.snaps)
+	}
 	if j.f == nil {
 		return
 	}
@@ -373,15 +479,31 @@ func (j *Journal) Stats() JournalStats {
 	}
 }
 
-// each calls fn for every grant held (for rebuilding budgets after a
-// restart).
-func (j *Journal) each(fn func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant)) {
+// each calls fn for every grant held, with the key's snapshot if one was
+// journaled (for rebuilding budgets after a restart). fn runs without the
+// journal's lock.
+func (j *Journal) each(fn func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *Snapshot)) {
+	type item struct {
+		p  ratelimit.Policy
+		id ratelimit.Identity
+		g  ratelimit.Grant
+		s  *Snapshot
+	}
 	j.mu.Lock()
-	defer j.mu.Unlock()
+	var items []item
 	for k, b := range j.batches {
-		for _, g := range b.grants {
-			fn(b.policy, k.identity, g)
+		var snap *Snapshot
+		if s, ok := j.snaps[snapKey{k.policy, k.identity}]; ok {
+			snap = &s
 		}
+		for _, g := range b.grants {
+			items = append(items, item{b.policy, k.identity, g, snap})
+		}
+	}
+	j.mu.Unlock()
+	slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.g.At, b.g.At) })
+	for _, it := range items {
+		fn(it.p, it.id, it.g, it.s)
 	}
 }
 

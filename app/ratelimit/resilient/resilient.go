@@ -201,9 +201,18 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		return nil, fmt.Errorf("resilient: %w", err)
 	}
 	if l.journal.Len() > 0 {
-		sh := share{n: float64(cfg.ExpectedInstances), factor: 1}
-		l.journal.each(func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) {
-			l.entry(l.keyOfIdentity(p, id)).charge(p, g, share{n: sh.n, factor: p.Factor()})
+		l.journal.each(func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *Snapshot) {
+			e := l.entry(l.keyOfIdentity(p, id))
+			sh := share{n: float64(cfg.ExpectedInstances), factor: p.Factor()}
+			if s != nil {
+				// The share the last process started from.
+				sh.n, sh.confirmed = s.N, s.Confirmed
+				if !e.localInit && s.Valid {
+					e.snap, e.snapValid, e.version = s.State, true, 1
+				}
+			}
+			e.charge(p, g, sh)
+			e.journaled = true
 		})
 		l.br.state.Store(int32(Open))
 		l.br.opens.Add(1)
@@ -277,7 +286,14 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 	default:
 		sh := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
 		l.mu.Lock()
-		d = l.entry(k).decideLocal(p, now, req.Units(), sh)
+		e := l.entry(k)
+		d = e.decideLocal(p, now, req.Units(), sh)
+		if d.Allowed && !e.journaled {
+			// What this share started from, before its first grant, so a
+			// restart rebuilds it.
+			e.journaled = true
+			_ = l.journal.AppendSnapshot(Snapshot{Policy: p, Identity: id, State: e.snap, Valid: e.snapValid, N: e.n, Confirmed: e.confirmed})
+		}
 		l.mu.Unlock()
 	}
 	if d.Allowed {
