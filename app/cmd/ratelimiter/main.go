@@ -1,6 +1,6 @@
 // Command ratelimiter runs the rate-limiter service (package service): the
 // public port behind nginx and the admin port. Settings come from RL_*
-// environment variables (docs/CONFIG-DRAFT.md); a bad one stops the start
+// environment variables (README.md, "Configuration"); a bad one stops the start
 // with one line on stderr naming it, and exit code 2.
 //
 // With -healthcheck URL it instead GETs URL with a 2 s timeout and exits 0

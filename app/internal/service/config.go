@@ -16,7 +16,7 @@ import (
 )
 
 // Config is the service's settings, read from the environment (see
-// docs/CONFIG-DRAFT.md; the env tags are the variable names). Build it with
+// README.md, "Configuration"; the env tags are the variable names). Build it with
 // LoadConfig, which fills the defaults and validates.
 type Config struct {
 	// Instance names this instance in X-Served-By, logs, heartbeats and the

@@ -39,7 +39,7 @@ func (s PolicySet) Policy(name string) (ratelimit.Policy, bool) {
 	return ratelimit.Policy{}, false
 }
 
-// The JSON shapes of the policy file (docs/CONFIG-DRAFT.md).
+// The JSON shapes of the policy file (README.md, "Configuration").
 type policyFile struct {
 	Policies []policyJSON `json:"policies"`
 	Routes   []routeJSON  `json:"routes"`
