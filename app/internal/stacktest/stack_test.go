@@ -340,16 +340,14 @@ func checkHostileKeys(t *testing.T, s *stack, run string) {
 		{name: "empty", hdr: withKey(""), want: 400, problem: true},
 		{name: "two keys", hdr: http.Header{"X-Api-Key": {"a-" + m, "b-" + m}}, want: 400, problem: true},
 		// nginx refuses a header line over large_client_header_buffers
-		// (8k) itself, with its HTML "Request Header Or Cookie Too Large".
-		{name: "10 kB", hdr: withKey(m + strings.Repeat("k", 10<<10)), want: 400},
-		// nginx passes these bytes on; Go's HTTP server refuses the
-		// request before the middleware sees it (text/plain).
-		{name: "SOH (raw)", raw: "X-API-Key: a\x01b-" + m, want: 400},
-		{name: "ESC (raw)", raw: "X-API-Key: \x1b[31mred-" + m, want: 400},
-		{name: "DEL (raw)", raw: "X-API-Key: a\x7fb-" + m, want: 400},
-		// nginx refuses these itself (HTML).
-		{name: "NUL (raw)", raw: "X-API-Key: a\x00b-" + m, want: 400},
-		{name: "bare CR (raw)", raw: "X-API-Key: a\rb-" + m, want: 400},
+		// (8k), and a control character in X-API-Key before Go's HTTP
+		// server would, both with the apps' problem body.
+		{name: "10 kB", hdr: withKey(m + strings.Repeat("k", 10<<10)), want: 400, problem: true},
+		{name: "SOH (raw)", raw: "X-API-Key: a\x01b-" + m, want: 400, problem: true},
+		{name: "ESC (raw)", raw: "X-API-Key: \x1b[31mred-" + m, want: 400, problem: true},
+		{name: "DEL (raw)", raw: "X-API-Key: a\x7fb-" + m, want: 400, problem: true},
+		{name: "NUL (raw)", raw: "X-API-Key: a\x00b-" + m, want: 400, problem: true},
+		{name: "bare CR (raw)", raw: "X-API-Key: a\rb-" + m, want: 400, problem: true},
 	}
 	for _, c := range cases {
 		var status int
