@@ -26,7 +26,10 @@ var _ resilient.Store = &Store{}
 //			DecideFunc: func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 //				panic("mock out the Decide method")
 //			},
-//			HeartbeatFunc: func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (int, int, error) {
+//			GenerationFunc: func(ctx context.Context) (string, error) {
+//				panic("mock out the Generation method")
+//			},
+//			HeartbeatFunc: func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (int, int, string, error) {
 //				panic("mock out the Heartbeat method")
 //			},
 //			LeaveFunc: func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) error {
@@ -48,8 +51,11 @@ type Store struct {
 	// DecideFunc mocks the Decide method.
 	DecideFunc func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error)
 
+	// GenerationFunc mocks the Generation method.
+	GenerationFunc func(ctx context.Context) (string, error)
+
 	// HeartbeatFunc mocks the Heartbeat method.
-	HeartbeatFunc func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (int, int, error)
+	HeartbeatFunc func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (int, int, string, error)
 
 	// LeaveFunc mocks the Leave method.
 	LeaveFunc func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) error
@@ -68,6 +74,11 @@ type Store struct {
 			Ctx context.Context
 			// Req is the req argument value.
 			Req ratelimit.Request
+		}
+		// Generation holds details about calls to the Generation method.
+		Generation []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
 		}
 		// Heartbeat holds details about calls to the Heartbeat method.
 		Heartbeat []struct {
@@ -104,11 +115,12 @@ type Store struct {
 			Batches []ratelimit.ReplayBatch
 		}
 	}
-	lockDecide    sync.RWMutex
-	lockHeartbeat sync.RWMutex
-	lockLeave     sync.RWMutex
-	lockPing      sync.RWMutex
-	lockReplay    sync.RWMutex
+	lockDecide     sync.RWMutex
+	lockGeneration sync.RWMutex
+	lockHeartbeat  sync.RWMutex
+	lockLeave      sync.RWMutex
+	lockPing       sync.RWMutex
+	lockReplay     sync.RWMutex
 }
 
 // Decide calls DecideFunc.
@@ -147,8 +159,40 @@ func (mock *Store) DecideCalls() []struct {
 	return calls
 }
 
+// Generation calls GenerationFunc.
+func (mock *Store) Generation(ctx context.Context) (string, error) {
+	if mock.GenerationFunc == nil {
+		panic("Store.GenerationFunc: method is nil but Store.Generation was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+	}{
+		Ctx: ctx,
+	}
+	mock.lockGeneration.Lock()
+	mock.calls.Generation = append(mock.calls.Generation, callInfo)
+	mock.lockGeneration.Unlock()
+	return mock.GenerationFunc(ctx)
+}
+
+// GenerationCalls gets all the calls that were made to Generation.
+// Check the length with:
+//
+//	len(mockedStore.GenerationCalls())
+func (mock *Store) GenerationCalls() []struct {
+	Ctx context.Context
+} {
+	var calls []struct {
+		Ctx context.Context
+	}
+	mock.lockGeneration.RLock()
+	calls = mock.calls.Generation
+	mock.lockGeneration.RUnlock()
+	return calls
+}
+
 // Heartbeat calls HeartbeatFunc.
-func (mock *Store) Heartbeat(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (int, int, error) {
+func (mock *Store) Heartbeat(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (int, int, string, error) {
 	if mock.HeartbeatFunc == nil {
 		panic("Store.HeartbeatFunc: method is nil but Store.Heartbeat was just called")
 	}

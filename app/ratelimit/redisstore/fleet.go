@@ -2,7 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -37,38 +39,54 @@ func (l *Limiter) Ping(ctx context.Context) error {
 }
 
 // Heartbeat records instance as live and returns how many instances are live
-// (heartbeat within ttl, this one included) and how many are suspect
-// (missing for less than grace: possibly cut off and granting locally).
-func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (live, suspect int, err error) {
+// (heartbeat within ttl, this one included), how many are suspect (missing
+// for less than grace: possibly cut off and granting locally), and Redis'
+// data generation (see Generation).
+func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (live, suspect int, gen string, err error) {
 	return l.fleet(ctx, instance, "beat", ttl, grace)
 }
+
+// Generation returns Redis' data generation: a random string stored once
+// (without expiry) under the fleet's tag. It changes when Redis loses its
+// data (restarted without its AOF, flushed), which tells a recovering
+// instance that Redis forgot what was granted before the outage.
+func (l *Limiter) Generation(ctx context.Context) (string, error) {
+	_, _, gen, err := l.fleet(ctx, "-", "peek", time.Second, time.Second)
+	return gen, err
+}
+
+// GenerationKey holds the data generation.
+func (l *Limiter) GenerationKey() string { return "{" + l.prefix + ":fleet}:generation" }
 
 // Leave removes instance's heartbeat (on a clean shutdown: a stopped
 // instance grants nothing, so nobody needs to hold its share).
 func (l *Limiter) Leave(ctx context.Context, instance string, ttl, grace time.Duration) error {
-	_, _, err := l.fleet(ctx, instance, "leave", ttl, grace)
+	_, _, _, err := l.fleet(ctx, instance, "leave", ttl, grace)
 	return err
 }
 
-func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration) (int, int, error) {
+func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration) (int, int, string, error) {
 	if err := ratelimit.ValidateKey(instance); err != nil {
-		return 0, 0, err
+		return 0, 0, "", err
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
-	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey()}, instance, op, ttl.Milliseconds(), grace.Milliseconds()).Slice()
+	var g [12]byte
+	_, _ = rand.Read(g[:])
+	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey()}, instance, op, ttl.Milliseconds(), grace.Milliseconds(), hex.EncodeToString(g[:])).Slice()
 	if err != nil {
-		return 0, 0, classify(ctx, err)
+		return 0, 0, "", classify(ctx, err)
 	}
-	if len(res) != 3 {
-		return 0, 0, fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
+	if len(res) != 4 {
+		return 0, 0, "", fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
 	}
 	live, ok1 := res[0].(int64)
 	suspect, ok2 := res[1].(int64)
-	if !ok1 || !ok2 || live < 0 || suspect < 0 {
-		return 0, 0, fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
+	gen, ok3 := res[3].(string)
+	if !ok1 || !ok2 || !ok3 || live < 0 || suspect < 0 {
+		return 0, 0, "", fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
 	}
-	return int(live), int(suspect), nil
+	return int(live), int(suspect), gen, nil
 }
 
 func (l *Limiter) callContext(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -11,9 +11,11 @@ import (
 // made for it (a snapshot of the algorithm state in the store's clock) and
 // the local fallback state that continues from it while the store is out.
 type entry struct {
-	// The last store reply.
+	// The last store reply, and the key it was for.
 	snap      ratelimit.State
 	snapValid bool
+	policy    ratelimit.Policy
+	identity  ratelimit.Identity
 	version   uint64 // bumped by every reply
 
 	// Local state; valid while localVersion == version.

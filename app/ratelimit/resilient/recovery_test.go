@@ -468,3 +468,64 @@ func TestCrashDuringOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWipeRestoresUsage: Redis comes back without its data; the instances
+// put back the usage their snapshots knew (once: the first restore of a key
+// wins), then replay their journals on top.
+func TestWipeRestoresUsage(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
+	var ls []*resilient.Limiter
+	for i := range instances {
+		l, err := resilient.New(newStore(t, srv.Addr()), recoveryConfig(fmt.Sprint("app", i+1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		ls = append(ls, l)
+	}
+	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == instances })
+	grants := grantLog{}
+	// Round robin, as behind nginx: every snapshot is recent.
+	for j := range 5 {
+		for i, l := range ls {
+			for _, alg := range ratelimit.Algorithms {
+				grants.decide(t, l, alg, "client", fmt.Sprintf("redis-%d-%d", i, j), ratelimit.ModeRedis)
+			}
+		}
+	}
+	srv.Kill()
+	waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.Open))
+	for i, l := range ls {
+		for _, alg := range ratelimit.Algorithms {
+			for j := range 10 {
+				grants.decide(t, l, alg, "client", fmt.Sprintf("local-%d-%d", i, j), ratelimit.ModeLocal)
+			}
+		}
+	}
+	srv.RestartEmpty(t)
+	waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.Closed))
+	restores := 0
+	for _, l := range ls {
+		restores += int(l.Status().Restores)
+	}
+	if restores != instances {
+		t.Errorf("%d restores, want one per instance", restores)
+	}
+	ctx := context.Background()
+	for _, alg := range ratelimit.Algorithms {
+		p := longPolicy(alg)
+		d, err := ls[0].Decide(ctx, ratelimit.Request{Policy: p, Key: "client", ID: "probe-" + string(alg)})
+		if err != nil || d.Mode != ratelimit.ModeRedis {
+			t.Fatalf("%s: %+v %v", alg, d, err)
+		}
+		// 20 granted in Redis (the snapshots knew 17 to 20 of them), 40
+		// locally, and the probe: without the restore 959 would be left.
+		if d.Remaining > 1000-58 || d.Remaining < 1000-61-3 {
+			t.Errorf("%s: %d remaining after the wipe, want about %d", alg, d.Remaining, 1000-61)
+		}
+		t.Logf("%s: %d remaining after the wipe (no wipe: %d)", alg, d.Remaining, 1000-61)
+	}
+	if n := srv.Client().Exists(ctx, redisstore.New(srv.Client()).GenerationKey()).Val(); n != 1 {
+		t.Errorf("generation key missing after recovery")
+	}
+}

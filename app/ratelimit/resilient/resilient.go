@@ -42,8 +42,11 @@ type Store interface {
 	Ping(ctx context.Context) error
 	// Heartbeat records the instance as live and returns how many
 	// instances are live and how many are suspect (missing for less than
-	// grace).
-	Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (live, suspect int, err error)
+	// grace), and the store's data generation.
+	Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (live, suspect int, gen string, err error)
+	// Generation returns the store's data generation, which changes when
+	// the store loses its data.
+	Generation(ctx context.Context) (string, error)
 	// Leave removes the instance's heartbeat.
 	Leave(ctx context.Context, instance string, ttl, grace time.Duration) error
 	// Replay folds journaled grants into the store, each batch at most
@@ -157,7 +160,9 @@ type Limiter struct {
 	live      atomic.Int64
 	suspect   atomic.Int64
 	fleetSeen atomic.Bool
-	lastBeat  atomic.Int64 // local µs of the last heartbeat Redis acknowledged
+	lastBeat  atomic.Int64           // local µs of the last heartbeat Redis acknowledged
+	gen       atomic.Pointer[string] // the store's data generation last seen
+	restores  atomic.Uint64
 
 	mu   sync.Mutex // guards keys and the entries in it; never held across I/O
 	keys *simplelru.LRU[key, *entry]
@@ -255,7 +260,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 		if err == nil {
 			l.br.success()
 			l.stats.storeDecisions.Add(1)
-			l.remember(k, d, sent, l.cfg.Now())
+			l.remember(k, req.Policy, id, d, sent, l.cfg.Now())
 			return d, nil
 		}
 		if errors.Is(err, ratelimit.ErrInvalidRequest) || errors.Is(err, ratelimit.ErrInvalidPolicy) {
@@ -307,13 +312,14 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 
 // remember keeps the store's reply as the key's snapshot and updates the
 // clock offset (the reply's time is taken as the middle of the round trip).
-func (l *Limiter) remember(k key, d ratelimit.Decision, sent, recv time.Time) {
+func (l *Limiter) remember(k key, p ratelimit.Policy, id ratelimit.Identity, d ratelimit.Decision, sent, recv time.Time) {
 	mid := sent.UnixMicro() + recv.Sub(sent).Microseconds()/2
 	l.offset.Store(d.State.Now - mid)
 	l.hasOffset.Store(true)
 	l.mu.Lock()
 	e := l.entry(k)
 	e.snap, e.snapValid = d.State, true
+	e.policy, e.identity = p, id
 	e.version++
 	l.mu.Unlock()
 }
@@ -416,13 +422,20 @@ func (l *Limiter) loop(ctx context.Context) {
 func (l *Limiter) heartbeat(ctx context.Context) {
 	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
-	live, suspect, err := l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
+	live, suspect, gen, err := l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
 	if err != nil {
 		if ctx.Err() == nil {
 			l.stats.failures.Add(1)
 			l.br.failure("heartbeat: " + err.Error())
 		}
 		return
+	}
+	if l.generationChanged(gen) && l.br.State() == Closed {
+		// Redis lost its data between two heartbeats, too fast for the
+		// breaker to notice: put back what the snapshots knew.
+		if err := l.restore(ctx, gen); err != nil {
+			l.br.failure("restore: " + err.Error())
+		}
 	}
 	l.live.Store(int64(live))
 	l.suspect.Store(int64(suspect))
@@ -442,6 +455,22 @@ func (l *Limiter) probe(ctx context.Context) {
 	}
 	if !l.br.set(Open, Recovering, "probe succeeded") {
 		return
+	}
+	callCtx, cancel = context.WithTimeout(ctx, l.cfg.Timeout)
+	gen, err := l.store.Generation(callCtx)
+	cancel()
+	if err != nil {
+		l.br.set(Recovering, Open, "generation: "+err.Error())
+		return
+	}
+	if l.generationChanged(gen) {
+		// Redis came back without its data: put back what the snapshots
+		// knew of the usage before the outage, before the journal's grants
+		// go on top of it.
+		if err := l.restore(ctx, gen); err != nil {
+			l.br.set(Recovering, Open, "restore failed: "+err.Error())
+			return
+		}
 	}
 	if err := l.replayJournal(ctx); err != nil {
 		l.br.set(Recovering, Open, "replay failed: "+err.Error())
@@ -517,6 +546,9 @@ type Status struct {
 	Evictions       uint64     `json:"evictions"`
 	LastRecovery    *time.Time `json:"last_recovery,omitempty"`
 	ClockOffsetUS   int64      `json:"clock_offset_us"`
+	// Restores counts the times Redis came back without its data and this
+	// instance put back the usage its snapshots knew.
+	Restores uint64 `json:"restores"`
 	// Journal reconciles local grants: Granted + Reloaded = Replayed +
 	// Present + Dropped + DuplicateUnits + Pending.
 	Journal JournalStats `json:"journal"`
@@ -543,6 +575,7 @@ func (l *Limiter) Status() Status {
 		Evictions:       l.stats.evictions.Load(),
 		LastRecovery:    l.lastRecovery.Load(),
 		ClockOffsetUS:   l.offset.Load(),
+		Restores:        l.restores.Load(),
 		Journal:         l.journal.Stats(),
 	}
 }
@@ -590,4 +623,77 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	}
 	l.cfg.Logger.Info("journal replayed", "instance", l.cfg.Instance, "batches", replayed, "took", l.cfg.Now().Sub(start).String())
 	return nil
+}
+
+// generationChanged records the store's data generation and reports whether
+// it differs from the one seen before (the store lost its data).
+func (l *Limiter) generationChanged(gen string) bool {
+	old := l.gen.Swap(&gen)
+	return old != nil && *old != gen
+}
+
+// restore puts back into a store that lost its data what this instance's
+// snapshots knew of each key's usage, as replay batches of synthetic grants:
+// the sliding window log's grants at the latest times their age buckets
+// allow, the counter's counts in their windows, the token bucket's and
+// GCRA's deficit at the snapshot's time. Each batch's marker names the new
+// generation and not the instance, so the first instance to restore a key
+// wins and the others' batches are refused: the usage is put back once,
+// from the most recent snapshot that reached the store first.
+func (l *Limiter) restore(ctx context.Context, gen string) error {
+	now := l.storeNow()
+	marker := "restore-" + gen
+	var batches []ratelimit.ReplayBatch
+	l.mu.Lock()
+	for _, e := range l.keys.Values() {
+		if !e.snapValid || e.policy.Name == "" || e.snap.Now < now-2*e.policy.WindowMicros() {
+			continue
+		}
+		if g := restoreGrants(e.policy, e.snap, marker); len(g) > 0 {
+			batches = append(batches, ratelimit.ReplayBatch{Policy: e.policy, Identity: e.identity, Marker: marker, Grants: g})
+		}
+	}
+	l.mu.Unlock()
+	l.cfg.Logger.Warn("Redis lost its data: restoring the usage the snapshots knew", "instance", l.cfg.Instance, "keys", len(batches))
+	for len(batches) > 0 {
+		n := min(len(batches), l.cfg.ReplayBatch)
+		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout*time.Duration(4+n/100))
+		_, errs := l.store.Replay(callCtx, batches[:n])
+		cancel()
+		for _, err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		batches = batches[n:]
+	}
+	l.restores.Add(1)
+	return nil
+}
+
+// restoreGrants turns a snapshot into the grants that rebuild its usage.
+func restoreGrants(p ratelimit.Policy, s ratelimit.State, marker string) []ratelimit.Grant {
+	w := p.WindowMicros()
+	var g []ratelimit.Grant
+	add := func(at, cost int64, id string) {
+		if cost > 0 {
+			g = append(g, ratelimit.Grant{At: at, Cost: cost, ID: marker + "-" + id})
+		}
+	}
+	switch p.Algorithm {
+	case ratelimit.SlidingWindowLog:
+		for i, n := range s.Ages {
+			add(s.Now-int64(i)*w/ratelimit.AgeBuckets, n, strconv.Itoa(i))
+		}
+	case ratelimit.SlidingWindowCounter:
+		add(s.WindowStart-w, s.Previous, "p")
+		add(s.WindowStart, s.Current, "c")
+	case ratelimit.TokenBucket:
+		add(s.Now, (p.Capacity()*w-s.Tokens+w-1)/w, "t")
+	case ratelimit.GCRA:
+		if ahead := (s.TAT-s.Now)*p.Limit + s.TATRem; ahead > 0 {
+			add(s.Now, (ahead+w-1)/w, "t")
+		}
+	}
+	return g
 }

@@ -54,11 +54,17 @@ func newFakeStore() *fakeStore {
 			}
 			return nil
 		},
-		HeartbeatFunc: func(ctx context.Context, _ string, _, _ time.Duration) (int, int, error) {
+		HeartbeatFunc: func(ctx context.Context, _ string, _, _ time.Duration) (int, int, string, error) {
 			if f.down.Load() || f.hang.Load() {
-				return 0, 0, fail(ctx)
+				return 0, 0, "", fail(ctx)
 			}
-			return int(f.live.Load()), int(f.susp.Load()), nil
+			return int(f.live.Load()), int(f.susp.Load()), "gen-1", nil
+		},
+		GenerationFunc: func(ctx context.Context) (string, error) {
+			if f.down.Load() || f.hang.Load() {
+				return "", fail(ctx)
+			}
+			return "gen-1", nil
 		},
 		LeaveFunc: func(context.Context, string, time.Duration, time.Duration) error { return nil },
 		ReplayFunc: func(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
