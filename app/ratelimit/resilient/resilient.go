@@ -162,7 +162,11 @@ type Limiter struct {
 	fleetSeen atomic.Bool
 	lastBeat  atomic.Int64           // local µs of the last heartbeat Redis acknowledged
 	gen       atomic.Pointer[string] // the store's data generation last seen
-	restores  atomic.Uint64
+	// liveBefore is the live count when the breaker last opened: a store
+	// that lost its data forgot the others' heartbeats, and recovery waits
+	// for them to come back all the same.
+	liveBefore atomic.Int64
+	restores   atomic.Uint64
 
 	mu   sync.Mutex // guards keys and the entries in it; never held across I/O
 	keys *simplelru.LRU[key, *entry]
@@ -224,6 +228,9 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	}
 	l.br.threshold = cfg.FailureThreshold
 	l.br.onChange = func(from, to State, reason string) {
+		if to == Open && from == Closed {
+			l.liveBefore.Store(l.live.Load())
+		}
 		l.cfg.Logger.Warn("rate limiter breaker transition", "instance", cfg.Instance, "from", from.String(), "to", to.String(), "reason", reason)
 		if cfg.OnTransition != nil {
 			cfg.OnTransition(from, to)
@@ -488,7 +495,8 @@ func (l *Limiter) maybeClose(ctx context.Context) {
 	if l.br.State() != Recovering {
 		return
 	}
-	if l.suspect.Load() > 0 && l.cfg.Now().Sub(l.recoverStart) < l.cfg.RecoveryWait {
+	missing := l.suspect.Load() > 0 || l.live.Load() < l.liveBefore.Load()
+	if missing && l.cfg.Now().Sub(l.recoverStart) < l.cfg.RecoveryWait {
 		return
 	}
 	if err := l.replayJournal(ctx); err != nil {
