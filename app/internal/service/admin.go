@@ -28,8 +28,11 @@ type Status struct {
 	// LastReconciliation is when the journal was last replayed; null:
 	// never.
 	LastReconciliation *time.Time `json:"last_reconciliation"`
-	Ready              bool       `json:"ready"`
-	StartedAt          time.Time  `json:"started_at"`
+	// RedisTimeoutMS is RL_REDIS_TIMEOUT (absent in memory mode): a
+	// decision never waits longer for Redis.
+	RedisTimeoutMS int64     `json:"redis_timeout_ms,omitempty"`
+	Ready          bool      `json:"ready"`
+	StartedAt      time.Time `json:"started_at"`
 	// Limiter is the resilient limiter's own status: breaker openings,
 	// fleet view, and the journal's reconciliation (granted locally =
 	// replayed + present + dropped + duplicate units + pending).
@@ -69,6 +72,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 		ExpectedInstances: s.cfg.ExpectedInstances,
 		JournalSize:       st.JournalSize,
 		Ready:             s.ready.Load(),
+		RedisTimeoutMS:    redisTimeoutMS(s.cfg),
 		Limiter:           st.Resilient,
 		StartedAt:         s.started.UTC().Truncate(time.Second),
 	}
@@ -89,4 +93,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
+}
+
+func redisTimeoutMS(c Config) int64 {
+	if !c.RedisEnabled() {
+		return 0
+	}
+	return c.RedisTimeout.Milliseconds()
 }

@@ -83,7 +83,8 @@ type Config struct {
 	// recently used is evicted and, if needed again during an outage,
 	// starts from a fresh share.
 	KeyCapacity int
-	// Logger receives transitions (slog.Default()).
+	// Logger receives transitions and replays (slog.Default()); add the
+	// instance name with Logger.With if the log is shared.
 	Logger *slog.Logger
 	// Now is the local clock (time.Now). Decisions use the store's clock,
 	// estimated from the local one and the offset seen in replies.
@@ -231,7 +232,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		if to == Open && from == Closed {
 			l.liveBefore.Store(l.live.Load())
 		}
-		l.cfg.Logger.Warn("rate limiter breaker transition", "instance", cfg.Instance, "from", from.String(), "to", to.String(), "reason", reason)
+		l.cfg.Logger.Warn("rate limiter breaker transition", "from", from.String(), "to", to.String(), "reason", reason)
 		if cfg.OnTransition != nil {
 			cfg.OnTransition(from, to)
 		}
@@ -629,7 +630,7 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 			return fmt.Errorf("replayed %d batches, then: %w", replayed, firstErr)
 		}
 	}
-	l.cfg.Logger.Info("journal replayed", "instance", l.cfg.Instance, "batches", replayed, "took", l.cfg.Now().Sub(start).String())
+	l.cfg.Logger.Info("journal replayed", "batches", replayed, "took", l.cfg.Now().Sub(start).String())
 	return nil
 }
 
@@ -662,7 +663,7 @@ func (l *Limiter) restore(ctx context.Context, gen string) error {
 		}
 	}
 	l.mu.Unlock()
-	l.cfg.Logger.Warn("Redis lost its data: restoring the usage the snapshots knew", "instance", l.cfg.Instance, "keys", len(batches))
+	l.cfg.Logger.Warn("Redis lost its data: restoring the usage the snapshots knew", "keys", len(batches))
 	for len(batches) > 0 {
 		n := min(len(batches), l.cfg.ReplayBatch)
 		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout*time.Duration(4+n/100))
