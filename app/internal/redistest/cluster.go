@@ -145,9 +145,9 @@ func (c *Cluster) readSlots(ctx context.Context) ([clusterSlots]int8, error) {
 	for i, n := range c.nodes {
 		nc := redis.NewClient(n.probeOptions())
 		info, err := nc.ClusterInfo(ctx).Result()
-		var slots []redis.ClusterSlot
+		var shards []redis.ClusterShard
 		if err == nil {
-			slots, err = nc.ClusterSlots(ctx).Result()
+			shards, err = nc.ClusterShards(ctx).Result()
 		}
 		nc.Close()
 		if err != nil {
@@ -160,16 +160,24 @@ func (c *Cluster) readSlots(ctx context.Context) ([clusterSlots]int8, error) {
 		for s := range view {
 			view[s] = -1
 		}
-		for _, r := range slots {
-			if len(r.Nodes) == 0 {
+		for _, sh := range shards {
+			master := ""
+			for _, node := range sh.Nodes {
+				if node.Role == "master" {
+					master = net.JoinHostPort(node.IP, strconv.FormatInt(node.Port, 10))
+				}
+			}
+			if master == "" {
 				continue
 			}
-			m := c.nodeIndex(r.Nodes[0].Addr)
-			if m < 0 {
-				return owner, fmt.Errorf("node %s: slots %d-%d served by unknown node %s", n.Addr(), r.Start, r.End, r.Nodes[0].Addr)
-			}
-			for s := r.Start; s <= r.End && s < clusterSlots; s++ {
-				view[s] = int8(m)
+			m := c.nodeIndex(master)
+			for _, r := range sh.Slots {
+				if m < 0 {
+					return owner, fmt.Errorf("node %s: slots %d-%d served by unknown node %s", n.Addr(), r.Start, r.End, master)
+				}
+				for s := r.Start; s <= r.End && s < clusterSlots; s++ {
+					view[s] = int8(m)
+				}
 			}
 		}
 		for s, m := range view {
