@@ -8,7 +8,6 @@ package memstore
 
 import (
 	"context"
-	"hash/maphash"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -28,7 +27,7 @@ const DefaultCapacity = 100_000
 // not usable.
 type Limiter struct {
 	now       func() time.Time
-	seeds     [2]maphash.Seed
+	seeds     ratelimit.StateKeySeeds
 	evictions atomic.Uint64
 
 	mu   sync.Mutex
@@ -37,10 +36,9 @@ type Limiter struct {
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
 
-// Key identifies one policy's state for one client identity: a 128-bit hash
-// of the policy name, its fingerprint and the identity, so memory per key is
-// fixed whatever the client sends.
-type Key [2]uint64
+// Key identifies one policy's state for one client identity (see
+// ratelimit.StateKey).
+type Key = ratelimit.StateKey
 
 // entry is one key's state; only the policy's algorithm's field is used.
 type entry struct {
@@ -75,7 +73,7 @@ func WithClock(now func() time.Time) Option {
 // New returns an in-memory limiter. It panics only on an invalid capacity
 // (n <= 0), which is a programming error.
 func New(opts ...Option) *Limiter {
-	l := &Limiter{now: time.Now, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}}
+	l := &Limiter{now: time.Now, seeds: ratelimit.NewStateKeySeeds()}
 	for _, o := range append([]Option{WithCapacity(DefaultCapacity)}, opts...) {
 		if err := o(l); err != nil {
 			panic("memstore: " + err.Error())
@@ -90,29 +88,7 @@ func (l *Limiter) KeyOf(p ratelimit.Policy, identity string) Key {
 }
 
 func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) Key {
-	var k Key
-	for i := range k {
-		var h maphash.Hash
-		h.SetSeed(l.seeds[i])
-		_, _ = h.WriteString(p.Name)
-		_ = h.WriteByte(0)
-		_, _ = h.WriteString(string(p.Algorithm))
-		_ = h.WriteByte(0)
-		writeInt(&h, p.Limit)
-		writeInt(&h, p.WindowMicros())
-		writeInt(&h, p.Capacity())
-		_, _ = h.Write(id[:])
-		k[i] = h.Sum64()
-	}
-	return k
-}
-
-func writeInt(h *maphash.Hash, v int64) {
-	var b [8]byte
-	for i := range b {
-		b[i] = byte(v >> (8 * i))
-	}
-	_, _ = h.Write(b[:])
+	return l.seeds.Key(p, id)
 }
 
 // Decide applies the request's policy to its key at the limiter's clock.

@@ -72,6 +72,23 @@ func allIn(ls []*resilient.Limiter, s resilient.State) func() bool {
 	}
 }
 
+// startInstances starts the fleet's four limiters, each with its own
+// client, and waits until their heartbeats see each other.
+func startInstances(t *testing.T, addr string) []*resilient.Limiter {
+	t.Helper()
+	var ls []*resilient.Limiter
+	for i := range instances {
+		l, err := resilient.New(newStore(t, addr), recoveryConfig(fmt.Sprint("app", i+1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		ls = append(ls, l)
+	}
+	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == instances })
+	return ls
+}
+
 // grantLog records granted requests (id and store time) per algorithm.
 type grantLog map[ratelimit.Algorithm][]ratelimit.Grant
 
@@ -153,16 +170,7 @@ func checkExactUsage(t *testing.T, srv *redistest.Server, probe *resilient.Limit
 // while Redis is killed, then replay; Redis holds exactly what was granted.
 func TestReplayLeavesExactUsage(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
-	var ls []*resilient.Limiter
-	for i := range instances {
-		l, err := resilient.New(newStore(t, srv.Addr()), recoveryConfig(fmt.Sprint("app", i+1)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close(context.Background()) })
-		ls = append(ls, l)
-	}
-	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == instances })
+	ls := startInstances(t, srv.Addr())
 	grants := grantLog{}
 	for i, l := range ls {
 		for _, alg := range ratelimit.Algorithms {
@@ -474,16 +482,7 @@ func TestCrashDuringOutage(t *testing.T) {
 // wins), then replay their journals on top.
 func TestWipeRestoresUsage(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
-	var ls []*resilient.Limiter
-	for i := range instances {
-		l, err := resilient.New(newStore(t, srv.Addr()), recoveryConfig(fmt.Sprint("app", i+1)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close(context.Background()) })
-		ls = append(ls, l)
-	}
-	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == instances })
+	ls := startInstances(t, srv.Addr())
 	grants := grantLog{}
 	// Round robin, as behind nginx: every snapshot is recent.
 	for j := range 5 {

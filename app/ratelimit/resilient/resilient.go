@@ -19,10 +19,8 @@ package resilient
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -150,7 +148,7 @@ type Limiter struct {
 	store   Store
 	cfg     Config
 	br      breaker
-	seeds   [2]maphash.Seed
+	seeds   ratelimit.StateKeySeeds
 	journal *Journal
 	seq     atomic.Uint64
 	idBase  string
@@ -186,7 +184,7 @@ type Limiter struct {
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
 
-type key [2]uint64
+type key = ratelimit.StateKey
 
 // New returns a Limiter wrapping store and starts its background loop
 // (heartbeats and, while open, probes). The store is not contacted
@@ -200,7 +198,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, cfg: cfg, seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, done: make(chan struct{})}
+	l := &Limiter{store: store, cfg: cfg, seeds: ratelimit.NewStateKeySeeds(), done: make(chan struct{})}
 	l.idBase = cfg.Instance + "-" + strconv.FormatInt(cfg.Now().UnixNano(), 36) + "-"
 	keys, err := simplelru.NewLRU[key, *entry](cfg.KeyCapacity, func(key, *entry) { l.stats.evictions.Add(1) })
 	if err != nil {
@@ -342,22 +340,7 @@ func (l *Limiter) entry(k key) *entry {
 }
 
 func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) key {
-	var k key
-	for i := range k {
-		var h maphash.Hash
-		h.SetSeed(l.seeds[i])
-		_, _ = h.WriteString(p.Name)
-		_ = h.WriteByte(0)
-		_, _ = h.WriteString(string(p.Algorithm))
-		for _, v := range [...]int64{p.Limit, p.WindowMicros(), p.Capacity()} {
-			var b [8]byte
-			binary.LittleEndian.PutUint64(b[:], uint64(v))
-			_, _ = h.Write(b[:])
-		}
-		_, _ = h.Write(id[:])
-		k[i] = h.Sum64()
-	}
-	return k
+	return l.seeds.Key(p, id)
 }
 
 // confirmedAt is when (store µs) the other instances can know this one is
