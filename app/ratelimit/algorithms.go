@@ -100,13 +100,7 @@ type WindowCounterState struct {
 func WindowCounterDecide(p Policy, s WindowCounterState, now, cost int64, wt Weight) (WindowCounterState, Decision) {
 	w, limit := p.WindowMicros(), wt.limit(p.Limit)
 	start := now - now%w
-	cur, prev := int64(0), int64(0)
-	switch s.WindowStart {
-	case start:
-		cur, prev = s.Current, s.Previous
-	case start - w:
-		prev = s.Current
-	}
+	cur, prev := s.Shift(start, w)
 	elapsed := now - start
 	used := prev*(w-elapsed) + cur*w // in units × µs
 	d := Decision{Limit: p.Limit}
@@ -126,6 +120,18 @@ func WindowCounterDecide(p Policy, s WindowCounterState, now, cost int64, wt Wei
 	}
 	d.State = State{Now: now, WindowStart: start, Current: cur, Previous: prev}
 	return WindowCounterState{WindowStart: start, Current: cur, Previous: prev}, d
+}
+
+// Shift returns the counts of the window starting at start and of the one
+// before it, the stored windows moved forward to them (w is the window).
+func (s WindowCounterState) Shift(start, w int64) (cur, prev int64) {
+	switch s.WindowStart {
+	case start:
+		return s.Current, s.Previous
+	case start - w:
+		return 0, s.Current
+	}
+	return 0, 0
 }
 
 // windowCounterRetry is the time until cost units fit, for a denied request.

@@ -108,13 +108,7 @@ func GCRAReplay(p Policy, s GCRAState, now int64, grants []Grant) (GCRAState, Re
 func WindowCounterReplay(p Policy, s WindowCounterState, now int64, grants []Grant) (WindowCounterState, ReplayResult) {
 	w := p.WindowMicros()
 	start := now - now%w
-	cur, prev := int64(0), int64(0)
-	switch s.WindowStart {
-	case start:
-		cur, prev = s.Current, s.Previous
-	case start - w:
-		prev = s.Current
-	}
+	cur, prev := s.Shift(start, w)
 	var r ReplayResult
 	for _, g := range grants {
 		switch gs := g.At - g.At%w; {

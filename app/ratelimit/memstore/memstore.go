@@ -96,13 +96,12 @@ func (l *Limiter) Decide(_ context.Context, req ratelimit.Request) (ratelimit.De
 	if err := req.Validate(); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	return l.DecideAt(l.KeyOf(req.Policy, req.Key), req.Policy, l.now().UnixMicro(), req.Units(), req.Weight), nil
+	return l.decideAt(l.KeyOf(req.Policy, req.Key), req.Policy, l.now().UnixMicro(), req.Units(), req.Weight), nil
 }
 
-// DecideAt applies a validated policy to key at time now (µs since the
-// epoch). It is the decision path without validation or hashing, for callers
-// that did both already.
-func (l *Limiter) DecideAt(key Key, p ratelimit.Policy, now, cost int64, wt ratelimit.Weight) ratelimit.Decision {
+// decideAt applies a validated policy to key at time now (µs since the
+// epoch).
+func (l *Limiter) decideAt(key Key, p ratelimit.Policy, now, cost int64, wt ratelimit.Weight) ratelimit.Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e, ok := l.keys.Get(key)

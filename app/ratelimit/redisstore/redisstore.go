@@ -109,19 +109,8 @@ func New(client redis.Scripter, opts ...Option) *Limiter {
 	return l
 }
 
-// Tag returns the hash tag of an identity's bucket, e.g. "{rl:0421}".
-func (l *Limiter) Tag(identity string) string {
-	return l.tag(ratelimit.IdentityOf(identity))
-}
-
 func (l *Limiter) tag(sum [32]byte) string {
 	return "{" + l.prefix + ":" + fmt.Sprintf("%04d", binary.BigEndian.Uint16(sum[16:18])%TagBuckets) + "}"
-}
-
-// TagOfBucket returns the hash tag of bucket n (0 <= n < TagBuckets), for
-// fleet-wide keys that need a home slot.
-func (l *Limiter) TagOfBucket(n int) string {
-	return "{" + l.prefix + ":" + fmt.Sprintf("%04d", n%TagBuckets) + "}"
 }
 
 // Key returns the Redis key holding policy p's state for identity: the

@@ -162,20 +162,12 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) rat
 	w := p.WindowMicros()
 	start := now - now%w
 	elapsed := now - start
-	shift := func(ws, cur, prev int64) (int64, int64) {
-		switch ws {
-		case start:
-			return cur, prev
-		case start - w:
-			return 0, cur
-		}
-		return 0, 0
-	}
 	var kc, kp int64
 	if e.snapValid {
-		kc, kp = shift(e.snap.WindowStart, e.snap.Current, e.snap.Previous)
+		known := ratelimit.WindowCounterState{WindowStart: e.snap.WindowStart, Current: e.snap.Current, Previous: e.snap.Previous}
+		kc, kp = known.Shift(start, w)
 	}
-	lc, lp := shift(e.wc.WindowStart, e.wc.Current, e.wc.Previous)
+	lc, lp := e.wc.Shift(start, w)
 	known := float64(kp*(w-elapsed) + kc*w)
 	room := sh.of(float64(p.Limit*w) - known) // this instance's part, units × µs
 	used := float64(lp*(w-elapsed) + lc*w)

@@ -89,6 +89,31 @@ func startInstances(t *testing.T, addr string) []*resilient.Limiter {
 	return ls
 }
 
+// grantThroughOutage has each instance grant 5 requests per algorithm in
+// Redis (round robin, as behind nginx, so every snapshot is recent), kills
+// Redis, and has each grant 10 more locally. It returns the grants.
+func grantThroughOutage(t *testing.T, srv *redistest.Server, ls []*resilient.Limiter) grantLog {
+	t.Helper()
+	grants := grantLog{}
+	for j := range 5 {
+		for i, l := range ls {
+			for _, alg := range ratelimit.Algorithms {
+				grants.decide(t, l, alg, "client", fmt.Sprintf("redis-%d-%d", i, j), ratelimit.ModeRedis)
+			}
+		}
+	}
+	srv.Kill()
+	waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.Open))
+	for i, l := range ls {
+		for _, alg := range ratelimit.Algorithms {
+			for j := range 10 {
+				grants.decide(t, l, alg, "client", fmt.Sprintf("local-%d-%d", i, j), ratelimit.ModeLocal)
+			}
+		}
+	}
+	return grants
+}
+
 // grantLog records granted requests (id and store time) per algorithm.
 type grantLog map[ratelimit.Algorithm][]ratelimit.Grant
 
@@ -171,23 +196,7 @@ func checkExactUsage(t *testing.T, srv *redistest.Server, probe *resilient.Limit
 func TestReplayLeavesExactUsage(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
 	ls := startInstances(t, srv.Addr())
-	grants := grantLog{}
-	for i, l := range ls {
-		for _, alg := range ratelimit.Algorithms {
-			for j := range 5 {
-				grants.decide(t, l, alg, "client", fmt.Sprintf("redis-%d-%d", i, j), ratelimit.ModeRedis)
-			}
-		}
-	}
-	srv.Kill()
-	waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.Open))
-	for i, l := range ls {
-		for _, alg := range ratelimit.Algorithms {
-			for j := range 10 {
-				grants.decide(t, l, alg, "client", fmt.Sprintf("local-%d-%d", i, j), ratelimit.ModeLocal)
-			}
-		}
-	}
+	grants := grantThroughOutage(t, srv, ls)
 	srv.Restart(t)
 	waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.Closed))
 	checkExactUsage(t, srv, ls[0], "client", grants, 30)
@@ -483,24 +492,7 @@ func TestCrashDuringOutage(t *testing.T) {
 func TestWipeRestoresUsage(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
 	ls := startInstances(t, srv.Addr())
-	grants := grantLog{}
-	// Round robin, as behind nginx: every snapshot is recent.
-	for j := range 5 {
-		for i, l := range ls {
-			for _, alg := range ratelimit.Algorithms {
-				grants.decide(t, l, alg, "client", fmt.Sprintf("redis-%d-%d", i, j), ratelimit.ModeRedis)
-			}
-		}
-	}
-	srv.Kill()
-	waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.Open))
-	for i, l := range ls {
-		for _, alg := range ratelimit.Algorithms {
-			for j := range 10 {
-				grants.decide(t, l, alg, "client", fmt.Sprintf("local-%d-%d", i, j), ratelimit.ModeLocal)
-			}
-		}
-	}
+	grantThroughOutage(t, srv, ls)
 	srv.RestartEmpty(t)
 	waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.Closed))
 	restores := 0

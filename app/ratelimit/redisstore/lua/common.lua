@@ -32,3 +32,14 @@ local function num(v, what)
   return n
 end
 
+-- The sliding window counter's counts of the window at start and the one
+-- before, from its hash {w, c, p} moved forward (ratelimit.WindowCounterState.Shift).
+local function counter_state(key, start, window)
+  local st = redis.call('HMGET', key, 'w', 'c', 'p')
+  if not st[1] then return 0, 0 end
+  local ws = num(st[1], 'w')
+  if ws == start then return num(st[2], 'c'), num(st[3], 'p') end
+  if ws == start - window then return 0, num(st[2], 'c') end
+  return 0, 0
+end
+

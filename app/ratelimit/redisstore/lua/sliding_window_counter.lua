@@ -4,16 +4,7 @@
 local now = now_us()
 local limit = elimit
 local start = now - (now % window)
-local st = redis.call('HMGET', key, 'w', 'c', 'p')
-local cur, prev = 0, 0
-if st[1] then
-  local ws = num(st[1], 'w')
-  if ws == start then
-    cur, prev = num(st[2], 'c'), num(st[3], 'p')
-  elseif ws == start - window then
-    prev = num(st[2], 'c')
-  end
-end
+local cur, prev = counter_state(key, start, window)
 local elapsed = now - start
 local used = prev * (window - elapsed) + cur * window
 local allowed, retry = 0, 0
