@@ -24,7 +24,7 @@ MODULES = $(shell $(GO) list -m -f '{{.Dir}}')
 
 CHAOS_SCENARIO_FLAG = $(if $(strip $(SCENARIOS)),-scenarios $(SCENARIOS))
 
-.PHONY: help up down local-up local-down test chaos-local chaos bench lint generate tidy \
+.PHONY: help up down offline-images local-up local-down test chaos-local chaos bench lint generate tidy \
 	deps check-config nginx-conf build
 
 help: ## list the targets
@@ -37,6 +37,9 @@ help: ## list the targets
 
 up: ## compose stack: nginx on :8080, app1-app4, Redis; waits until all are healthy
 	@scripts/compose-up.sh
+
+offline-images: ## local stand-ins for every image compose and the Dockerfile name (no registry needed); writes .env
+	@scripts/offline-images.sh
 
 down: ## stop the compose stack (volumes are kept)
 	@scripts/compose.sh down --remove-orphans
