@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `make up`: build the app image, start the compose stack, then wait until every service
-# is healthy. compose v2: `up -d --wait`. compose v1 has no --wait: poll `docker inspect`.
+# is healthy (a service without a healthcheck: running). compose v2: `up -d --wait`.
+# compose v1 has no --wait: poll `docker inspect`. The first healthcheck runs one interval
+# (30 s, see docker-compose.yml) after a container starts, so this takes about 30 s.
 #   COMPOSE_WAIT_TIMEOUT=180 (seconds)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -27,6 +29,7 @@ if [[ $version == 2 ]]; then
     fi
 else
     $compose up -d
+    echo "waiting for every service's first healthcheck (about 30 s)"
     deadline=$((SECONDS + timeout))
     while :; do
         ids=$($compose ps -q)
@@ -34,9 +37,9 @@ else
         pending=() failed=()
         for id in $ids; do
             # name, then the health status (or the plain state for a service without one)
-            read -r name state < <(docker inspect -f '{{.Name}} {{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$id")
+            read -r name state < <(docker inspect -f '{{.Name}} {{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}-unchecked{{end}}' "$id")
             case $state in
-            healthy) ;;
+            healthy | running-unchecked) ;;
             unhealthy | exited | dead) failed+=("${name#/}:$state") ;;
             *) pending+=("${name#/}:$state") ;;
             esac

@@ -37,7 +37,7 @@ compose)
     V[APP4_ADDR]='172.28.1.14:8080'
     V[NGINX_PID]='/var/run/nginx.pid'
     V[NGINX_ERROR_LOG]='stderr'
-    V[NGINX_ACCESS_LOG]='/dev/stdout'
+    V[NGINX_ACCESS_LOG]='/var/log/fleetlimit/access.log'
     V[NGINX_TEMP_DIR]='/var/cache/nginx'
     ;;
 native)

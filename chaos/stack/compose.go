@@ -5,75 +5,124 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
+	"net"
+	"slices"
 	"strings"
 	"time"
 )
 
 // Compose is the compose stack of `make up`, driven through
 // scripts/compose.sh (compose v2 or v1, whichever the machine has) and the
-// docker CLI. The apps' admin port is not published: /status is fetched
-// from inside the nginx container, which shares the apps' front network.
+// docker CLI. For redis-latency it adds docker-compose.chaos.yml: a
+// toxiproxy between each app and Redis. Only then: on a 2-core host the
+// proxy's CPU and extra connections moved healthy p99 from 10 ms to
+// hundreds (docs/COMPOSE-PERFORMANCE.md). The apps' admin ports and
+// toxiproxy's API are published on the host's loopback, so the suite reaches
+// them over HTTP: a `docker exec` costs about 200 ms of CPU there.
 //
 // Compose is not safe for concurrent use.
 type Compose struct {
+	httpAPI
 	r    runner
 	info Info
 }
 
+// The compose files: the stack, and the stack with the fault proxy.
+const (
+	ComposeFile      = "docker-compose.yml"
+	ComposeFileProxy = "docker-compose.yml:docker-compose.chaos.yml"
+)
+
 // NewCompose returns the compose stack of the repository at root.
 func NewCompose(root string, log io.Writer) *Compose {
-	return &Compose{r: runner{root: root, log: log}}
+	return &Compose{httpAPI: newHTTPAPI(), r: runner{root: root, log: log}}
 }
 
 // Name implements Stack.
 func (c *Compose) Name() string { return "compose" }
 
-// LatencyUnsupported is why the compose stack skips redis-latency.
-const LatencyUnsupported = "the compose stack has no fault-injection proxy between the apps and Redis " +
-	"(toxiproxy runs in the native stack only), and delaying Redis replies inside the containers " +
-	"would need tc and NET_ADMIN, which the stack does not grant; run it with make chaos-local"
-
-// Unsupported implements Stack.
-func (c *Compose) Unsupported(fault string) string {
-	if fault == "latency" {
-		return LatencyUnsupported
-	}
-	return ""
-}
+// Unsupported implements Stack: the compose stack injects every fault.
+func (c *Compose) Unsupported(string) string { return "" }
 
 func (c *Compose) compose(ctx context.Context, args ...string) error {
 	return c.r.run(ctx, "scripts/compose.sh", args...)
 }
 
 // Up implements Stack: make down (volumes are kept), make up (waits until
-// healthy).
-func (c *Compose) Up(ctx context.Context) (Info, error) {
+// healthy), then the published addresses of nginx, the apps' admin ports and
+// (for latency) toxiproxy's API.
+func (c *Compose) Up(ctx context.Context, needs string) (Info, error) {
+	files := ComposeFile
+	if needs == "latency" {
+		files = ComposeFileProxy
+	}
+	// --remove-orphans in make down takes away a proxy the last run added.
+	c.r.env = []string{"COMPOSE_FILE=" + files}
 	if err := c.r.run(ctx, "make", "--no-print-directory", "down"); err != nil {
 		return Info{}, err
 	}
 	if err := c.r.run(ctx, "make", "--no-print-directory", "up"); err != nil {
 		return Info{}, err
 	}
-	port := os.Getenv("NGINX_PORT")
-	if port == "" {
-		port = "8080"
+	nginx, err := c.published(ctx, "nginx", "8080")
+	if err != nil {
+		return Info{}, err
 	}
-	info := Info{NginxURL: "http://127.0.0.1:" + port}
+	info := Info{NginxURL: "http://" + nginx}
+	if needs == "latency" {
+		api, err := c.published(ctx, "toxiproxy", "8474")
+		if err != nil {
+			return Info{}, err
+		}
+		info.ProxyAPI = "http://" + api
+	}
 	out, err := c.r.output(ctx, "scripts/compose.sh", "ps", "--services")
 	if err != nil {
 		return Info{}, err
 	}
 	for s := range strings.FieldsSeq(string(out)) {
-		if strings.HasPrefix(s, "app") {
-			info.Apps = append(info.Apps, App{Name: s})
+		if !strings.HasPrefix(s, "app") {
+			continue
 		}
+		admin, err := c.published(ctx, s, "9090")
+		if err != nil {
+			return Info{}, err
+		}
+		a := App{Name: s, AdminURL: "http://" + admin}
+		if info.ProxyAPI != "" {
+			a.Proxy = s + "-redis"
+		}
+		info.Apps = append(info.Apps, a)
 	}
 	if len(info.Apps) == 0 {
 		return Info{}, errors.New("compose: no app services")
 	}
+	slices.SortFunc(info.Apps, func(a, b App) int { return strings.Compare(a.Name, b.Name) })
 	c.info = info
+	for _, a := range info.Apps {
+		if err := c.waitReady(ctx, info, a.Name, 60*time.Second); err != nil {
+			return Info{}, fmt.Errorf("compose: %s: %w", a.Name, err)
+		}
+	}
 	return info, nil
+}
+
+// published returns the host address (127.0.0.1:port) of a service's
+// container port.
+func (c *Compose) published(ctx context.Context, service, port string) (string, error) {
+	out, err := c.r.output(ctx, "scripts/compose.sh", "port", service, port)
+	if err != nil {
+		return "", err
+	}
+	addr := strings.TrimSpace(string(out))
+	if addr == "" || strings.HasSuffix(addr, ":0") {
+		return "", fmt.Errorf("compose: %s publishes no port for %s", service, port)
+	}
+	// "0.0.0.0:8080" when bound to every address: reach it on loopback.
+	if host, p, err := net.SplitHostPort(addr); err == nil && (host == "0.0.0.0" || host == "::") {
+		addr = net.JoinHostPort("127.0.0.1", p)
+	}
+	return addr, nil
 }
 
 // Down implements Stack: make down.
@@ -169,10 +218,7 @@ func (c *Compose) StartApp(ctx context.Context, app string) error {
 	if err := c.compose(ctx, "start", app); err != nil {
 		return err
 	}
-	return waitFor(ctx, 60*time.Second, func(ctx context.Context) error {
-		_, err := c.admin(ctx, app, "/readyz")
-		return err
-	})
+	return c.waitReady(ctx, c.info, app, 60*time.Second)
 }
 
 // Partition implements Stack: disconnects the app's container from the
@@ -200,28 +246,16 @@ func (c *Compose) Partition(ctx context.Context, app string, on bool) error {
 	return c.r.run(ctx, "docker", "network", "connect", net, id)
 }
 
-// Latency implements Stack: not supported.
-func (c *Compose) Latency(context.Context, time.Duration) error {
-	return &UnsupportedError{Fault: "latency", Reason: LatencyUnsupported}
+// Latency implements Stack: a latency toxic on every app's proxy (Up adds
+// the proxies for a fault that needs latency).
+func (c *Compose) Latency(ctx context.Context, d time.Duration) error {
+	if c.info.ProxyAPI == "" {
+		return &UnsupportedError{Fault: "latency", Reason: "the stack was started without the fault proxy (Up with needs \"latency\")"}
+	}
+	return c.latency(ctx, c.info, d)
 }
 
-// Status implements Stack.
+// Status implements Stack: GET the app's published admin /status.
 func (c *Compose) Status(ctx context.Context, app string) ([]byte, error) {
-	return c.admin(ctx, app, "/status")
-}
-
-// admin GETs path on the app's admin port from inside the nginx container
-// (busybox wget in the alpine image, curl in the Debian ones).
-func (c *Compose) admin(ctx context.Context, app, path string) ([]byte, error) {
-	id, err := c.container(ctx, app)
-	if err != nil {
-		return nil, err
-	}
-	_, ip, err := c.network(ctx, id, "_front")
-	if err != nil {
-		return nil, err
-	}
-	url := "http://" + ip + ":9090" + path
-	return c.r.output(ctx, "scripts/compose.sh", "exec", "-T", "nginx", "sh", "-c",
-		"wget -q -O - "+url+" 2>/dev/null || curl -fsS "+url)
+	return c.status(ctx, c.info, app)
 }

@@ -30,10 +30,10 @@ import (
 //
 // Local is not safe for concurrent use.
 type Local struct {
-	r      runner
-	built  bool
-	info   Info
-	client *http.Client
+	httpAPI
+	r     runner
+	built bool
+	info  Info
 
 	mu      sync.Mutex
 	saved   map[string]procSpec // by service, captured before a kill
@@ -53,9 +53,9 @@ type procSpec struct {
 // output goes to log.
 func NewLocal(root string, log io.Writer) *Local {
 	return &Local{
-		r:      runner{root: root, log: log},
-		client: &http.Client{Timeout: 5 * time.Second},
-		saved:  map[string]procSpec{},
+		httpAPI: newHTTPAPI(),
+		r:       runner{root: root, log: log},
+		saved:   map[string]procSpec{},
 	}
 }
 
@@ -71,7 +71,7 @@ func (l *Local) serviceScript() string { return filepath.Join(l.r.root, "scripts
 
 // Up implements Stack: make local-down, then make local-up (the binaries are
 // built by the first Up only), then reads .run/stack.json.
-func (l *Local) Up(ctx context.Context) (Info, error) {
+func (l *Local) Up(ctx context.Context, _ string) (Info, error) {
 	if err := l.r.run(ctx, "make", "--no-print-directory", "local-down"); err != nil {
 		return Info{}, err
 	}
@@ -384,16 +384,7 @@ func (l *Local) StartApp(ctx context.Context, app string) error {
 	if err := l.spawn(app, spec); err != nil {
 		return err
 	}
-	admin := ""
-	for _, a := range l.info.Apps {
-		if a.Name == app {
-			admin = a.AdminURL
-		}
-	}
-	return waitFor(ctx, 30*time.Second, func(ctx context.Context) error {
-		_, err := l.get(ctx, admin+"/readyz")
-		return err
-	})
+	return l.waitReady(ctx, l.info, app, 30*time.Second)
 }
 
 func (l *Local) savedSpec(service string) (procSpec, bool) {
@@ -446,27 +437,19 @@ func (l *Local) Partition(ctx context.Context, app string, on bool) error {
 		return err
 	}
 	body := fmt.Sprintf(`{"enabled":%t}`, !on)
-	return l.proxyCall(ctx, http.MethodPost, "/proxies/"+proxy, body, false)
+	return l.proxyCall(ctx, l.info.ProxyAPI, http.MethodPost, "/proxies/"+proxy, body, false)
 }
 
-// LatencyToxic is the name of the toxic Latency adds.
-const LatencyToxic = "chaos-latency"
-
-// Latency implements Stack: a latency toxic on the downstream (Redis to
-// app) of every app's proxy.
+// Latency implements Stack: a latency toxic on every app's proxy.
 func (l *Local) Latency(ctx context.Context, d time.Duration) error {
-	var errs []error
-	for _, a := range l.info.Apps {
-		if d > 0 {
-			body := fmt.Sprintf(`{"name":%q,"type":"latency","stream":"downstream","toxicity":1,"attributes":{"latency":%d,"jitter":0}}`,
-				LatencyToxic, d.Milliseconds())
-			errs = append(errs, l.proxyCall(ctx, http.MethodPost, "/proxies/"+a.Proxy+"/toxics", body, false))
-		} else {
-			errs = append(errs, l.proxyCall(ctx, http.MethodDelete, "/proxies/"+a.Proxy+"/toxics/"+LatencyToxic, "", true))
-		}
-	}
-	return errors.Join(errs...)
+	return l.latency(ctx, l.info, d)
 }
+
+// Status implements Stack: GET <admin_url>/status.
+func (l *Local) Status(ctx context.Context, app string) ([]byte, error) {
+	return l.status(ctx, l.info, app)
+}
+
 
 func (l *Local) proxyOf(app string) (string, error) {
 	for _, a := range l.info.Apps {
@@ -475,57 +458,6 @@ func (l *Local) proxyOf(app string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s: no proxy in stack.json", app)
-}
-
-func (l *Local) proxyCall(ctx context.Context, method, path, body string, allow404 bool) error {
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(l.info.ProxyAPI, "/")+path, strings.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := l.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("toxiproxy %s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode == http.StatusNotFound && allow404 {
-		return nil
-	}
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("toxiproxy %s %s: %s: %s", method, path, resp.Status, strings.TrimSpace(string(msg)))
-	}
-	return nil
-}
-
-// Status implements Stack: GET <admin_url>/status.
-func (l *Local) Status(ctx context.Context, app string) ([]byte, error) {
-	for _, a := range l.info.Apps {
-		if a.Name == app {
-			return l.get(ctx, strings.TrimRight(a.AdminURL, "/")+"/status")
-		}
-	}
-	return nil, fmt.Errorf("%s: not in stack.json", app)
-}
-
-func (l *Local) get(ctx context.Context, url string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := l.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode/100 != 2 {
-		return b, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return b, nil
 }
 
 // waitFor polls check every 100 ms until it succeeds, for at most d.

@@ -51,8 +51,10 @@ type Stack interface {
 	// Name is "local" or "compose".
 	Name() string
 	// Up starts the stack from scratch (stopping a running one first) and
-	// returns its description once every service is ready.
-	Up(ctx context.Context) (Info, error)
+	// returns its description once every service is ready. needs names
+	// the capability the coming fault needs ("latency"; "" for the common
+	// ones), so a stack can add what only that fault needs.
+	Up(ctx context.Context, needs string) (Info, error)
 	// Down stops everything Up started.
 	Down(ctx context.Context) error
 	// Flush empties Redis (FLUSHALL) and compacts its AOF, so that a

@@ -220,7 +220,7 @@ func RunScenario(ctx context.Context, cfg Config, sc Scenario) *report.Report {
 	run.evF, run.evW = evF, bufio.NewWriter(evF)
 
 	fmt.Fprintf(cfg.Log, "    starting the %s stack\n", cfg.Stack.Name())
-	info, err := cfg.Stack.Up(ctx)
+	info, err := cfg.Stack.Up(ctx, sc.Needs)
 	stackDown := false
 	down := func() {
 		if stackDown {

@@ -92,7 +92,7 @@ func (s *fakeStack) cut(app string) bool {
 func (s *fakeStack) setDown(v bool) { s.mu.Lock(); s.redisDown = v; s.mu.Unlock() }
 
 func (s *fakeStack) Name() string { return "fake" }
-func (s *fakeStack) Up(context.Context) (stack.Info, error) {
+func (s *fakeStack) Up(context.Context, string) (stack.Info, error) {
 	s.record("up")
 	info := stack.Info{NginxURL: s.url}
 	for i := 1; i <= 4; i++ {

@@ -98,7 +98,7 @@ var demoRoutes = []struct{ path, route, policy string }{
 }
 
 func TestDemoRoutes(t *testing.T) {
-	s, logs := startServer(t, map[string]string{"RL_DEBUG_HEADERS": "true"})
+	s, logs := startServer(t, map[string]string{"RL_DEBUG_HEADERS": "true", "RL_LOG_LEVEL": "debug"})
 	base := "http://" + s.PublicAddr()
 	for _, r := range demoRoutes {
 		t.Run(r.policy, func(t *testing.T) {
@@ -136,6 +136,21 @@ func TestDemoRoutes(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `"request_id":"req-gcra"`) {
 		t.Errorf("request id not logged:\n%s", logs)
+	}
+}
+
+// At the default level the hot path writes no line per request (nginx's
+// access log has them); at debug it does.
+func TestRequestLogOnlyAtDebug(t *testing.T) {
+	s, logs := startServer(t, nil)
+	for i := range 20 {
+		resp, _ := get(t, "http://"+s.PublicAddr()+"/api/gcra", "X-Request-Id", fmt.Sprint("quiet-", i))
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	if strings.Contains(logs.String(), "quiet-") {
+		t.Errorf("a request was logged at info:\n%s", logs)
 	}
 }
 

@@ -3,6 +3,7 @@ package resilient
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // State is the circuit breaker's state.
@@ -33,15 +34,32 @@ func (s State) String() string {
 }
 
 // breaker counts consecutive failures and moves between the states. Reads of
-// the state are one atomic load; transitions take a mutex.
+// the state are one atomic load; a success is two atomic operations on the
+// hot path (no lock); transitions take a mutex.
+//
+// A dead store and a slow one are told apart by what a failure is:
+//   - an error the store or the network answered with (connection refused or
+//     reset, a write refused) is a hard failure: threshold consecutive ones
+//     open the breaker at once;
+//   - a timeout is ambiguous: a busy store answers late, and when calls are
+//     concurrent, one stall times out many of them together. Timeouts open
+//     the breaker only once threshold consecutive failures have been seen and
+//     nothing has succeeded for slowWindow. A store that still answers some
+//     calls (or the heartbeat) within the timeout is slow, not dead: the
+//     calls that time out are decided locally one by one, and the breaker
+//     stays closed.
 type breaker struct {
-	state     atomic.Int32
-	threshold int
-	onChange  func(from, to State, reason string)
+	state      atomic.Int32
+	threshold  int
+	slowWindow time.Duration
+	now        func() time.Time
+	onChange   func(from, to State, reason string)
 
-	mu       sync.Mutex
-	failures int
-	opens    atomic.Uint64
+	failures    atomic.Int64
+	lastSuccess atomic.Int64 // local Unix µs of the last success while closed
+
+	mu    sync.Mutex
+	opens atomic.Uint64
 }
 
 func (b *breaker) State() State { return State(b.state.Load()) }
@@ -51,24 +69,37 @@ func (b *breaker) success() {
 	if b.State() != Closed {
 		return
 	}
-	b.mu.Lock()
-	b.failures = 0
-	b.mu.Unlock()
+	b.lastSuccess.Store(b.now().UnixMicro())
+	if b.failures.Load() != 0 {
+		b.failures.Store(0)
+	}
 }
 
-// failure counts a failed call; the threshold-th consecutive one opens a
-// closed breaker. A failure while recovering reopens it at once.
-func (b *breaker) failure(reason string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// failure counts a failed call (timeout: it outlived its deadline); the
+// threshold-th consecutive one opens a closed breaker, for a timeout only if
+// nothing succeeded for slowWindow. A failure while recovering reopens it at
+// once.
+func (b *breaker) failure(reason string, timeout bool) {
 	switch b.State() {
 	case Closed:
-		b.failures++
-		if b.failures >= b.threshold {
+		n := b.failures.Add(1)
+		if n < int64(b.threshold) {
+			return
+		}
+		if timeout && b.now().UnixMicro()-b.lastSuccess.Load() < b.slowWindow.Microseconds() {
+			return // slow, not dead
+		}
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.State() == Closed && b.failures.Load() >= int64(b.threshold) {
 			b.setLocked(Open, reason)
 		}
 	case Recovering:
-		b.setLocked(Open, reason)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.State() == Recovering {
+			b.setLocked(Open, reason)
+		}
 	}
 }
 
@@ -88,7 +119,10 @@ func (b *breaker) setLocked(to State, reason string) {
 	if from == to {
 		return
 	}
-	b.failures = 0
+	b.failures.Store(0)
+	if to == Closed {
+		b.lastSuccess.Store(b.now().UnixMicro())
+	}
 	if to == Open {
 		b.opens.Add(1)
 	}

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -59,8 +60,15 @@ type Config struct {
 	// Timeout bounds each store call (50 ms).
 	Timeout time.Duration
 	// FailureThreshold is the number of consecutive failures that opens
-	// the breaker (3).
+	// the breaker (3). Errors open it at once; timeouts only when nothing
+	// has succeeded for SlowWindow as well.
 	FailureThreshold int
+	// SlowWindow tells a slow store from a dead one (250 ms): calls that
+	// time out open the breaker only if no call or heartbeat has succeeded
+	// for this long. Until then each timed-out call is decided locally and
+	// the breaker stays closed. It adds to the time an unanswering store
+	// takes to open the breaker, not to any request's latency.
+	SlowWindow time.Duration
 	// ProbeInterval is how often an open breaker pings the store (1 s).
 	ProbeInterval time.Duration
 	// HeartbeatInterval is how often a closed breaker heartbeats (100 ms).
@@ -120,6 +128,7 @@ func (c *Config) setDefaults() error {
 	def(&c.HeartbeatInterval, 100*time.Millisecond)
 	def(&c.HeartbeatTTL, 300*time.Millisecond)
 	def(&c.LeaseGrace, 30*time.Second)
+	def(&c.SlowWindow, 250*time.Millisecond)
 	if c.FailureThreshold <= 0 {
 		c.FailureThreshold = 3
 	}
@@ -226,6 +235,9 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		l.br.opens.Add(1)
 	}
 	l.br.threshold = cfg.FailureThreshold
+	l.br.slowWindow = cfg.SlowWindow
+	l.br.now = cfg.Now
+	l.br.lastSuccess.Store(cfg.Now().UnixMicro())
 	l.br.onChange = func(from, to State, reason string) {
 		if to == Open && from == Closed {
 			l.liveBefore.Store(l.live.Load())
@@ -278,7 +290,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 		l.stats.failures.Add(1)
 		l.stats.failedDecisions.Add(1)
 		if !errors.Is(err, ratelimit.ErrBadReply) { // one odd key is no outage
-			l.br.failure(err.Error())
+			l.br.failure(err.Error(), isTimeout(err))
 		}
 	}
 	return l.decideLocal(k, id, req), nil
@@ -395,7 +407,7 @@ func (l *Limiter) loop(ctx context.Context) {
 				// Grants made while recovering, or left by a failed
 				// pass: fold them in now.
 				if err := l.replayJournal(ctx); err != nil && ctx.Err() == nil {
-					l.br.failure("replay: " + err.Error())
+					l.br.failure("replay: "+err.Error(), isTimeout(err))
 				}
 			}
 		case Open:
@@ -417,15 +429,16 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	if err != nil {
 		if ctx.Err() == nil {
 			l.stats.failures.Add(1)
-			l.br.failure("heartbeat: " + err.Error())
+			l.br.failure("heartbeat: "+err.Error(), isTimeout(err))
 		}
 		return
 	}
+	l.br.success()
 	if l.generationChanged(gen) && l.br.State() == Closed {
 		// Redis lost its data between two heartbeats, too fast for the
 		// breaker to notice: put back what the snapshots knew.
 		if err := l.restore(ctx, gen); err != nil {
-			l.br.failure("restore: " + err.Error())
+			l.br.failure("restore: "+err.Error(), isTimeout(err))
 		}
 	}
 	l.live.Store(int64(live))
@@ -615,6 +628,13 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	}
 	l.cfg.Logger.Info("journal replayed", "batches", replayed, "took", l.cfg.Now().Sub(start).String())
 	return nil
+}
+
+// isTimeout reports whether err is a call that outlived its deadline, as
+// opposed to an error the store or the network answered with.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // generationChanged records the store's data generation and reports whether

@@ -114,6 +114,49 @@ func admit(t *testing.T, l ratelimit.Limiter, p ratelimit.Policy, key string, n 
 	return allowed
 }
 
+// A busy store that answers some calls late is slow, not dead: the late
+// calls are decided locally one by one and the breaker stays closed, even
+// when one stall times out many concurrent calls at once.
+func TestBreakerSlowStoreStaysClosed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{Timeout: 50 * time.Millisecond})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: 10 * time.Second}
+		admit(t, l, p, "k", 1, ratelimit.ModeRedis)
+		for stall := range 5 {
+			// 20 calls in flight when the store stalls past their timeout.
+			f.hang.Store(true)
+			var local atomic.Int64
+			done := make(chan struct{})
+			for i := range 20 {
+				go func() {
+					d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: fmt.Sprint("c", i)})
+					if err == nil && d.Mode == ratelimit.ModeLocal {
+						local.Add(1)
+					}
+					done <- struct{}{}
+				}()
+			}
+			for range 20 {
+				<-done
+			}
+			f.hang.Store(false)
+			if local.Load() != 20 {
+				t.Fatalf("stall %d: %d of 20 timed-out calls decided locally", stall, local.Load())
+			}
+			// Between stalls the store answers.
+			admit(t, l, p, "k", 5, ratelimit.ModeRedis)
+			if got := l.State(); got != resilient.Closed {
+				t.Fatalf("stall %d: breaker %s, want closed: the store still answers", stall, got)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if s := l.Status(); s.Opens != 0 || s.FailedDecisions != 100 {
+			t.Fatalf("status %+v, want no opening and 100 failed decisions", s)
+		}
+	})
+}
+
 func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
 	for _, hang := range []bool{false, true} {
 		t.Run(map[bool]string{false: "refused", true: "hung"}[hang], func(t *testing.T) {
@@ -128,14 +171,27 @@ func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
 					f.down.Store(true)
 				}
 				calls := len(f.DecideCalls())
-				// Each failing call is decided locally, not failed.
-				admit(t, l, p, "k", 3, ratelimit.ModeLocal)
+				start := time.Now()
+				// Each failing call is decided locally, not failed. Refused
+				// calls open the breaker at the third; calls that time out
+				// only once nothing has answered for SlowWindow (250 ms).
+				failing := 0
+				for l.State() == resilient.Closed && failing < 100 {
+					admit(t, l, p, "k", 1, ratelimit.ModeLocal)
+					failing++
+				}
 				if got := l.State(); got != resilient.Open {
-					t.Fatalf("after 3 failures: %s, want open", got)
+					t.Fatalf("after %d failures: %s, want open", failing, got)
+				}
+				if !hang && failing != 3 {
+					t.Fatalf("refused: opened after %d failures, want 3", failing)
+				}
+				if took := time.Since(start); hang && (took < 250*time.Millisecond || took > 300*time.Millisecond) {
+					t.Fatalf("hung: opened %v after the store stopped answering, want 250-300ms", took)
 				}
 				admit(t, l, p, "k", 20, ratelimit.ModeLocal)
-				if n := len(f.DecideCalls()) - calls; n != 3 {
-					t.Fatalf("%d store calls while failing, want 3: an open breaker must not touch the store", n)
+				if n := len(f.DecideCalls()) - calls; n != failing {
+					t.Fatalf("%d store calls while failing, want %d: an open breaker must not touch the store", n, failing)
 				}
 				// The prober keeps it open while the store is out, and a
 				// slow store never closes it.
