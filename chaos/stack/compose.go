@@ -9,22 +9,27 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
-// Compose is the compose stack of `make up`, driven through
-// scripts/compose.sh (compose v2 or v1, whichever the machine has) and the
-// docker CLI. For redis-latency it adds docker-compose.chaos.yml: a
+// Compose is the compose stack of `make up`, started through
+// scripts/compose.sh (compose v2 or v1, whichever the machine has) and
+// faulted through the docker CLI on the containers' ids: compose v1 is a
+// Python program whose every start costs about a second of CPU, too much to
+// run while latency is measured. For redis-latency it adds docker-compose.chaos.yml: a
 // toxiproxy between each app and Redis. Only then: on a 2-core host the
 // proxy's CPU and extra connections moved healthy p99 from 10 ms to
-// hundreds (docs/COMPOSE-PERFORMANCE.md). The apps' admin ports and
+// hundreds (docs/COMPOSE-PERFORMANCE.md). Redis, the apps' admin ports and
 // toxiproxy's API are published on the host's loopback, so the suite reaches
-// them over HTTP: a `docker exec` costs about 200 ms of CPU there.
+// them directly: a `docker exec` costs about 200 ms of CPU there.
 //
 // Compose is not safe for concurrent use.
 type Compose struct {
 	httpAPI
 	r    runner
 	info Info
+	ids  map[string]string // service -> container id, from Up
 }
 
 // The compose files: the stack, and the stack with the fault proxy.
@@ -44,9 +49,6 @@ func (c *Compose) Name() string { return "compose" }
 // Unsupported implements Stack: the compose stack injects every fault.
 func (c *Compose) Unsupported(string) string { return "" }
 
-func (c *Compose) compose(ctx context.Context, args ...string) error {
-	return c.r.run(ctx, "scripts/compose.sh", args...)
-}
 
 // Up implements Stack: make down (volumes are kept), make up (waits until
 // healthy), then the published addresses of nginx, the apps' admin ports and
@@ -68,7 +70,11 @@ func (c *Compose) Up(ctx context.Context, needs string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	info := Info{NginxURL: "http://" + nginx}
+	redisAddr, err := c.published(ctx, "redis", "6379")
+	if err != nil {
+		return Info{}, err
+	}
+	info := Info{NginxURL: "http://" + nginx, RedisAddr: redisAddr}
 	if needs == "latency" {
 		api, err := c.published(ctx, "toxiproxy", "8474")
 		if err != nil {
@@ -99,6 +105,18 @@ func (c *Compose) Up(ctx context.Context, needs string) (Info, error) {
 	}
 	slices.SortFunc(info.Apps, func(a, b App) int { return strings.Compare(a.Name, b.Name) })
 	c.info = info
+	c.ids = map[string]string{}
+	for _, svc := range append([]string{"redis"}, info.AppNames()...) {
+		out, err := c.r.output(ctx, "scripts/compose.sh", "ps", "-q", svc)
+		if err != nil {
+			return Info{}, err
+		}
+		id, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+		if id == "" {
+			return Info{}, fmt.Errorf("compose: no container for %s", svc)
+		}
+		c.ids[svc] = id
+	}
 	for _, a := range info.Apps {
 		if err := c.waitReady(ctx, info, a.Name, 60*time.Second); err != nil {
 			return Info{}, fmt.Errorf("compose: %s: %w", a.Name, err)
@@ -132,16 +150,21 @@ func (c *Compose) Down(ctx context.Context) error {
 	return c.r.run(stopCtx, "make", "--no-print-directory", "down")
 }
 
-func (c *Compose) container(ctx context.Context, service string) (string, error) {
-	out, err := c.r.output(ctx, "scripts/compose.sh", "ps", "-q", service)
-	if err != nil {
-		return "", err
-	}
-	id := strings.TrimSpace(string(out))
+func (c *Compose) container(service string) (string, error) {
+	id := c.ids[service]
 	if id == "" {
-		return "", fmt.Errorf("compose: no container for %s", service)
+		return "", fmt.Errorf("compose: no container for %s (Up first)", service)
 	}
-	return strings.Fields(id)[0], nil
+	return id, nil
+}
+
+// docker runs the docker CLI on a service's container: docker VERB [ARGS] ID.
+func (c *Compose) docker(ctx context.Context, service string, verb ...string) error {
+	id, err := c.container(service)
+	if err != nil {
+		return err
+	}
+	return c.r.run(ctx, "docker", append(verb, id)...)
 }
 
 // network returns the container's network whose name ends in suffix, and
@@ -161,61 +184,64 @@ func (c *Compose) network(ctx context.Context, id, suffix string) (name, ip stri
 	return "", "", fmt.Errorf("container %s: no network *%s", id, suffix)
 }
 
-// Flush implements Stack: FLUSHALL and BGREWRITEAOF through redis-cli in
-// the Redis container (its REDISCLI_AUTH holds the password).
-func (c *Compose) Flush(ctx context.Context) error {
-	for _, cmd := range []string{"FLUSHALL", "BGREWRITEAOF"} {
-		if err := c.compose(ctx, "exec", "-T", "redis", "redis-cli", cmd); err != nil {
-			return err
-		}
-	}
-	return nil
+// RedisClient returns a client of the stack's Redis through its published
+// port (for the checks after settle).
+func (c *Compose) RedisClient() *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr: c.info.RedisAddr, Password: RedisPassword(c.r.root, nil),
+		DialTimeout: time.Second, ReadTimeout: 2 * time.Second, MaxRetries: -1,
+	})
 }
+
+// Flush implements Stack: FLUSHALL and BGREWRITEAOF.
+func (c *Compose) Flush(ctx context.Context) error { return flush(ctx, c.RedisClient()) }
 
 // KillRedis implements Stack.
 func (c *Compose) KillRedis(ctx context.Context) error {
-	return c.compose(ctx, "kill", "-s", "SIGKILL", "redis")
+	return c.docker(ctx, "redis", "kill", "--signal", "KILL")
 }
 
-// StartRedis implements Stack. A wipe empties the data volume from a
-// one-off container of the Redis image first.
+// StartRedis implements Stack. A wipe first empties the data volume from a
+// one-off container of the Redis image that mounts the stopped container's
+// volumes.
 func (c *Compose) StartRedis(ctx context.Context, wipe bool) error {
-	if wipe {
-		if err := c.compose(ctx, "run", "--rm", "--no-deps", "-T", "--entrypoint", "sh", "redis",
-			"-c", "rm -rf /data/appendonlydir /data/*.aof /data/*.rdb"); err != nil {
-			return err
-		}
-	}
-	if err := c.compose(ctx, "start", "redis"); err != nil {
+	id, err := c.container("redis")
+	if err != nil {
 		return err
 	}
-	return waitFor(ctx, 60*time.Second, func(ctx context.Context) error {
-		out, err := c.r.output(ctx, "scripts/compose.sh", "exec", "-T", "redis", "redis-cli", "ping")
+	if wipe {
+		image, err := c.r.output(ctx, "docker", "inspect", "-f", "{{.Config.Image}}", id)
 		if err != nil {
 			return err
 		}
-		if !strings.Contains(string(out), "PONG") {
-			return fmt.Errorf("redis-cli ping: %q", out)
+		if err := c.r.run(ctx, "docker", "run", "--rm", "--volumes-from", id, "--entrypoint", "sh",
+			strings.TrimSpace(string(image)), "-c", "rm -rf /data/appendonlydir /data/*.aof /data/*.rdb"); err != nil {
+			return err
 		}
-		return nil
-	})
+	}
+	if err := c.r.run(ctx, "docker", "start", id); err != nil {
+		return err
+	}
+	rdb := c.RedisClient()
+	defer rdb.Close()
+	return waitFor(ctx, 60*time.Second, func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 }
 
 // PauseRedis implements Stack: docker pause (the cgroup freezer: like
 // SIGSTOP, connections hang).
-func (c *Compose) PauseRedis(ctx context.Context) error { return c.compose(ctx, "pause", "redis") }
+func (c *Compose) PauseRedis(ctx context.Context) error { return c.docker(ctx, "redis", "pause") }
 
 // ResumeRedis implements Stack.
-func (c *Compose) ResumeRedis(ctx context.Context) error { return c.compose(ctx, "unpause", "redis") }
+func (c *Compose) ResumeRedis(ctx context.Context) error { return c.docker(ctx, "redis", "unpause") }
 
 // KillApp implements Stack.
 func (c *Compose) KillApp(ctx context.Context, app string) error {
-	return c.compose(ctx, "kill", "-s", "SIGKILL", app)
+	return c.docker(ctx, app, "kill", "--signal", "KILL")
 }
 
 // StartApp implements Stack.
 func (c *Compose) StartApp(ctx context.Context, app string) error {
-	if err := c.compose(ctx, "start", app); err != nil {
+	if err := c.docker(ctx, app, "start"); err != nil {
 		return err
 	}
 	return c.waitReady(ctx, c.info, app, 60*time.Second)
@@ -224,18 +250,11 @@ func (c *Compose) StartApp(ctx context.Context, app string) error {
 // Partition implements Stack: disconnects the app's container from the
 // back network (the one it reaches Redis on), or connects it again.
 func (c *Compose) Partition(ctx context.Context, app string, on bool) error {
-	id, err := c.container(ctx, app)
+	id, err := c.container(app)
 	if err != nil {
 		return err
 	}
-	if on {
-		net, _, err := c.network(ctx, id, "_back")
-		if err != nil {
-			return err
-		}
-		return c.r.run(ctx, "docker", "network", "disconnect", net, id)
-	}
-	redisID, err := c.container(ctx, "redis")
+	redisID, err := c.container("redis")
 	if err != nil {
 		return err
 	}
@@ -243,7 +262,11 @@ func (c *Compose) Partition(ctx context.Context, app string, on bool) error {
 	if err != nil {
 		return err
 	}
-	return c.r.run(ctx, "docker", "network", "connect", net, id)
+	verb := "connect"
+	if on {
+		verb = "disconnect"
+	}
+	return c.r.run(ctx, "docker", "network", verb, net, id)
 }
 
 // Latency implements Stack: a latency toxic on every app's proxy (Up adds

@@ -266,8 +266,10 @@ func RedisPassword(root string, redisArgs []string) string {
 }
 
 // Flush implements Stack: FLUSHALL and BGREWRITEAOF.
-func (l *Local) Flush(ctx context.Context) error {
-	rdb := l.RedisClient()
+func (l *Local) Flush(ctx context.Context) error { return flush(ctx, l.RedisClient()) }
+
+// flush empties Redis and compacts its AOF, then closes rdb.
+func flush(ctx context.Context, rdb *redis.Client) error {
 	defer rdb.Close()
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
 		return fmt.Errorf("redis flushall: %w", err)
