@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -30,6 +31,9 @@ type Compose struct {
 	r    runner
 	info Info
 	ids  map[string]string // service -> container id, from Up
+	// LogFile, if set, receives the last lines of every service's log
+	// before each Down (the containers go with it).
+	LogFile string
 }
 
 // The compose files: the stack, and the stack with the fault proxy.
@@ -143,10 +147,19 @@ func (c *Compose) published(ctx context.Context, service, port string) (string, 
 	return addr, nil
 }
 
-// Down implements Stack: make down.
+// Down implements Stack: saves the logs' tails to LogFile, then make down.
 func (c *Compose) Down(ctx context.Context) error {
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Minute)
 	defer cancel()
+	if c.LogFile != "" {
+		if out, err := c.r.output(stopCtx, "scripts/compose.sh", "logs", "--no-color", "--tail", "100"); err == nil {
+			if f, err := os.OpenFile(c.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err == nil {
+				fmt.Fprintf(f, "==== compose logs before down, %s\n", time.Now().UTC().Format(time.RFC3339))
+				_, _ = f.Write(out)
+				_ = f.Close()
+			}
+		}
+	}
 	return c.r.run(stopCtx, "make", "--no-print-directory", "down")
 }
 

@@ -102,7 +102,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "local":
 		st = stack.NewLocal(*root, stderr)
 	case "compose":
-		st = stack.NewCompose(*root, stderr)
+		c := stack.NewCompose(*root, stderr)
+		c.LogFile = filepath.Join(outDir, "compose.log")
+		st = c
 	default:
 		return fmt.Errorf("-stack %q: want local or compose", *stackName)
 	}
