@@ -6,8 +6,8 @@
 #   3. docker-compose.yml's default Redis password is redis/redis.conf's;
 #   4. `nginx -t` accepts the native rendering, in a temp dir, without root (when run as
 #      root, it is checked a second time as the unprivileged user `nobody`);
-#   5. the compose file is valid for the compose CLI this machine has
-#      (`docker compose config -q` or `docker-compose config -q`).
+#   5. the compose file, alone and with the chaos suite's overrides, is valid for the
+#      compose CLI this machine has (`docker compose config -q` or `docker-compose ...`).
 # With CI set, a missing nginx or compose CLI is a failure; otherwise a notice.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -99,12 +99,17 @@ fi
 # 5. compose file
 if compose=$(scripts/compose.sh --which 2>/dev/null); then
     # shellcheck disable=SC2086
-    if out=$($compose -f docker-compose.yml config -q 2>&1); then
-        ok "$compose config -q"
-    else
-        echo "$out" >&2
-        bad "$compose config -q"
-    fi
+    for files in "docker-compose.yml" \
+        "docker-compose.yml docker-compose.chaos.yml docker-compose.toxiproxy.yml"; do
+        args=()
+        for f in $files; do args+=(-f "$f"); done
+        if out=$(COMPOSE_FILE='' $compose "${args[@]}" config -q 2>&1); then
+            ok "$compose ${args[*]} config -q"
+        else
+            echo "$out" >&2
+            bad "$compose ${args[*]} config -q"
+        fi
+    done
 else
     missing "no compose CLI (apt-get install docker-compose): docker-compose.yml not validated"
 fi

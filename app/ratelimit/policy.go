@@ -169,7 +169,7 @@ func (p Policy) Validate() error {
 	default:
 		return bad("failure_mode", "must be fallback, open or closed, got %q", p.FailureMode)
 	}
-	if p.FallbackFactor < 0 || p.FallbackFactor > 1 {
+	if !(p.FallbackFactor >= 0 && p.FallbackFactor <= 1) { // NaN fails both
 		return bad("fallback_factor", "must be in (0, 1], got %v", p.FallbackFactor)
 	}
 	return nil

@@ -18,12 +18,14 @@ import (
 // scripts/compose.sh (compose v2 or v1, whichever the machine has) and
 // faulted through the docker CLI on the containers' ids: compose v1 is a
 // Python program whose every start costs about a second of CPU, too much to
-// run while latency is measured. For redis-latency it adds docker-compose.chaos.yml: a
-// toxiproxy between each app and Redis. Only then: on a 2-core host the
-// proxy's CPU and extra connections moved healthy p99 from 10 ms to
-// hundreds (docs/COMPOSE-PERFORMANCE.md). Redis, the apps' admin ports and
-// toxiproxy's API are published on the host's loopback, so the suite reaches
-// them directly: a `docker exec` costs about 200 ms of CPU there.
+// run while latency is measured. It adds docker-compose.chaos.yml (Docker's
+// healthchecks pushed out of the run: each is an exec costing ~200 ms of CPU
+// on a 2-core host, and the suite checks readiness itself over HTTP) and,
+// for redis-latency only, docker-compose.toxiproxy.yml: a toxiproxy between
+// each app and Redis (on a 2-core host its CPU and extra connections moved
+// healthy p99 from 10 ms to hundreds; docs/COMPOSE-PERFORMANCE.md). Redis,
+// the apps' admin ports and toxiproxy's API are published on the host's
+// loopback, so the suite reaches them directly.
 //
 // Compose is not safe for concurrent use.
 type Compose struct {
@@ -36,10 +38,11 @@ type Compose struct {
 	LogFile string
 }
 
-// The compose files: the stack, and the stack with the fault proxy.
+// The compose files (COMPOSE_FILE): the stack with Docker's healthchecks off
+// (the suite checks readiness itself), and the same with the fault proxy.
 const (
-	ComposeFile      = "docker-compose.yml"
-	ComposeFileProxy = "docker-compose.yml:docker-compose.chaos.yml"
+	ComposeFile      = "docker-compose.yml:docker-compose.chaos.yml"
+	ComposeFileProxy = ComposeFile + ":docker-compose.toxiproxy.yml"
 )
 
 // NewCompose returns the compose stack of the repository at root.
@@ -67,7 +70,12 @@ func (c *Compose) Up(ctx context.Context, needs string) (Info, error) {
 	if err := c.r.run(ctx, "make", "--no-print-directory", "down"); err != nil {
 		return Info{}, err
 	}
-	if err := c.r.run(ctx, "make", "--no-print-directory", "up"); err != nil {
+	// make up would wait for Docker's healthchecks, which this stack pushes
+	// out of the run: build and start, then check readiness here.
+	if err := c.r.run(ctx, "scripts/compose.sh", "build", "app1"); err != nil {
+		return Info{}, err
+	}
+	if err := c.r.run(ctx, "scripts/compose.sh", "up", "-d"); err != nil {
 		return Info{}, err
 	}
 	nginx, err := c.published(ctx, "nginx", "8080")
@@ -121,10 +129,21 @@ func (c *Compose) Up(ctx context.Context, needs string) (Info, error) {
 		}
 		c.ids[svc] = id
 	}
+	rdb := c.RedisClient()
+	defer rdb.Close()
+	if err := waitFor(ctx, 60*time.Second, func(ctx context.Context) error { return rdb.Ping(ctx).Err() }); err != nil {
+		return Info{}, fmt.Errorf("compose: redis: %w", err)
+	}
 	for _, a := range info.Apps {
 		if err := c.waitReady(ctx, info, a.Name, 60*time.Second); err != nil {
 			return Info{}, fmt.Errorf("compose: %s: %w", a.Name, err)
 		}
+	}
+	if err := waitFor(ctx, 60*time.Second, func(ctx context.Context) error {
+		_, err := c.get(ctx, info.NginxURL+"/healthz")
+		return err
+	}); err != nil {
+		return Info{}, fmt.Errorf("compose: nginx: %w", err)
 	}
 	return info, nil
 }

@@ -195,8 +195,11 @@ func parseReply(res []any) (ratelimit.Decision, error) {
 }
 
 // unavailablePrefixes are Redis error replies that mean "cannot serve now"
-// rather than "this request is wrong".
-var unavailablePrefixes = []string{"NOSCRIPT", "LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MOVED", "ASK"}
+// rather than "this request is wrong": among them the refusals to write (OOM
+// under maxmemory with noeviction, MISCONF when persistence fails, READONLY
+// on a replica), which are an outage for a limiter whose every decision
+// writes.
+var unavailablePrefixes = []string{"NOSCRIPT", "LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MOVED", "ASK", "OOM", "MISCONF"}
 
 // classify wraps err as ErrUnavailable (the store cannot decide now: network,
 // timeout, a server that is loading or read-only) or ErrBadReply (the store

@@ -355,6 +355,57 @@ func TestUnavailable(t *testing.T) {
 	}
 }
 
+// A Redis that refuses writes (maxmemory with noeviction: OOM) is
+// unavailable, not a bad reply: the breaker must open on it.
+func TestWriteRefusalIsUnavailable(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithTimeout(time.Second))
+	for _, alg := range ratelimit.Algorithms {
+		p := ratelimit.Policy{Name: "oom-" + string(alg), Algorithm: alg, Limit: 5, Window: time.Minute}
+		if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admin := srv.Client()
+	defer admin.Close()
+	if err := admin.ConfigSet(context.Background(), "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(context.Background(), "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.ConfigSet(context.Background(), "maxmemory", "0")
+	// Redis checks maxmemory at a script's first write command: a script
+	// that starts by trimming (the sliding window log) is let through.
+	refused := 0
+	for _, alg := range ratelimit.Algorithms {
+		p := ratelimit.Policy{Name: "oom-" + string(alg), Algorithm: alg, Limit: 5, Window: time.Minute}
+		_, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "new-key"})
+		if err == nil {
+			continue
+		}
+		refused++
+		if !errors.Is(err, ratelimit.ErrUnavailable) || errors.Is(err, ratelimit.ErrBadReply) {
+			t.Errorf("%s under OOM: %v, want ErrUnavailable", alg, err)
+		}
+	}
+	if refused == 0 {
+		t.Fatal("no decision was refused under maxmemory 1: the test did not test")
+	}
+}
+
+// The sliding window log admits a cost of thousands in one call, as its Go
+// twin does (Lua 5.1's unpack fails past a few thousand values).
+func TestWindowLogLargeCost(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithTimeout(5*time.Second))
+	p := ratelimit.Policy{Name: "big", Algorithm: ratelimit.SlidingWindowLog, Limit: 20000, Window: time.Minute}
+	d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k", Cost: 12000})
+	if err != nil || !d.Allowed || d.Remaining != 8000 {
+		t.Fatalf("cost 12000: %+v %v, want allowed with 8000 left", d, err)
+	}
+}
+
 func BenchmarkDecide(b *testing.B) {
 	srv := redistest.StartServer(b, redistest.ServerOptions{})
 	for _, alg := range ratelimit.Algorithms {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -60,7 +61,7 @@ type Journal struct {
 type journalStats struct {
 	granted, reloaded, overflow          atomic.Uint64
 	replayed, dropped, present, dupUnits atomic.Uint64
-	duplicates, corrupt                  atomic.Uint64
+	duplicates, corrupt, writeErrors     atomic.Uint64
 }
 
 type batchKey struct {
@@ -107,6 +108,7 @@ type JournalStats struct {
 	Duplicates     uint64 `json:"duplicate_batches"`
 	Pending        uint64 `json:"pending"`
 	Corrupt        uint64 `json:"corrupt_lines"`
+	WriteErrors    uint64 `json:"write_errors"`
 	Epoch          uint64 `json:"epoch"`
 }
 
@@ -122,7 +124,7 @@ func OpenJournal(dir, instance string, max int, logger *slog.Logger) (*Journal, 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	j := &Journal{instance: instance, max: max, log: logger, batches: map[batchKey]*batch{}, snaps: map[snapKey]Snapshot{}, epoch: 1,
+	j := &Journal{instance: instance, max: max, log: logger, batches: map[batchKey]*batch{}, snaps: map[snapKey]Snapshot{}, epoch: epochNow(),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -154,19 +156,16 @@ func (j *Journal) load(path string) error {
 		return fmt.Errorf("journal: %w", err)
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	var maxEpoch uint64
-	for sc.Scan() {
-		fields := strings.Split(sc.Text(), "\t")
-		if !j.apply(fields, &maxEpoch) {
+	err = readRecords(f, func(line []byte) {
+		if line == nil || !j.apply(strings.Split(string(line), "\t"), &maxEpoch) {
 			j.stats.corrupt.Add(1)
 		}
-	}
-	if err := sc.Err(); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("journal: read %s: %w", path, err)
 	}
-	j.epoch = maxEpoch + 1
+	j.epoch = max(maxEpoch+1, epochNow())
 	for _, b := range j.batches {
 		for _, g := range b.grants {
 			j.stats.reloaded.Add(uint64(g.Cost))
@@ -218,8 +217,11 @@ func (j *Journal) apply(f []string, maxEpoch *uint64) bool {
 		}
 		return ok
 	case "A":
+		if len(f) != 5 {
+			return false
+		}
 		id, ok := parseIdentity(f[4])
-		if len(f) != 5 || !ok {
+		if !ok {
 			return false
 		}
 		k := batchKey{epoch: epoch, policy: f[2] + "/" + f[3], identity: id}
@@ -231,6 +233,9 @@ func (j *Journal) apply(f []string, maxEpoch *uint64) bool {
 	}
 	return false
 }
+
+// maxFleet bounds the fleet size an S record may name.
+const maxFleet = 1 << 20
 
 // snapshotFields is the number of fields of an S record.
 const snapshotFields = 8 + 3 + 7 + ratelimit.AgeBuckets
@@ -253,7 +258,7 @@ func parseSnapshot(f []string) (Snapshot, bool) {
 		return Snapshot{}, false
 	}
 	fleet, err := strconv.ParseFloat(f[9], 64)
-	if err != nil || fleet < 1 {
+	if err != nil || !(fleet >= 1 && fleet <= maxFleet) { // not NaN, not Inf
 		return Snapshot{}, false
 	}
 	var v [8 + ratelimit.AgeBuckets]int64
@@ -266,6 +271,51 @@ func parseSnapshot(f []string) (Snapshot, bool) {
 	copy(st.Ages[:], v[8:])
 	return Snapshot{Policy: p, Identity: id, State: st, Valid: f[8] == "1", N: fleet, Confirmed: v[0]}, true
 }
+
+// maxRecord bounds a record's length; a longer line (a crash can leave a
+// zero-filled tail with no newline) is skipped as one corrupt record, and
+// reading goes on after its newline.
+const maxRecord = 64 << 10
+
+// readRecords calls fn with each line of r without its newline, and with nil
+// for a line longer than maxRecord. A last line without a newline (torn by a
+// crash) is passed as is: apply refuses it unless it is whole.
+func readRecords(r io.Reader, fn func(line []byte)) error {
+	br := bufio.NewReaderSize(r, maxRecord)
+	for {
+		line, err := br.ReadSlice('\n')
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			fn(nil)
+			for errors.Is(err, bufio.ErrBufferFull) { // skip to the newline
+				_, err = br.ReadSlice('\n')
+			}
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+		case errors.Is(err, io.EOF):
+			if len(line) > 0 {
+				fn(line)
+			}
+			return nil
+		case err != nil:
+			return err
+		default:
+			fn(line[:len(line)-1])
+		}
+	}
+}
+
+// epochNow is the least epoch a journal opened or rotated now may use: the
+// clock in µs. Epochs name replay markers in the store, so they must not
+// repeat across process lifetimes even when the journal file is lost (a
+// memory-only journal, a container without its volume, two processes with
+// one instance name): a repeated epoch's batch would be refused as a
+// duplicate and its grants silently dropped.
+func epochNow() uint64 { return uint64(max(time.Now().UnixMicro(), 1)) }
 
 func parseIdentity(s string) (ratelimit.Identity, bool) {
 	var id ratelimit.Identity
@@ -322,12 +372,19 @@ func (j *Journal) Append(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.
 	return j.writeLocked(b)
 }
 
+// writeLocked appends b to the file. A failed write (a full disk, say) is
+// counted and logged, the first and then every 1000th, so grants handed out
+// without a durable record show in /status, the metrics and the log; the
+// grant stays journaled in memory.
 func (j *Journal) writeLocked(b []byte) error {
 	if j.f == nil {
 		return nil
 	}
 	j.dirty = true
 	if _, err := j.f.Write(b); err != nil {
+		if n := j.stats.writeErrors.Add(1); n%1000 == 1 {
+			j.log.Error("journal: write failed: local grants are not durable until it succeeds", "err", err, "failed_writes", n)
+		}
 		return fmt.Errorf("journal: %w", err)
 	}
 	return nil
@@ -384,9 +441,10 @@ func (j *Journal) AppendSnapshot(s Snapshot) error {
 func (j *Journal) Rotate() uint64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.epoch++
+	old := j.epoch
+	j.epoch = max(j.epoch+1, epochNow())
 	j.writeEpochLocked()
-	return j.epoch - 1
+	return old
 }
 
 // Pending returns the batches of epochs up to and including through, as
@@ -475,7 +533,7 @@ func (j *Journal) Stats() JournalStats {
 		Granted: s.granted.Load(), Reloaded: s.reloaded.Load(), Overflow: s.overflow.Load(),
 		Replayed: s.replayed.Load(), Present: s.present.Load(), Dropped: s.dropped.Load(),
 		DuplicateUnits: s.dupUnits.Load(), Duplicates: s.duplicates.Load(),
-		Pending: pending, Corrupt: s.corrupt.Load(), Epoch: epoch,
+		Pending: pending, Corrupt: s.corrupt.Load(), WriteErrors: s.writeErrors.Load(), Epoch: epoch,
 	}
 }
 

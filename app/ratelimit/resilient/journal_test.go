@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -61,7 +62,7 @@ func TestJournalSurvivesReopen(t *testing.T) {
 		t.Fatalf("reopened: len %d stats %+v, want a's 2 grants (3 units), 1 corrupt line, a later epoch", j2.Len(), st)
 	}
 	got := j2.Pending(st.Epoch)
-	if len(got) != 1 || got[0].Identity != a || len(got[0].Grants) != 2 || got[0].Grants[1].ID != "r2" || got[0].Marker != "app1:1" {
+	if len(got) != 1 || got[0].Identity != a || len(got[0].Grants) != 2 || got[0].Grants[1].ID != "r2" || got[0].Marker != "app1:"+strconv.FormatUint(epoch, 10) {
 		t.Fatalf("reloaded batches %+v", got)
 	}
 }
@@ -140,4 +141,71 @@ func TestRestartDuringOutage(t *testing.T) {
 			t.Fatalf("after replay: %+v %v, want the store to hold the 25 grants (74 left)", d, err)
 		}
 	})
+}
+
+// A journal whose file ends in damage (a torn acknowledgement, a 2 MiB tail
+// of zeros without a newline, as a crash can leave it) opens, keeps the
+// records before and between the damage, and counts what it skipped.
+func TestJournalSkipsDamage(t *testing.T) {
+	dir := t.TempDir()
+	j, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := ratelimit.IdentityOf("a"), ratelimit.IdentityOf("b")
+	_ = j.Append(jp, a, ratelimit.Grant{At: 1, Cost: 1, ID: "r1"})
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "journal.log"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteString("A\t5\tj\n") // a torn A record: 3 of its 5 fields
+	_, _ = f.WriteString(strings.Repeat("x", 200<<10) + "\n")
+	_ = f.Close()
+	j2, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = j2.Append(jp, b, ratelimit.Grant{At: 2, Cost: 1, ID: "r2"})
+	_ = j2.Close()
+	f, err = os.OpenFile(filepath.Join(dir, "journal.log"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.Write(make([]byte, 2<<20))
+	_ = f.Close()
+
+	j3, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	if err != nil {
+		t.Fatalf("open after damage: %v", err)
+	}
+	defer j3.Close()
+	st := j3.Stats()
+	if j3.Len() != 2 || st.Reloaded != 2 || st.Corrupt != 3 {
+		t.Fatalf("len %d stats %+v, want both grants and 3 corrupt records (torn A, long line, zero tail)", j3.Len(), st)
+	}
+}
+
+// Epochs name replay markers in Redis: a process that restarts without its
+// journal (memory only, a container without its volume) must not reuse the
+// last one's, or its batches would be refused as duplicates.
+func TestJournalEpochsUniqueAcrossLifetimes(t *testing.T) {
+	markers := map[string]bool{}
+	for life := range 3 {
+		j, err := resilient.OpenJournal("", "app1", 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: 1, Cost: 1, ID: "r"})
+		for _, b := range j.Pending(j.Rotate()) {
+			if markers[b.Marker] {
+				t.Fatalf("life %d: marker %s already used by an earlier process", life, b.Marker)
+			}
+			markers[b.Marker] = true
+		}
+		_ = j.Close()
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -436,10 +436,16 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	l.br.success()
 	if l.generationChanged(gen) && l.br.State() == Closed {
 		// Redis lost its data between two heartbeats, too fast for the
-		// breaker to notice: put back what the snapshots knew.
+		// breaker to notice: put back what the snapshots knew. Until that
+		// succeeds the new generation is not recorded, so the next
+		// heartbeat (or probe) tries again.
 		if err := l.restore(ctx, gen); err != nil {
 			l.br.failure("restore: "+err.Error(), isTimeout(err))
+		} else {
+			l.gen.Store(&gen)
 		}
+	} else if l.gen.Load() == nil {
+		l.gen.Store(&gen)
 	}
 	l.live.Store(int64(live))
 	l.suspect.Store(int64(suspect))
@@ -471,11 +477,14 @@ func (l *Limiter) probe(ctx context.Context) {
 		// Redis came back without its data: put back what the snapshots
 		// knew of the usage before the outage, before the journal's grants
 		// go on top of it.
+		// Not recorded until the restore succeeded: a failed one is tried
+		// again at the next probe.
 		if err := l.restore(ctx, gen); err != nil {
 			l.br.set(Recovering, Open, "restore failed: "+err.Error())
 			return
 		}
 	}
+	l.gen.Store(&gen)
 	if err := l.replayJournal(ctx); err != nil {
 		l.br.set(Recovering, Open, "replay failed: "+err.Error())
 		return
@@ -637,10 +646,11 @@ func isTimeout(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-// generationChanged records the store's data generation and reports whether
-// it differs from the one seen before (the store lost its data).
+// generationChanged reports whether the store's data generation differs from
+// the one recorded (the store lost its data since). The caller records the
+// new one once the usage is restored.
 func (l *Limiter) generationChanged(gen string) bool {
-	old := l.gen.Swap(&gen)
+	old := l.gen.Load()
 	return old != nil && *old != gen
 }
 
