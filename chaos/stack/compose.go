@@ -56,7 +56,6 @@ func (c *Compose) Name() string { return "compose" }
 // Unsupported implements Stack: the compose stack injects every fault.
 func (c *Compose) Unsupported(string) string { return "" }
 
-
 // Up implements Stack: make down (volumes are kept), make up (waits until
 // healthy), then the published addresses of nginx, the apps' admin ports and
 // (for latency) toxiproxy's API.

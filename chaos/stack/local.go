@@ -452,7 +452,6 @@ func (l *Local) Status(ctx context.Context, app string) ([]byte, error) {
 	return l.status(ctx, l.info, app)
 }
 
-
 func (l *Local) proxyOf(app string) (string, error) {
 	for _, a := range l.info.Apps {
 		if a.Name == app && a.Proxy != "" {
