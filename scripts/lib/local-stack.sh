@@ -281,6 +281,7 @@ ls_start_app() {
         "RL_ADMIN_ADDR=$LOCAL_HOST:$(ls_admin_port "$a")"
         "RL_REDIS_URL=redis://:$(ls_urlencode "$REDIS_PASSWORD")@$LOCAL_HOST:$(ls_via_port "$a")/0"
         "RL_REDIS_TIMEOUT=$LOCAL_REDIS_TIMEOUT"
+        "RL_LOG_LEVEL=${LOCAL_LOG_LEVEL:-debug}"
         "RL_EXPECTED_INSTANCES=${#APPS[@]}"
         "RL_DEBUG_HEADERS=true"
         "RL_TRUSTED_PROXIES=127.0.0.1/32,::1/128"
