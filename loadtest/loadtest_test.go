@@ -217,8 +217,16 @@ func TestRunAgainstFakeService(t *testing.T) {
 	}
 	perKey := map[string]int{}
 	instances := map[string]bool{}
+	transport := 0
 	for _, r := range recs {
 		perKey[r.Key]++
+		if r.Status == 0 && r.Error != "" {
+			// A transport error is recorded as such (status 0 and the
+			// error): on a machine loaded by -race tests of other
+			// packages, a few requests can outlive the 2 s timeout.
+			transport++
+			continue
+		}
 		instances[r.Instance] = true
 		if r.Status != 200 && r.Status != 429 {
 			t.Fatalf("record %+v: unexpected status", r)
@@ -232,6 +240,9 @@ func TestRunAgainstFakeService(t *testing.T) {
 		if (r.Class == Polite) != strings.HasPrefix(r.Key, "polite-") {
 			t.Fatalf("record %+v: class and key disagree", r)
 		}
+	}
+	if transport > len(recs)/100 {
+		t.Errorf("%d of %d requests failed in transport", transport, len(recs))
 	}
 	if len(perKey) != 4*9 {
 		t.Errorf("%d keys sent, want 36", len(perKey))

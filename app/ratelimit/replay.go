@@ -38,8 +38,36 @@ type ReplayResult struct {
 	// Present units were already there: sliding window log members with
 	// the same request id (a decision that timed out but still ran).
 	Present int64
-	// Duplicate: the batch's marker was set, so nothing was applied.
+	// Duplicate: the batch had been applied already, so nothing was.
 	Duplicate bool
+	// DuplicateUnits were already applied by an earlier send of the same
+	// batch (all of its units when Duplicate; some of them when a backend
+	// applies a batch in several steps and an earlier send got part-way).
+	DuplicateUnits int64
+}
+
+// Fleet is a shared store's view of the fleet of instances sharing it, as
+// a heartbeat returns it.
+type Fleet struct {
+	// Live instances heartbeat within the TTL (the caller included);
+	// Suspect ones are missing for less than the lease grace (possibly cut
+	// off from the store and spending their fallback share).
+	Live, Suspect int
+	// Generation changes when the store loses its data.
+	Generation string
+	// Now is the store's clock when it answered, in Unix µs.
+	Now int64
+}
+
+// clampGrant moves a grant stamped after now to now. A local clock that
+// stepped ahead, or a restart during an outage before the store's clock
+// was learned, can stamp grants minutes ahead; folded in as stamped, one
+// such grant would lock its key until that time. Every replay clamps.
+func clampGrant(g Grant, now int64) Grant {
+	if now > 0 && g.At > now {
+		g.At = now
+	}
+	return g
 }
 
 // SortGrants orders grants by time (replays fold them in order).
@@ -69,6 +97,7 @@ func TokenBucketReplay(p Policy, s TokenBucketState, now int64, grants []Grant) 
 	capScaled := p.Capacity() * w
 	var r ReplayResult
 	for _, g := range grants {
+		g = clampGrant(g, now)
 		if s.Last == 0 {
 			s = TokenBucketState{Tokens: capScaled, Last: g.At}
 		}
@@ -87,6 +116,7 @@ func GCRAReplay(p Policy, s GCRAState, now int64, grants []Grant) (GCRAState, Re
 	w, rate := p.WindowMicros(), p.Limit
 	var r ReplayResult
 	for _, g := range grants {
+		g = clampGrant(g, now)
 		if s.TAT < g.At {
 			s = GCRAState{TAT: g.At}
 		}
@@ -111,6 +141,7 @@ func WindowCounterReplay(p Policy, s WindowCounterState, now int64, grants []Gra
 	cur, prev := s.Shift(start, w)
 	var r ReplayResult
 	for _, g := range grants {
+		g = clampGrant(g, now)
 		switch gs := g.At - g.At%w; {
 		case gs >= start:
 			cur += g.Cost
@@ -133,6 +164,7 @@ func WindowLogReplay(p Policy, l *WindowLog, now int64, grants []Grant) ReplayRe
 	w := p.WindowMicros()
 	var r ReplayResult
 	for _, g := range grants {
+		g = clampGrant(g, now)
 		if g.At <= now-w {
 			r.Dropped += g.Cost
 			continue

@@ -29,7 +29,7 @@ var _ resilient.Store = &Store{}
 //			GenerationFunc: func(ctx context.Context) (string, error) {
 //				panic("mock out the Generation method")
 //			},
-//			HeartbeatFunc: func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (int, int, string, error) {
+//			HeartbeatFunc: func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (ratelimit.Fleet, error) {
 //				panic("mock out the Heartbeat method")
 //			},
 //			LeaveFunc: func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) error {
@@ -55,7 +55,7 @@ type Store struct {
 	GenerationFunc func(ctx context.Context) (string, error)
 
 	// HeartbeatFunc mocks the Heartbeat method.
-	HeartbeatFunc func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (int, int, string, error)
+	HeartbeatFunc func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (ratelimit.Fleet, error)
 
 	// LeaveFunc mocks the Leave method.
 	LeaveFunc func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) error
@@ -192,7 +192,7 @@ func (mock *Store) GenerationCalls() []struct {
 }
 
 // Heartbeat calls HeartbeatFunc.
-func (mock *Store) Heartbeat(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (int, int, string, error) {
+func (mock *Store) Heartbeat(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (ratelimit.Fleet, error) {
 	if mock.HeartbeatFunc == nil {
 		panic("Store.HeartbeatFunc: method is nil but Store.Heartbeat was just called")
 	}

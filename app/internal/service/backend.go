@@ -59,7 +59,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 			close:   func(context.Context) error { return nil },
 		}, nil
 	}
-	client, err := redisstore.NewClient(redisstore.ClientConfig{
+	cc := redisstore.ClientConfig{
 		URL:        cfg.RedisURL,
 		Addrs:      cfg.RedisAddrs,
 		MasterName: cfg.RedisMasterName,
@@ -67,11 +67,21 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 		Password:   cfg.RedisPassword,
 		Timeout:    cfg.RedisTimeout,
 		PoolSize:   cfg.RedisPoolSize,
-	})
+	}
+	client, err := redisstore.NewClient(cc)
 	if err != nil {
 		return nil, fmt.Errorf("redis client: %w", err)
 	}
+	// Replays and restores on a client of their own: go-redis cuts every
+	// socket read at the client's read timeout, whatever the context says.
+	cc.Timeout, cc.PoolSize = cfg.ReplayTimeout, 2
+	replayClient, err := redisstore.NewClient(cc)
+	if err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("redis client: %w", err)
+	}
 	store := redisstore.New(client,
+		redisstore.WithReplayClient(replayClient),
 		redisstore.WithTimeout(cfg.RedisTimeout),
 		redisstore.WithHooks(redisstore.Hooks{
 			OnDecision: func(_ ratelimit.Request, _ ratelimit.Decision, latency time.Duration) {
@@ -84,6 +94,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 	rl, err := resilient.New(store, resilient.Config{
 		Instance:          cfg.Instance,
 		Timeout:           cfg.RedisTimeout,
+		ReplayTimeout:     cfg.ReplayTimeout,
 		FailureThreshold:  cfg.BreakerFailures,
 		ProbeInterval:     cfg.ProbeInterval,
 		HeartbeatInterval: cfg.HeartbeatInterval,
@@ -98,6 +109,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 	})
 	if err != nil {
 		_ = client.Close()
+		_ = replayClient.Close()
 		return nil, &ConfigError{Var: "RL_JOURNAL_DIR", Err: err}
 	}
 	log.Info("limiter ready", slog.String("mode", string(ratelimit.ModeRedis)),
@@ -121,7 +133,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 			return out
 		},
 		close: func(ctx context.Context) error {
-			return errors.Join(rl.Close(ctx), client.Close())
+			return errors.Join(rl.Close(ctx), client.Close(), replayClient.Close())
 		},
 	}, nil
 }

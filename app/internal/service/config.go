@@ -34,6 +34,9 @@ type Config struct {
 	RedisPassword   string        `env:"RL_REDIS_PASSWORD"`
 	RedisTimeout    time.Duration `env:"RL_REDIS_TIMEOUT" envDefault:"50ms"`
 	RedisPoolSize   int           `env:"RL_REDIS_POOL_SIZE" envDefault:"64"`
+	// ReplayTimeout bounds one replay or restore pipeline, on a client of
+	// its own (the decisions' timeout would cut a pipeline of 1000 keys).
+	ReplayTimeout time.Duration `env:"RL_REPLAY_TIMEOUT" envDefault:"2s"`
 
 	// ExpectedInstances is the fleet size assumed until the first
 	// heartbeat is read (used by the resilient limiter).
@@ -168,6 +171,9 @@ func (c *Config) validate() error {
 	}
 	if c.RedisTimeout <= 0 || c.RedisTimeout > time.Minute {
 		return configErr("RL_REDIS_TIMEOUT", "must be between 1ns and 1m, got %v", c.RedisTimeout)
+	}
+	if c.ReplayTimeout < c.RedisTimeout || c.ReplayTimeout > 10*time.Minute {
+		return configErr("RL_REPLAY_TIMEOUT", "must be between RL_REDIS_TIMEOUT (%v) and 10m, got %v", c.RedisTimeout, c.ReplayTimeout)
 	}
 	if c.RedisPoolSize < 1 {
 		return configErr("RL_REDIS_POOL_SIZE", "must be at least 1, got %d", c.RedisPoolSize)

@@ -287,6 +287,28 @@ var ReplayCases = []ReplayCase{
 		After:  []Step{{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 4, Reset: 6 * sec, TAT: 10 * sec}}},
 	},
 	{
+		// A grant stamped 10 min after the replay's now (a local clock that
+		// stepped ahead) counts at now. Folded in as stamped, it would push
+		// the arrival time to 10 min and lock the key for 9 min 50 s.
+		Name:   "gcra: a grant stamped ahead counts now",
+		Policy: ratelimit.Policy{Name: "rgc", Algorithm: ratelimit.GCRA, Limit: 10, Window: 10 * time.Second},
+		At:     4 * sec,
+		Grants: []ratelimit.Grant{{At: 604 * sec, Cost: 1, ID: "a"}},
+		Result: ratelimit.ReplayResult{Replayed: 1},
+		After:  []Step{{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 8, Reset: 2 * sec, TAT: 6 * sec}}},
+	},
+	{
+		// The same for the token bucket: the grant is charged at 4 s, when
+		// the bucket had refilled to 9.
+		Name:   "token bucket: a grant stamped ahead counts now",
+		Policy: ratelimit.Policy{Name: "rtb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 10 * time.Second},
+		Before: []Step{{At: 0, Cost: 5}},
+		At:     4 * sec,
+		Grants: []ratelimit.Grant{{At: 604 * sec, Cost: 1, ID: "a"}},
+		Result: ratelimit.ReplayResult{Replayed: 1},
+		After:  []Step{{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 7, Reset: 3 * sec, Tokens: 7e7}}},
+	},
+	{
 		// 4 per 10 s, replayed at 12 s: 2 s goes to the previous window,
 		// 11 s to the current one, -15 s is dropped.
 		Name:   "sliding window counter: counts land in their windows",

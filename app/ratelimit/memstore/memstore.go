@@ -159,6 +159,9 @@ func (l *Limiter) Replay(_ context.Context, batches []ratelimit.ReplayBatch) ([]
 		}
 		if slices.Contains(e.markers, b.Marker) {
 			results[i].Duplicate = true
+			for _, g := range b.Grants {
+				results[i].DuplicateUnits += g.Cost
+			}
 			continue
 		}
 		e.markers = append(e.markers, b.Marker)

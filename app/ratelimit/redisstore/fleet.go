@@ -40,9 +40,9 @@ func (l *Limiter) Ping(ctx context.Context) error {
 
 // Heartbeat records instance as live and returns how many instances are live
 // (heartbeat within ttl, this one included), how many are suspect (missing
-// for less than grace: possibly cut off and granting locally), and Redis'
-// data generation (see Generation).
-func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (live, suspect int, gen string, err error) {
+// for less than grace: possibly cut off and granting locally), Redis' data
+// generation (see Generation) and Redis' clock.
+func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (ratelimit.Fleet, error) {
 	return l.fleet(ctx, instance, "beat", ttl, grace)
 }
 
@@ -51,8 +51,8 @@ func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace tim
 // data (restarted without its AOF, flushed), which tells a recovering
 // instance that Redis forgot what was granted before the outage.
 func (l *Limiter) Generation(ctx context.Context) (string, error) {
-	_, _, gen, err := l.fleet(ctx, "-", "peek", time.Second, time.Second)
-	return gen, err
+	f, err := l.fleet(ctx, "-", "peek", time.Second, time.Second)
+	return f.Generation, err
 }
 
 // GenerationKey holds the data generation.
@@ -61,13 +61,13 @@ func (l *Limiter) GenerationKey() string { return "{" + l.prefix + ":fleet}:gene
 // Leave removes instance's heartbeat (on a clean shutdown: a stopped
 // instance grants nothing, so nobody needs to hold its share).
 func (l *Limiter) Leave(ctx context.Context, instance string, ttl, grace time.Duration) error {
-	_, _, _, err := l.fleet(ctx, instance, "leave", ttl, grace)
+	_, err := l.fleet(ctx, instance, "leave", ttl, grace)
 	return err
 }
 
-func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration) (int, int, string, error) {
+func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration) (ratelimit.Fleet, error) {
 	if err := ratelimit.ValidateKey(instance); err != nil {
-		return 0, 0, "", err
+		return ratelimit.Fleet{}, err
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
@@ -75,18 +75,19 @@ func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace tim
 	_, _ = rand.Read(g[:])
 	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey()}, instance, op, ttl.Milliseconds(), grace.Milliseconds(), hex.EncodeToString(g[:])).Slice()
 	if err != nil {
-		return 0, 0, "", classify(ctx, err)
+		return ratelimit.Fleet{}, classify(ctx, err)
 	}
 	if len(res) != 4 {
-		return 0, 0, "", fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
+		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
 	}
 	live, ok1 := res[0].(int64)
 	suspect, ok2 := res[1].(int64)
-	gen, ok3 := res[3].(string)
-	if !ok1 || !ok2 || !ok3 || live < 0 || suspect < 0 {
-		return 0, 0, "", fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
+	now, ok3 := res[2].(int64)
+	gen, ok4 := res[3].(string)
+	if !ok1 || !ok2 || !ok3 || !ok4 || live < 0 || suspect < 0 || now <= 0 {
+		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
 	}
-	return int(live), int(suspect), gen, nil
+	return ratelimit.Fleet{Live: int(live), Suspect: int(suspect), Generation: gen, Now: now}, nil
 }
 
 func (l *Limiter) callContext(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -68,13 +68,17 @@ type Hooks struct {
 // Limiter is a ratelimit.Limiter backed by Redis. It is safe for concurrent
 // use. Use New.
 type Limiter struct {
-	client  redis.Scripter
-	prefix  string
-	timeout time.Duration
-	hooks   Hooks
-	now     func() time.Time // tests only; nil: Redis TIME
-	idBase  string
-	seq     atomic.Uint64
+	client redis.Scripter
+	// replayClient carries replays and restores (default: client). Its
+	// own timeouts let a pipeline of thousands of batches take longer
+	// than one decision may.
+	replayClient redis.Scripter
+	prefix       string
+	timeout      time.Duration
+	hooks        Hooks
+	now          func() time.Time // tests only; nil: Redis TIME
+	idBase       string
+	seq          atomic.Uint64
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -88,6 +92,14 @@ func WithPrefix(p string) Option { return func(l *Limiter) { l.prefix = p } }
 // WithTimeout bounds each decision's round trip (default: none beyond the
 // caller's context and the client's own timeouts).
 func WithTimeout(d time.Duration) Option { return func(l *Limiter) { l.timeout = d } }
+
+// WithReplayClient sends replays (Replay) through c instead of the
+// decisions' client. go-redis bounds every socket read by the client's
+// ReadTimeout whatever the context allows, and a pipeline that outlives it
+// fails as a whole, so a client tuned for 50 ms decisions cannot carry a
+// replay of thousands of keys: give replays a client whose timeouts are
+// the replay budget (see ClientConfig.Timeout).
+func WithReplayClient(c redis.Scripter) Option { return func(l *Limiter) { l.replayClient = c } }
 
 // WithHooks installs observation hooks.
 func WithHooks(h Hooks) Option { return func(l *Limiter) { l.hooks = h } }

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,21 +44,40 @@ func (l *Limiter) MarkerKey(b ratelimit.ReplayBatch) string {
 	return l.tag(b.Identity) + ":replay:" + b.Marker + ":" + b.Policy.Name + ":" + b.Policy.Fingerprint() + ":" + fmt.Sprintf("%x", b.Identity[:16])
 }
 
-// Replay folds journaled batches into Redis, one script per batch, sent in
-// one pipeline. results[i] is valid where errs[i] is nil. A batch's marker
-// makes it apply at most once: a batch already applied comes back with
-// Duplicate set and changes nothing.
+// MaxReplayGrants bounds the grants one replay script call folds in: a
+// batch with more (a hot key's whole outage) is sent as several calls, in
+// order, each with a marker of its own, so no single call holds Redis for
+// long (about 2.5 µs of Lua per grant) and the other instances' decisions
+// are served between them.
+const MaxReplayGrants = 1000
+
+// Replay folds journaled batches into Redis, one script call per batch (per
+// MaxReplayGrants grants of a batch), sent in one pipeline on the replay
+// client. results[i] is valid where errs[i] is nil. A marker per call makes
+// each apply at most once: a batch already applied comes back with
+// Duplicate set and changes nothing; a batch of which only some calls had
+// been applied (a pipeline that failed part-way) applies the rest and
+// reports the others' units as DuplicateUnits.
 func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (results []ratelimit.ReplayResult, errs []error) {
 	results = make([]ratelimit.ReplayResult, len(batches))
 	errs = make([]error, len(batches))
-	cmds := make([]*redis.Cmd, len(batches))
+	client := l.client
+	if l.replayClient != nil {
+		client = l.replayClient
+	}
+	type call struct {
+		batch int
+		units int64
+		cmd   *redis.Cmd
+	}
+	var calls []call
 	var now int64
 	if l.now != nil {
 		now = l.now().UnixMicro()
 	}
-	pipe, ok := l.client.(redis.Pipeliner)
+	pipe, ok := client.(redis.Pipeliner)
 	if !ok {
-		c, isCmdable := l.client.(redis.Cmdable)
+		c, isCmdable := client.(redis.Cmdable)
 		if !isCmdable {
 			for i := range errs {
 				errs[i] = errors.New("redisstore: replay needs a client that can pipeline")
@@ -72,16 +92,28 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 			continue
 		}
 		ratelimit.SortGrants(b.Grants)
-		args := make([]any, 0, 5+3*len(b.Grants))
-		args = append(args, now, b.Policy.Limit, b.Policy.WindowMicros(), b.Policy.Capacity(), MarkerTTL.Milliseconds(), len(b.Grants))
-		for _, g := range b.Grants {
-			args = append(args, g.At, g.Cost, g.ID)
-		}
 		s := replayScripts[b.Policy.Algorithm]
-		// EVALSHA in the pipeline; scripts are loaded first (below).
-		cmds[i] = s.EvalSha(ctx, pipe, []string{l.keyOf(b.Policy, b.Identity), l.MarkerKey(b)}, args...)
+		key := l.keyOf(b.Policy, b.Identity)
+		chunks := (len(b.Grants) + MaxReplayGrants - 1) / MaxReplayGrants
+		for c := range chunks {
+			grants := b.Grants[c*MaxReplayGrants : min(len(b.Grants), (c+1)*MaxReplayGrants)]
+			marked := b
+			if chunks > 1 {
+				marked.Marker = b.Marker + "/" + strconv.Itoa(c)
+			}
+			args := make([]any, 0, 6+3*len(grants))
+			args = append(args, now, b.Policy.Limit, b.Policy.WindowMicros(), b.Policy.Capacity(), MarkerTTL.Milliseconds(), len(grants))
+			var units int64
+			for _, g := range grants {
+				args = append(args, g.At, g.Cost, g.ID)
+				units += g.Cost
+			}
+			// EVALSHA in the pipeline; scripts are loaded first (below).
+			calls = append(calls, call{batch: i, units: units,
+				cmd: s.EvalSha(ctx, pipe, []string{key, l.MarkerKey(marked)}, args...)})
+		}
 	}
-	if err := l.loadReplayScripts(ctx); err != nil {
+	if err := loadReplayScripts(ctx, client); err != nil {
 		for i := range errs {
 			if errs[i] == nil {
 				errs[i] = err
@@ -90,26 +122,51 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 		pipe.Discard()
 		return results, errs
 	}
-	_, _ = pipe.Exec(ctx)
-	for i, cmd := range cmds {
-		if cmd == nil {
+	if len(calls) > 0 {
+		_, _ = pipe.Exec(ctx)
+	}
+	// A batch's calls are consecutive: fold their results into one.
+	dup := make([]bool, len(batches))
+	for i := range dup {
+		dup[i] = true
+	}
+	for _, c := range calls {
+		if errs[c.batch] != nil {
 			continue
 		}
-		res, err := cmd.Slice()
+		res, err := c.cmd.Slice()
 		if err != nil {
-			errs[i] = classify(ctx, err)
+			errs[c.batch] = classify(ctx, err)
 			continue
 		}
-		results[i], errs[i] = parseReplay(res)
+		r, err := parseReplay(res)
+		if err != nil {
+			errs[c.batch] = err
+			continue
+		}
+		t := &results[c.batch]
+		if r.Duplicate {
+			t.DuplicateUnits += c.units
+		} else {
+			dup[c.batch] = false
+			t.Replayed += r.Replayed
+			t.Dropped += r.Dropped
+			t.Present += r.Present
+		}
+	}
+	for i := range results {
+		if errs[i] == nil && len(batches[i].Grants) > 0 && dup[i] {
+			results[i].Duplicate = true
+		}
 	}
 	return results, errs
 }
 
 // loadReplayScripts makes sure the replay scripts are cached (on every node
 // of a Cluster: SCRIPT LOAD is sent to all masters by go-redis).
-func (l *Limiter) loadReplayScripts(ctx context.Context) error {
+func loadReplayScripts(ctx context.Context, client redis.Scripter) error {
 	for _, s := range replayScripts {
-		if err := s.Load(ctx, l.client).Err(); err != nil {
+		if err := s.Load(ctx, client).Err(); err != nil {
 			return classify(ctx, err)
 		}
 	}

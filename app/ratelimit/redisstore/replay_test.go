@@ -3,8 +3,12 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/internal/vectors"
@@ -42,7 +46,11 @@ func TestReplayVectors(t *testing.T) {
 			}
 			// The same batch again (a retry) changes nothing.
 			res, errs = l.Replay(context.Background(), []ratelimit.ReplayBatch{batch})
-			if errs[0] != nil || res[0] != (ratelimit.ReplayResult{Duplicate: true}) {
+			var units int64
+			for _, g := range batch.Grants {
+				units += g.Cost
+			}
+			if errs[0] != nil || res[0] != (ratelimit.ReplayResult{Duplicate: true, DuplicateUnits: units}) {
 				t.Fatalf("second replay: %+v %v, want a duplicate", res[0], errs[0])
 			}
 			for j, s := range c.After {
@@ -109,10 +117,20 @@ func TestReplayPipelinesManyKeys(t *testing.T) {
 }
 
 // BenchmarkReplay100kKeys replays a journal of 100 000 keys (one grant each)
-// in pipelines of 1000, as the resilient limiter does.
+// in pipelines of 1000, as the resilient limiter does, with the service's
+// shipped clients: 50 ms for decisions, RL_REPLAY_TIMEOUT (2 s) and two
+// connections for replays.
 func BenchmarkReplay100kKeys(b *testing.B) {
 	srv := redistest.StartServer(b, redistest.ServerOptions{})
-	l := redisstore.New(newClient(b, srv.Addr()))
+	client := func(timeout time.Duration, pool int) redis.UniversalClient {
+		c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{srv.Addr()}, Timeout: timeout, PoolSize: pool})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	l := redisstore.New(client(50*time.Millisecond, 64), redisstore.WithReplayClient(client(2*time.Second, 2)))
 	p := ratelimit.Policy{Name: "bench", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: time.Minute}
 	const keys = 100_000
 	for i := 0; b.Loop(); i++ {
@@ -130,3 +148,107 @@ func BenchmarkReplay100kKeys(b *testing.B) {
 	}
 	b.ReportMetric(float64(keys)*float64(b.N)/b.Elapsed().Seconds(), "keys/s")
 }
+
+// TestReplayBoundsWorkPerCall: a hot key's batch of 2500 grants is folded in
+// three script calls of at most MaxReplayGrants, leaving the state one call
+// would (the Go twin's); sent again, all of it is a duplicate.
+func TestReplayBoundsWorkPerCall(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	now := vectors.T0 + 100*int64(time.Second/time.Microsecond)
+	l := redisstore.New(c, redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+	p := ratelimit.Policy{Name: "hot", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: time.Second}
+	const n = 2500
+	grants := make([]ratelimit.Grant, n)
+	for i := range grants {
+		grants[i] = ratelimit.Grant{At: vectors.T0 + int64(i)*20_000, Cost: 1, ID: fmt.Sprint("g", i)}
+	}
+	batch := ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf("hot"), Marker: "i1:7", Grants: grants}
+	ctx := context.Background()
+	calls := func() int64 {
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+				n, _ := strconv.ParseInt(v[:strings.IndexByte(v, ',')], 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	before := calls()
+	res, errs := l.Replay(ctx, []ratelimit.ReplayBatch{batch})
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	if want := (ratelimit.ReplayResult{Replayed: n}); res[0] != want {
+		t.Fatalf("replay: %+v, want %+v", res[0], want)
+	}
+	if got, want := calls()-before, int64((n+redisstore.MaxReplayGrants-1)/redisstore.MaxReplayGrants); got != want {
+		t.Errorf("%d script calls for %d grants, want %d (at most %d grants each)", got, n, want, redisstore.MaxReplayGrants)
+	}
+	twin, _ := ratelimit.TokenBucketReplay(p, ratelimit.TokenBucketState{}, now, grants)
+	st, err := c.HMGet(ctx, l.Key(p, "hot"), "t", "l").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprintln(st...), fmt.Sprintln(twin.Tokens, twin.Last); got != want {
+		t.Errorf("state (tokens, last) %q, want the twin's %q", got, want)
+	}
+	res, errs = l.Replay(ctx, []ratelimit.ReplayBatch{batch})
+	if errs[0] != nil || res[0] != (ratelimit.ReplayResult{Duplicate: true, DuplicateUnits: n}) {
+		t.Fatalf("second replay: %+v %v, want all %d units duplicate", res[0], errs[0], n)
+	}
+}
+
+// TestReplayHasItsOwnClient: go-redis cuts every socket read at the
+// client's read timeout whatever the context allows, so a replay pipeline
+// of 1000 keys fails on a client tuned for 10 ms decisions; on the replay
+// client (WithReplayClient) it goes through, and the decisions keep their
+// short timeout.
+func TestReplayHasItsOwnClient(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	client := func(timeout time.Duration) redis.UniversalClient {
+		c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{srv.Addr()}, Timeout: timeout})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	p := ratelimit.Policy{Name: "many", Algorithm: ratelimit.SlidingWindowLog, Limit: 1000, Window: time.Minute}
+	batches := func(marker string) []ratelimit.ReplayBatch {
+		now := time.Now().UnixMicro()
+		out := make([]ratelimit.ReplayBatch, 1000)
+		for i := range out {
+			g := make([]ratelimit.Grant, 100)
+			for j := range g {
+				g[j] = ratelimit.Grant{At: now - int64(j)*1000, Cost: 1, ID: fmt.Sprint(marker, i, "-", j)}
+			}
+			out[i] = ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf(fmt.Sprint("k", i)), Marker: marker, Grants: g}
+		}
+		return out
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fast := client(10 * time.Millisecond)
+	failed := 0
+	for _, err := range second(redisstore.New(fast).Replay(ctx, batches("i1:1"))) {
+		if err != nil {
+			failed++
+		}
+	}
+	if failed == 0 {
+		t.Fatal("a 100 000-grant pipeline on a 10 ms client went through: the test no longer shows the cut")
+	}
+	l := redisstore.New(fast, redisstore.WithReplayClient(client(5*time.Second)), redisstore.WithTimeout(10*time.Millisecond))
+	for i, err := range second(l.Replay(ctx, batches("i1:2"))) {
+		if err != nil {
+			t.Fatalf("batch %d on the replay client: %v", i, err)
+		}
+	}
+}
+
+func second[A, B any](_ A, b B) B { return b }

@@ -72,7 +72,13 @@ func startFleet(t *testing.T) *fleet {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = client.Close() })
-		l, err := resilient.New(redisstore.New(client), resilient.Config{
+		// Replays on a client of their own, as the service ships it.
+		replay, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{px.Addr()}, Timeout: 2 * time.Second, PoolSize: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = replay.Close() })
+		l, err := resilient.New(redisstore.New(client, redisstore.WithReplayClient(replay)), resilient.Config{
 			Instance:          fmt.Sprint("app", i+1),
 			Timeout:           fleetTimeout,
 			ProbeInterval:     250 * time.Millisecond,

@@ -491,6 +491,11 @@ func (j *Journal) Ack(b ratelimit.ReplayBatch, r ratelimit.ReplayResult) {
 		j.stats.replayed.Add(uint64(r.Replayed))
 		j.stats.dropped.Add(uint64(r.Dropped))
 		j.stats.present.Add(uint64(r.Present))
+		if r.DuplicateUnits > 0 {
+			// Part of the batch was applied by an earlier, failed send.
+			j.stats.duplicates.Add(1)
+			j.stats.dupUnits.Add(uint64(r.DuplicateUnits))
+		}
 	}
 	if j.size == 0 {
 		clear(j.snaps)

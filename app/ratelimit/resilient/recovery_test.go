@@ -41,13 +41,27 @@ func recoveryConfig(name string) resilient.Config {
 	}
 }
 
+// newStore returns a store configured as the service ships it: decisions
+// on a client with the limiter's timeout, replays on one of their own.
 func newStore(t testing.TB, addr string) *redisstore.Limiter {
-	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{addr}, Timeout: fleetTimeout, PoolSize: 8})
+	s, closeAll, err := shippedStore(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.Close() })
-	return redisstore.New(c)
+	t.Cleanup(closeAll)
+	return s
+}
+
+func shippedStore(addr string) (*redisstore.Limiter, func(), error) {
+	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{addr}, Timeout: fleetTimeout, PoolSize: 8})
+	if err != nil {
+		return nil, nil, err
+	}
+	rc, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{addr}, Timeout: 2 * time.Second, PoolSize: 2})
+	if err != nil {
+		return nil, nil, err
+	}
+	return redisstore.New(c, redisstore.WithReplayClient(rc)), func() { _ = c.Close(); _ = rc.Close() }, nil
 }
 
 func waitFor(t testing.TB, what string, d time.Duration, ok func() bool) {
@@ -338,14 +352,14 @@ func TestMain(m *testing.M) {
 // runChild serves a resilient limiter over stdin/stdout: "decide KEY N"
 // answers the number admitted, "status" the status JSON.
 func runChild() {
-	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{os.Getenv("REDIS_ADDR")}, Timeout: fleetTimeout})
+	store, _, err := shippedStore(os.Getenv("REDIS_ADDR"))
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
 	cfg := recoveryConfig("app1")
 	cfg.JournalDir = os.Getenv("JOURNAL_DIR")
-	l, err := resilient.New(redisstore.New(c), cfg)
+	l, err := resilient.New(store, cfg)
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)

@@ -18,6 +18,7 @@
 package resilient
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,8 +42,8 @@ type Store interface {
 	Ping(ctx context.Context) error
 	// Heartbeat records the instance as live and returns how many
 	// instances are live and how many are suspect (missing for less than
-	// grace), and the store's data generation.
-	Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (live, suspect int, gen string, err error)
+	// grace), the store's data generation and its clock.
+	Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (ratelimit.Fleet, error)
 	// Generation returns the store's data generation, which changes when
 	// the store loses its data.
 	Generation(ctx context.Context) (string, error)
@@ -106,6 +107,11 @@ type Config struct {
 	JournalMax int
 	// ReplayBatch is how many keys one replay pipeline carries (1000).
 	ReplayBatch int
+	// ReplayTimeout bounds one replay or restore pipeline (2 s), in place
+	// of Timeout: a pipeline of ReplayBatch keys takes Redis tens of ms.
+	// Give the store a client whose own timeouts allow it
+	// (redisstore.WithReplayClient), or the client's read timeout cuts it.
+	ReplayTimeout time.Duration
 	// RecoveryWait bounds how long a recovered instance keeps deciding
 	// locally while other instances are still missing (2 × ProbeInterval).
 	// Until every instance has replayed its journal, the store
@@ -129,6 +135,7 @@ func (c *Config) setDefaults() error {
 	def(&c.HeartbeatTTL, 300*time.Millisecond)
 	def(&c.LeaseGrace, 30*time.Second)
 	def(&c.SlowWindow, 250*time.Millisecond)
+	def(&c.ReplayTimeout, 2*time.Second)
 	if c.FailureThreshold <= 0 {
 		c.FailureThreshold = 3
 	}
@@ -164,7 +171,6 @@ type Limiter struct {
 	replay  sync.Mutex // one replay at a time
 
 	offset    atomic.Int64 // store clock minus local clock, µs
-	hasOffset atomic.Bool
 	live      atomic.Int64
 	suspect   atomic.Int64
 	fleetSeen atomic.Bool
@@ -331,15 +337,25 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 // remember keeps the store's reply as the key's snapshot and updates the
 // clock offset (the reply's time is taken as the middle of the round trip).
 func (l *Limiter) remember(k key, p ratelimit.Policy, id ratelimit.Identity, d ratelimit.Decision, sent, recv time.Time) {
-	mid := sent.UnixMicro() + recv.Sub(sent).Microseconds()/2
-	l.offset.Store(d.State.Now - mid)
-	l.hasOffset.Store(true)
+	l.learnOffset(d.State.Now, sent, recv)
 	l.mu.Lock()
 	e := l.entry(k)
 	e.snap, e.snapValid = d.State, true
 	e.policy, e.identity = p, id
 	e.version++
 	l.mu.Unlock()
+}
+
+// learnOffset records the store's clock, read at storeNow between sent and
+// recv: the reply's time is taken as the middle of the round trip. Both
+// decisions and heartbeats teach it, so the offset is known from the first
+// heartbeat and follows a local clock that steps.
+func (l *Limiter) learnOffset(storeNow int64, sent, recv time.Time) {
+	if storeNow <= 0 {
+		return
+	}
+	mid := sent.UnixMicro() + recv.Sub(sent).Microseconds()/2
+	l.offset.Store(storeNow - mid)
 }
 
 func (l *Limiter) entry(k key) *entry {
@@ -425,7 +441,8 @@ func (l *Limiter) loop(ctx context.Context) {
 func (l *Limiter) heartbeat(ctx context.Context) {
 	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
-	live, suspect, gen, err := l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
+	sent := l.cfg.Now()
+	fleet, err := l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
 	if err != nil {
 		if ctx.Err() == nil {
 			l.stats.failures.Add(1)
@@ -434,6 +451,8 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 		return
 	}
 	l.br.success()
+	l.learnOffset(fleet.Now, sent, l.cfg.Now())
+	live, suspect, gen := fleet.Live, fleet.Suspect, fleet.Generation
 	if l.generationChanged(gen) && l.br.State() == Closed {
 		// Redis lost its data between two heartbeats, too fast for the
 		// breaker to notice: put back what the snapshots knew. Until that
@@ -612,31 +631,41 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 		return nil
 	}
 	start := l.cfg.Now()
-	var replayed int
-	for len(pending) > 0 {
-		n := min(len(pending), l.cfg.ReplayBatch)
-		chunk := pending[:n]
-		pending = pending[n:]
-		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout*time.Duration(4+n/100))
+	replayed, err := l.send(ctx, pending, l.journal.Ack)
+	if err != nil {
+		return fmt.Errorf("replayed %d batches, then: %w", replayed, err)
+	}
+	l.cfg.Logger.Info("journal replayed", "batches", replayed, "took", l.cfg.Now().Sub(start).String())
+	return nil
+}
+
+// send sends batches to the store in pipelines of ReplayBatch, each within
+// ReplayTimeout, and hands every acknowledged batch to ack as its result
+// comes back, so progress is kept per batch. It stops after the first
+// pipeline with a failed batch (the store is failing again; what is left
+// waits for the next pass) and returns how many were acknowledged.
+func (l *Limiter) send(ctx context.Context, batches []ratelimit.ReplayBatch, ack func(ratelimit.ReplayBatch, ratelimit.ReplayResult)) (int, error) {
+	var done int
+	for len(batches) > 0 {
+		chunk := batches[:min(len(batches), l.cfg.ReplayBatch)]
+		batches = batches[len(chunk):]
+		callCtx, cancel := context.WithTimeout(ctx, l.cfg.ReplayTimeout)
 		results, errs := l.store.Replay(callCtx, chunk)
 		cancel()
 		var firstErr error
 		for i, b := range chunk {
 			if errs[i] != nil {
-				if firstErr == nil {
-					firstErr = errs[i]
-				}
+				firstErr = cmp.Or(firstErr, errs[i])
 				continue
 			}
-			l.journal.Ack(b, results[i])
-			replayed++
+			ack(b, results[i])
+			done++
 		}
 		if firstErr != nil {
-			return fmt.Errorf("replayed %d batches, then: %w", replayed, firstErr)
+			return done, firstErr
 		}
 	}
-	l.cfg.Logger.Info("journal replayed", "batches", replayed, "took", l.cfg.Now().Sub(start).String())
-	return nil
+	return done, nil
 }
 
 // isTimeout reports whether err is a call that outlived its deadline, as
@@ -677,17 +706,8 @@ func (l *Limiter) restore(ctx context.Context, gen string) error {
 	}
 	l.mu.Unlock()
 	l.cfg.Logger.Warn("Redis lost its data: restoring the usage the snapshots knew", "keys", len(batches))
-	for len(batches) > 0 {
-		n := min(len(batches), l.cfg.ReplayBatch)
-		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout*time.Duration(4+n/100))
-		_, errs := l.store.Replay(callCtx, batches[:n])
-		cancel()
-		for _, err := range errs {
-			if err != nil {
-				return err
-			}
-		}
-		batches = batches[n:]
+	if _, err := l.send(ctx, batches, func(ratelimit.ReplayBatch, ratelimit.ReplayResult) {}); err != nil {
+		return err
 	}
 	l.restores.Add(1)
 	return nil

@@ -20,16 +20,21 @@ import (
 // every call fails like a refused connection, or hangs until its deadline.
 type fakeStore struct {
 	*mocks.Store
-	twin        *memstore.Limiter
+	twin        atomic.Pointer[memstore.Limiter] // swapped for an empty one: a wipe
+	gen         atomic.Pointer[string]
 	down, hang  atomic.Bool
 	failReplay  atomic.Bool
 	live, susp  atomic.Int64
 	lastRequest atomic.Pointer[ratelimit.Request]
+	// skew is the store's clock minus the local one, µs.
+	skew atomic.Int64
 }
 
 func newFakeStore() *fakeStore {
-	twin := memstore.New()
-	f := &fakeStore{twin: twin}
+	f := &fakeStore{}
+	f.twin.Store(memstore.New())
+	gen := "gen-1"
+	f.gen.Store(&gen)
 	f.live.Store(4)
 	fail := func(ctx context.Context) error {
 		if f.hang.Load() {
@@ -44,7 +49,7 @@ func newFakeStore() *fakeStore {
 			if f.down.Load() || f.hang.Load() {
 				return ratelimit.Decision{}, fail(ctx)
 			}
-			d, err := twin.Decide(ctx, req)
+			d, err := f.twin.Load().Decide(ctx, req)
 			d.Mode = ratelimit.ModeRedis
 			return d, err
 		},
@@ -54,17 +59,18 @@ func newFakeStore() *fakeStore {
 			}
 			return nil
 		},
-		HeartbeatFunc: func(ctx context.Context, _ string, _, _ time.Duration) (int, int, string, error) {
+		HeartbeatFunc: func(ctx context.Context, _ string, _, _ time.Duration) (ratelimit.Fleet, error) {
 			if f.down.Load() || f.hang.Load() {
-				return 0, 0, "", fail(ctx)
+				return ratelimit.Fleet{}, fail(ctx)
 			}
-			return int(f.live.Load()), int(f.susp.Load()), "gen-1", nil
+			return ratelimit.Fleet{Live: int(f.live.Load()), Suspect: int(f.susp.Load()), Generation: *f.gen.Load(),
+				Now: time.Now().UnixMicro() + f.skew.Load()}, nil
 		},
 		GenerationFunc: func(ctx context.Context) (string, error) {
 			if f.down.Load() || f.hang.Load() {
 				return "", fail(ctx)
 			}
-			return "gen-1", nil
+			return *f.gen.Load(), nil
 		},
 		LeaveFunc: func(context.Context, string, time.Duration, time.Duration) error { return nil },
 		ReplayFunc: func(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
@@ -75,7 +81,7 @@ func newFakeStore() *fakeStore {
 				}
 				return make([]ratelimit.ReplayResult, len(batches)), errs
 			}
-			return twin.Replay(ctx, batches)
+			return f.twin.Load().Replay(ctx, batches)
 		},
 	}
 	return f
@@ -428,4 +434,57 @@ func BenchmarkLocalDecision(b *testing.B) {
 func settle(d time.Duration) {
 	time.Sleep(d + 7*time.Millisecond)
 	synctest.Wait()
+}
+
+// TestFailedRestoreIsRetried: Redis comes back without its data while the
+// breaker is closed, and the first restores fail. The new generation is not
+// taken as known until a restore went through, so it is tried again until
+// it does, and the usage before the wipe is back in the store.
+func TestFailedRestoreIsRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		f.live.Store(1)
+		l := newLimiter(t, f, resilient.Config{})
+		p := ratelimit.Policy{Name: "r", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Hour}
+		if n := admit(t, l, p, "k", 30, ratelimit.ModeRedis); n != 30 {
+			t.Fatalf("%d of 30 admitted", n)
+		}
+		f.twin.Store(memstore.New())
+		gen := "gen-2"
+		f.gen.Store(&gen)
+		f.failReplay.Store(true)
+		time.Sleep(time.Second) // heartbeats see the new generation; every restore fails
+		synctest.Wait()
+		if n := l.Status().Restores; n != 0 {
+			t.Fatalf("%d restores while the store refused them", n)
+		}
+		f.failReplay.Store(false)
+		time.Sleep(3 * time.Second) // probes or heartbeats try again
+		synctest.Wait()
+		if n := l.Status().Restores; n != 1 {
+			t.Fatalf("%d restores once the store took them, want 1", n)
+		}
+		d, err := f.twin.Load().Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Remaining != 100-31 {
+			t.Errorf("%d remaining after the restore, want %d: the 30 granted before the wipe are back", d.Remaining, 100-31)
+		}
+	})
+}
+
+// TestHeartbeatTeachesTheStoreClock: the store's clock is learned from the
+// first heartbeat, before any decision, so grants made locally right after
+// a restart are stamped in the store's time.
+func TestHeartbeatTeachesTheStoreClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		ahead := 10 * time.Minute
+		f.skew.Store(ahead.Microseconds())
+		l := newLimiter(t, f, resilient.Config{})
+		if got := time.Duration(l.Status().ClockOffsetUS) * time.Microsecond; got != ahead {
+			t.Fatalf("clock offset %v after the first heartbeat, want %v", got, ahead)
+		}
+	})
 }

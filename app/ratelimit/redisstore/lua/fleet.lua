@@ -5,18 +5,19 @@
 --       [3] missing after ms  [4] lease grace ms (how long a missing instance
 --       may still be granting its fallback share)  [5] a generation to set if
 --       none is
--- Reply: {live, suspect, now_ms, generation}. Live: heartbeat within [3].
+-- Reply: {live, suspect, now_us (Redis' clock), generation}. Live: heartbeat within [3].
 -- Suspect: missing for less than [4]: it may be cut off from Redis and
 -- spending its share.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local key, ttl, grace = KEYS[1], tonumber(ARGV[3]), tonumber(ARGV[4])
 local gen = redis.call('GET', KEYS[2])
 if not gen then
   redis.call('SET', KEYS[2], ARGV[5])
   gen = ARGV[5]
 end
-if ARGV[2] == 'peek' then return {0, 0, now, gen} end
+if ARGV[2] == 'peek' then return {0, 0, now_us, gen} end
 if ARGV[2] == 'leave' then
   redis.call('ZREM', key, ARGV[1])
 else
@@ -26,4 +27,4 @@ redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - ttl - grace))
 redis.call('PEXPIRE', key, ttl + grace + 60000)
 local live = redis.call('ZCOUNT', key, now - ttl, '+inf')
 local suspect = redis.call('ZCOUNT', key, now - ttl - grace, '(' .. (now - ttl))
-return {live, suspect, now, gen}
+return {live, suspect, now_us, gen}

@@ -15,6 +15,8 @@ local now = now_us()
 local grants = {}
 for i = 1, tonumber(ARGV[6]) do
   local b = 7 + (i - 1) * 3
-  grants[i] = {at = num(ARGV[b], 'grant time'), cost = num(ARGV[b + 1], 'grant cost'), id = ARGV[b + 2]}
+  -- A grant stamped after now (a local clock ahead of Redis') counts now,
+  -- or it would lock the key until its stamp. Twin of ratelimit.clampGrant.
+  grants[i] = {at = math.min(num(ARGV[b], 'grant time'), now), cost = num(ARGV[b + 1], 'grant cost'), id = ARGV[b + 2]}
 end
 redis.call('SET', marker, '1', 'PX', tonumber(ARGV[5]))
