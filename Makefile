@@ -1,6 +1,6 @@
 # fleetlimit: a fault-tolerant distributed rate limiter.
-# `make help` lists the targets. The external contract of these commands is
-# shared/CONTRACT.md; the scripts they call live in scripts/.
+# `make help` lists the targets (README.md, "Commands"); the scripts they call live in
+# scripts/.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c

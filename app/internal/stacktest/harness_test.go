@@ -64,7 +64,7 @@ const (
 	blockMax = 32000
 )
 
-// stackInfo is stack.json (shared/CONTRACT.md).
+// stackInfo is .run/stack.json, as scripts/local-up.sh writes it.
 type stackInfo struct {
 	NginxURL  string    `json:"nginx_url"`
 	RedisAddr string    `json:"redis_addr"`
