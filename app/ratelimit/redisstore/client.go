@@ -82,6 +82,7 @@ func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
 	o.PoolSize = pool
 	o.MinIdleConns = min(pool, 8)
 	o.DisableIdentity = true
+	o.Dialer = newDialer(o.DialTimeout, o.TLSConfig).DialContext
 	return o, nil
 }
 
