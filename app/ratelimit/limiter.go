@@ -171,3 +171,27 @@ type LimiterFunc func(ctx context.Context, req Request) (Decision, error)
 
 // Decide calls f.
 func (f LimiterFunc) Decide(ctx context.Context, req Request) (Decision, error) { return f(ctx, req) }
+
+// BatchLimiter is a Limiter that decides several requests in one round
+// trip to its store, as a request that several policies count needs (a
+// per-key quota and a per-address ceiling, say). DecideBatch returns one
+// decision and one error per request, in order; each is what Decide would
+// have returned for that request alone. The requests are independent: one
+// refused or failed does not undo the others.
+type BatchLimiter interface {
+	Limiter
+	DecideBatch(ctx context.Context, reqs []Request) ([]Decision, []error)
+}
+
+// DecideAll decides reqs through l: in one batch when l is a BatchLimiter
+// and there is more than one request, else one by one.
+func DecideAll(ctx context.Context, l Limiter, reqs []Request) ([]Decision, []error) {
+	if b, ok := l.(BatchLimiter); ok && len(reqs) > 1 {
+		return b.DecideBatch(ctx, reqs)
+	}
+	ds, errs := make([]Decision, len(reqs)), make([]error, len(reqs))
+	for i, r := range reqs {
+		ds[i], errs[i] = l.Decide(ctx, r)
+	}
+	return ds, errs
+}

@@ -55,20 +55,41 @@ func newMetrics() *metrics {
 }
 
 // instrument wraps a limiter so that every decision and error is counted.
+// A batch stays a batch (one round trip for a route's policies) when the
+// limiter takes batches.
 func (m *metrics) instrument(next ratelimit.Limiter) ratelimit.Limiter {
-	return ratelimit.LimiterFunc(func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
-		d, err := next.Decide(ctx, req)
-		if err != nil {
-			m.errors.WithLabelValues(req.Policy.Name, errorKind(err)).Inc()
-			return d, err
-		}
-		result := "allowed"
-		if !d.Allowed {
-			result = "denied"
-		}
-		m.decisions.WithLabelValues(req.Policy.Name, result, string(d.Mode)).Inc()
-		return d, nil
-	})
+	return instrumented{m: m, next: next}
+}
+
+type instrumented struct {
+	m    *metrics
+	next ratelimit.Limiter
+}
+
+func (in instrumented) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	d, err := in.next.Decide(ctx, req)
+	in.m.count(req, d, err)
+	return d, err
+}
+
+func (in instrumented) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+	ds, errs := ratelimit.DecideAll(ctx, in.next, reqs)
+	for i, r := range reqs {
+		in.m.count(r, ds[i], errs[i])
+	}
+	return ds, errs
+}
+
+func (m *metrics) count(req ratelimit.Request, d ratelimit.Decision, err error) {
+	if err != nil {
+		m.errors.WithLabelValues(req.Policy.Name, errorKind(err)).Inc()
+		return
+	}
+	result := "allowed"
+	if !d.Allowed {
+		result = "denied"
+	}
+	m.decisions.WithLabelValues(req.Policy.Name, result, string(d.Mode)).Inc()
 }
 
 // observeRedis records one Redis call (the redisstore hooks call it).

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
@@ -72,6 +73,7 @@ type compiledPolicy struct {
 	ratePrefix string
 	limit      string // X-RateLimit-Limit
 	detail     string // 429 detail, up to the retry seconds
+	perAddress bool   // counted per client address (WithPerAddress)
 }
 
 func compile(p ratelimit.Policy) compiledPolicy {
@@ -92,21 +94,45 @@ func compile(p ratelimit.Policy) compiledPolicy {
 	}
 }
 
-// writeHeaders sets the rate-limit headers for decision d of this policy.
-// q is the policy's capacity (Limit, or Burst for token_bucket and gcra),
-// w its window rounded up to whole seconds (at least 1), r the remaining
-// units and t (= X-RateLimit-Reset) the seconds until the full capacity is
-// available again (d.ResetAfter rounded up).
-func (cp *compiledPolicy) writeHeaders(h http.Header, d ratelimit.Decision, debug bool) {
+// writeHeaders sets the rate-limit headers of a request that the route's
+// policies which[j] decided as ds[j]. RateLimit-Policy and RateLimit list
+// every enforced policy (every shadow one when no policy is enforced), in
+// the route's order, as draft-11 allows; the X-RateLimit trio and the mode
+// describe ds[best], the most restrictive. Per policy, q is its capacity
+// (Limit, or Burst for token_bucket and gcra), w its window rounded up to
+// whole seconds (at least 1), r the remaining units and t (=
+// X-RateLimit-Reset) the seconds until the full capacity is available
+// again (ResetAfter rounded up).
+func (h *handler) writeHeaders(hdr http.Header, which []int, ds []ratelimit.Decision, best int, enforced bool) {
+	d := ds[best]
+	cp := &h.policies[which[best]]
 	remaining := itoa(max(d.Remaining, 0))
 	reset := itoa(ceilSeconds(d.ResetAfter))
-	setHeader(h, keyRateLimitPolicy, cp.policyHeader)
-	setHeader(h, keyRateLimit, cp.ratePrefix+remaining+";t="+reset)
-	setHeader(h, keyXLimit, cp.limit)
-	setHeader(h, keyXRemaining, remaining)
-	setHeader(h, keyXReset, reset)
-	if debug && d.Mode != "" {
-		setHeader(h, keyMode, string(d.Mode))
+	if len(which) == 1 {
+		setHeader(hdr, keyRateLimitPolicy, cp.policyHeader)
+		setHeader(hdr, keyRateLimit, cp.ratePrefix+remaining+";t="+reset)
+	} else {
+		var pol, rate strings.Builder
+		for j, i := range which {
+			other := &h.policies[i]
+			if enforced && other.policy.Shadow {
+				continue
+			}
+			if pol.Len() > 0 {
+				pol.WriteString(", ")
+				rate.WriteString(", ")
+			}
+			pol.WriteString(other.policyHeader)
+			rate.WriteString(other.ratePrefix + itoa(max(ds[j].Remaining, 0)) + ";t=" + itoa(ceilSeconds(ds[j].ResetAfter)))
+		}
+		setHeader(hdr, keyRateLimitPolicy, pol.String())
+		setHeader(hdr, keyRateLimit, rate.String())
+	}
+	setHeader(hdr, keyXLimit, cp.limit)
+	setHeader(hdr, keyXRemaining, remaining)
+	setHeader(hdr, keyXReset, reset)
+	if h.m.debug && d.Mode != "" {
+		setHeader(hdr, keyMode, string(d.Mode))
 	}
 }
 

@@ -114,7 +114,8 @@ type Middleware struct {
 	limiter   ratelimit.Limiter
 	keyFunc   KeyFunc // nil: API key or client IP
 	trusted   []netip.Prefix
-	validate  func(ctx context.Context, key string) error
+	check     func(ctx context.Context, key string) (string, error)
+	perAddr   map[string]bool // policy names counted per client address
 	instance  string
 	debug     bool
 	requestID func(*http.Request) string
@@ -148,10 +149,45 @@ func WithTrustedProxies(prefixes []netip.Prefix) Option {
 
 // WithAPIKeyValidator sets a check of the X-API-Key header (the raw value,
 // without prefix) for the default identity, called after the key passed
-// ratelimit.ValidateKey. An error gets a 401 problem; its text is logged,
-// not sent.
+// ratelimit.ValidateKey; the key is its own identity. An error gets a 401
+// problem; its text is logged, not sent. WithAPIKeys is the same check
+// where the key stands for an identity of its own.
 func WithAPIKeyValidator(f func(ctx context.Context, key string) error) Option {
-	return func(m *Middleware) { m.validate = f }
+	return WithAPIKeys(func(ctx context.Context, key string) (string, error) {
+		if err := f(ctx, key); err != nil {
+			return "", err
+		}
+		return key, nil
+	})
+}
+
+// WithAPIKeys sets the check of the X-API-Key header for the default
+// identity: it returns the identity the key stands for (counted as "k:" +
+// id), or an error for a key it refuses. A refused key creates no state
+// under the key: the request counts against the per-address policies only
+// (WithPerAddress), and gets a 401 problem, or the 429 of a per-address
+// policy that refuses it. Without a check every well-formed key is its own
+// identity, and any client can pick as many identities as it likes: pair
+// that with a per-address policy.
+func WithAPIKeys(check func(ctx context.Context, key string) (id string, err error)) Option {
+	return func(m *Middleware) { m.check = check }
+}
+
+// WithPerAddress names the policies that count per client address
+// ("ip:" + the client IP, see ClientIP) whatever the API key, as a ceiling
+// over all the keys one address uses. A route's handler decides its
+// per-address and per-key policies together (in one round trip when the
+// limiter is a ratelimit.BatchLimiter). It applies to the default identity
+// only: a custom key function chooses every policy's key itself.
+func WithPerAddress(names ...string) Option {
+	return func(m *Middleware) {
+		if m.perAddr == nil {
+			m.perAddr = make(map[string]bool, len(names))
+		}
+		for _, n := range names {
+			m.perAddr[n] = true
+		}
+	}
 }
 
 // WithDebugHeaders adds X-Served-By: instance and X-RateLimit-Mode (what
@@ -220,13 +256,18 @@ func (m *Middleware) Handler(policies ...ratelimit.Policy) func(http.Handler) ht
 			}
 		}
 		compiled[i] = compile(p)
+		compiled[i].perAddress = m.perAddr[p.Name]
 	}
 	minCapacity := compiled[0].capacity
 	for _, cp := range compiled[1:] {
 		minCapacity = min(minCapacity, cp.capacity)
 	}
 	return func(next http.Handler) http.Handler {
-		return &handler{m: m, policies: compiled, minCapacity: minCapacity, next: next}
+		h := &handler{m: m, policies: compiled, minCapacity: minCapacity, next: next}
+		for _, cp := range compiled {
+			h.perAddress = h.perAddress || cp.perAddress
+		}
+		return h
 	}
 }
 
@@ -283,6 +324,7 @@ type handler struct {
 	m           *Middleware
 	policies    []compiledPolicy
 	minCapacity int64
+	perAddress  bool // some policy counts per client address
 	next        http.Handler
 }
 
@@ -301,12 +343,16 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		setHeader(hdr, keyServedBy, m.instance)
 	}
 
-	var key string
+	var key, addr string
+	var refused error // the API key was refused: only per-address policies count
 	if m.keyFunc == nil {
 		var err error
-		if key, err = m.defaultKey(r, peer, peerTrusted); err != nil {
-			m.rejectKey(w, r, id, err)
-			return
+		if key, addr, err = m.identities(r, peer, peerTrusted); err != nil {
+			if !errors.Is(err, ErrInvalidAPIKey) || !h.perAddress {
+				m.rejectKey(w, r, id, err)
+				return
+			}
+			refused = err
 		}
 	}
 	cost := int64(1)
@@ -320,22 +366,36 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	best, shadow := -1, -1
-	var bestD, shadowD ratelimit.Decision
+	n := len(h.policies)
+	reqs := make([]ratelimit.Request, 0, n)
+	which := make([]int, 0, n) // reqs[j] is for h.policies[which[j]]
 	for i := range h.policies {
 		cp := &h.policies[i]
-		if m.keyFunc != nil {
+		k := key
+		switch {
+		case m.keyFunc != nil:
 			var err error
-			if key, err = m.keyFunc(r, cp.policy); err == nil {
-				err = ratelimit.ValidateKey(key)
+			if k, err = m.keyFunc(r, cp.policy); err == nil {
+				err = ratelimit.ValidateKey(k)
 			}
 			if err != nil {
 				m.rejectKey(w, r, id, err)
 				return
 			}
+		case cp.perAddress:
+			k = addr
+		case refused != nil:
+			continue
 		}
-		d, err := m.limiter.Decide(ctx, ratelimit.Request{Policy: cp.policy, Key: key, Cost: cost, ID: id})
-		if err != nil {
+		reqs = append(reqs, ratelimit.Request{Policy: cp.policy, Key: k, Cost: cost, ID: id})
+		which = append(which, i)
+	}
+	ds, errs := ratelimit.DecideAll(ctx, m.limiter, reqs)
+
+	best, shadow := -1, -1
+	for j, i := range which {
+		cp := &h.policies[i]
+		if err := errs[j]; err != nil {
 			if errors.Is(err, ratelimit.ErrInvalidRequest) {
 				writeProblem(w, r, id, http.StatusBadRequest, ProblemInvalidRequest, "Bad Request",
 					"the request cannot be rate limited: "+err.Error(), 0, cp.policy.Name)
@@ -344,29 +404,35 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if !m.onError(w, r, cp.policy, err) {
 				return
 			}
-			d = ratelimit.Decision{Allowed: true, Limit: cp.capacity, Remaining: cp.capacity, Mode: ratelimit.ModeOpen}
+			ds[j] = ratelimit.Decision{Allowed: true, Limit: cp.capacity, Remaining: cp.capacity, Mode: ratelimit.ModeOpen}
 		}
+		d := ds[j]
 		if cp.policy.Shadow {
 			if !d.Allowed {
 				m.logger.LogAttrs(ctx, slog.LevelInfo, "shadow policy would refuse",
 					slog.String("request_id", id), slog.String("policy", cp.policy.Name),
 					slog.String("mode", string(d.Mode)), slog.Duration("retry_after", d.RetryAfter))
 			}
-			if shadow < 0 || moreRestrictive(d, shadowD) {
-				shadow, shadowD = i, d
+			if shadow < 0 || moreRestrictive(d, ds[shadow]) {
+				shadow = j
 			}
 			continue
 		}
-		if best < 0 || moreRestrictive(d, bestD) {
-			best, bestD = i, d
+		if best < 0 || moreRestrictive(d, ds[best]) {
+			best = j
 		}
 	}
+	enforced := true
 	if best < 0 { // every policy is a shadow: report the dry run, never refuse
-		best, bestD = shadow, shadowD
-		bestD.Allowed = true
+		best, enforced = shadow, false
+		ds[best].Allowed = true
 	}
-	cp := &h.policies[best]
-	cp.writeHeaders(hdr, bestD, m.debug)
+	if refused != nil && ds[best].Allowed {
+		m.rejectKey(w, r, id, refused)
+		return
+	}
+	h.writeHeaders(hdr, which, ds, best, enforced)
+	bestD, cp := ds[best], &h.policies[which[best]]
 	if !bestD.Allowed {
 		retry := retryAfterSeconds(bestD.RetryAfter)
 		setHeader(hdr, keyRetryAfter, itoa(retry))

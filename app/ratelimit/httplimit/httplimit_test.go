@@ -9,7 +9,9 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -453,8 +455,14 @@ func TestMultiPolicy(t *testing.T) {
 			if res.rec.Code != tt.status {
 				t.Fatalf("status = %d, want %d", res.rec.Code, tt.status)
 			}
-			if got := res.rec.Header().Get("RateLimit-Policy"); !strings.HasPrefix(got, `"`+tt.wantPolicy+`"`) {
-				t.Errorf("RateLimit-Policy = %q, want policy %s", got, tt.wantPolicy)
+			// Both policies listed, in the route's order; the X- trio is
+			// the most restrictive one's.
+			if got := res.rec.Header().Get("RateLimit-Policy"); got != `"gcra";q=100;w=10, "per-ip";q=1000;w=60` {
+				t.Errorf("RateLimit-Policy = %q, want both policies", got)
+			}
+			wantLimit := map[string]string{"gcra": "100", "per-ip": "1000"}[tt.wantPolicy]
+			if got := res.rec.Header().Get("X-RateLimit-Limit"); got != wantLimit {
+				t.Errorf("X-RateLimit-Limit = %q, want %s (policy %s)", got, wantLimit, tt.wantPolicy)
 			}
 			if got := res.rec.Header().Get("Retry-After"); got != tt.wantRetry {
 				t.Errorf("Retry-After = %q, want %q", got, tt.wantRetry)
@@ -580,4 +588,123 @@ func TestCostAboveOneCapacity(t *testing.T) {
 		t.Errorf("status %d after %d decisions", res.rec.Code, len(lim.DecideCalls()))
 	}
 	decodeProblem(t, res.rec)
+}
+
+// batchRecorder is a ratelimit.BatchLimiter over a real in-memory limiter
+// that records how requests arrived.
+type batchRecorder struct {
+	ratelimit.Limiter
+	mu      sync.Mutex
+	batches [][]ratelimit.Request
+}
+
+func (b *batchRecorder) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+	b.mu.Lock()
+	b.batches = append(b.batches, slices.Clone(reqs))
+	b.mu.Unlock()
+	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
+	for i, r := range reqs {
+		ds[i], errs[i] = b.Limiter.Decide(ctx, r)
+	}
+	return ds, errs
+}
+
+// TestPerAddressCeiling: a client rotating API keys from one address is held
+// to the per-address policy, and both policies are decided in one batch.
+func TestPerAddressCeiling(t *testing.T) {
+	perKey := ratelimit.Policy{Name: "per-key", Algorithm: ratelimit.GCRA, Limit: 5, Window: time.Minute}
+	ceiling := ratelimit.Policy{Name: "per-address", Algorithm: ratelimit.SlidingWindowCounter, Limit: 20, Window: time.Minute}
+	lim := &batchRecorder{Limiter: memstore.New()}
+	mw := httplimit.New(lim, httplimit.WithPerAddress("per-address"))
+	admitted := 0
+	for i := range 100 {
+		res := serve(mw, newRequest("192.0.2.7:1", "X-API-Key", fmt.Sprintf("key-%d", i)), perKey, ceiling)
+		if res.next {
+			admitted++
+		}
+	}
+	if admitted != 20 {
+		t.Errorf("rotating keys: %d admitted, want the ceiling's 20", admitted)
+	}
+	// Another address is not affected; one key is held to its own quota.
+	admitted = 0
+	for range 10 {
+		if serve(mw, newRequest("192.0.2.8:1", "X-API-Key", "steady"), perKey, ceiling).next {
+			admitted++
+		}
+	}
+	if admitted != 5 {
+		t.Errorf("one key: %d admitted, want its quota of 5", admitted)
+	}
+	if len(lim.batches) != 110 {
+		t.Fatalf("%d batches, want one per request", len(lim.batches))
+	}
+	b := lim.batches[0]
+	if len(b) != 2 || b[0].Key != "k:key-0" || b[1].Key != "ip:192.0.2.7" {
+		t.Errorf("first batch = %+v, want the key's and the address's requests", b)
+	}
+	res := serve(mw, newRequest("192.0.2.9:1", "X-API-Key", "fresh"), perKey, ceiling)
+	h := res.rec.Header()
+	if got := h.Get("RateLimit-Policy"); got != `"per-key";q=5;w=60, "per-address";q=20;w=60` {
+		t.Errorf("RateLimit-Policy = %q", got)
+	}
+	// (the sliding window counter's t depends on where its window is)
+	if got := h.Get("RateLimit"); !regexp.MustCompile(`^"per-key";r=4;t=12, "per-address";r=19;t=\d+$`).MatchString(got) {
+		t.Errorf("RateLimit = %q", got)
+	}
+	if got := h.Get("X-RateLimit-Remaining"); got != "4" {
+		t.Errorf("X-RateLimit-Remaining = %q, want the most restrictive policy's 4", got)
+	}
+}
+
+// TestCheckedAPIKeys: a checked key counts under the identity it stands
+// for; a refused key gets a 401, counts only against the per-address
+// policy, and creates no state under the key; past the ceiling it gets 429.
+func TestCheckedAPIKeys(t *testing.T) {
+	perKey := ratelimit.Policy{Name: "per-key", Algorithm: ratelimit.GCRA, Limit: 5, Window: time.Minute}
+	ceiling := ratelimit.Policy{Name: "per-address", Algorithm: ratelimit.SlidingWindowCounter, Limit: 8, Window: time.Minute}
+	var seen []ratelimit.Request
+	inner := memstore.New()
+	lim := ratelimit.LimiterFunc(func(ctx context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
+		seen = append(seen, r)
+		return inner.Decide(ctx, r)
+	})
+	check := func(_ context.Context, key string) (string, error) {
+		if id, ok := strings.CutSuffix(key, ".good"); ok {
+			return id, nil
+		}
+		return "", errors.New("bad signature")
+	}
+	mw := httplimit.New(lim, httplimit.WithAPIKeys(check), httplimit.WithPerAddress("per-address"))
+
+	res := serve(mw, newRequest("192.0.2.1:1", "X-API-Key", "alice.good"), perKey, ceiling)
+	if res.rec.Code != 200 || seen[0].Key != "k:alice" {
+		t.Fatalf("good key: status %d, key %q; want 200 under k:alice", res.rec.Code, seen[0].Key)
+	}
+	seen = nil
+	for i := range 7 {
+		res := serve(mw, newRequest("192.0.2.1:1", "X-API-Key", fmt.Sprintf("forged-%d.bad", i)), perKey, ceiling)
+		if res.rec.Code != http.StatusUnauthorized || res.next {
+			t.Fatalf("refused key %d: status %d, want 401", i, res.rec.Code)
+		}
+		if p := decodeProblem(t, res.rec); p.Type != httplimit.ProblemInvalidAPIKey {
+			t.Errorf("problem type %q", p.Type)
+		}
+	}
+	for _, r := range seen {
+		if r.Policy.Name != "per-address" || r.Key != "ip:192.0.2.1" {
+			t.Errorf("a refused key was counted as %s under %q, want per-address only", r.Policy.Name, r.Key)
+		}
+	}
+	// The ceiling (8) is spent: 1 good request and 7 refused keys.
+	res = serve(mw, newRequest("192.0.2.1:1", "X-API-Key", "forged.bad"), perKey, ceiling)
+	if res.rec.Code != http.StatusTooManyRequests {
+		t.Errorf("refused key past the ceiling: status %d, want 429", res.rec.Code)
+	}
+	// Without a per-address policy a refused key costs nothing and gets 401.
+	seen = nil
+	res = serve(mw, newRequest("192.0.2.2:1", "X-API-Key", "forged.bad"), perKey)
+	if res.rec.Code != http.StatusUnauthorized || len(seen) != 0 {
+		t.Errorf("status %d after %d decisions, want 401 and none", res.rec.Code, len(seen))
+	}
 }

@@ -11,30 +11,41 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
 
-// defaultKey is the default identity: "k:" + X-API-Key when the header is
-// present, else "ip:" + the client IP.
-func (m *Middleware) defaultKey(r *http.Request, peer netip.Addr, peerTrusted bool) (string, error) {
+// identities returns the default identities of r: key, under which the
+// route's policies count ("k:" + the API key's identity when X-API-Key is
+// present, else the address identity), and addr ("ip:" + the client
+// address), under which the per-address policies count. An error wrapping
+// ErrInvalidAPIKey means the key was refused (addr is still set); any other
+// error means the header is unusable.
+func (m *Middleware) identities(r *http.Request, peer netip.Addr, peerTrusted bool) (key, addr string, err error) {
+	client := peer
+	if peerTrusted {
+		client = forwardedClient(r, peer, m.trusted)
+	}
+	addr = IPKey(client)
 	vals := r.Header[keyAPIKey]
 	if len(vals) == 0 {
-		if !peerTrusted {
-			return IPKey(peer), nil
-		}
-		return IPKey(forwardedClient(r, peer, m.trusted)), nil
+		return addr, addr, nil
 	}
 	if len(vals) > 1 {
-		return "", fmt.Errorf("%w: more than one %s header", ratelimit.ErrInvalidRequest, HeaderAPIKey)
+		return "", addr, fmt.Errorf("%w: more than one %s header", ratelimit.ErrInvalidRequest, HeaderAPIKey)
 	}
-	key := vals[0]
-	if key == "" || ratelimit.ValidateKey(APIKeyPrefix+key) != nil {
-		return "", fmt.Errorf("%w: %s must be 1 to %d bytes without control characters",
+	raw := vals[0]
+	if raw == "" || ratelimit.ValidateKey(APIKeyPrefix+raw) != nil {
+		return "", addr, fmt.Errorf("%w: %s must be 1 to %d bytes without control characters",
 			ratelimit.ErrInvalidRequest, HeaderAPIKey, ratelimit.MaxKeyBytes-len(APIKeyPrefix))
 	}
-	if m.validate != nil {
-		if err := m.validate(r.Context(), key); err != nil {
-			return "", fmt.Errorf("%w: %w", ErrInvalidAPIKey, err)
-		}
+	if m.check == nil {
+		return APIKeyPrefix + raw, addr, nil
 	}
-	return APIKeyPrefix + key, nil
+	id, err := m.check(r.Context(), raw)
+	if err != nil {
+		return "", addr, fmt.Errorf("%w: %w", ErrInvalidAPIKey, err)
+	}
+	if id == "" || ratelimit.ValidateKey(APIKeyPrefix+id) != nil {
+		return "", addr, fmt.Errorf("%w: the key check returned an unusable identity", ErrInvalidAPIKey)
+	}
+	return APIKeyPrefix + id, addr, nil
 }
 
 // ClientIP returns the address of the client that sent r: the direct peer

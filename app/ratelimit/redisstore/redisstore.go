@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -240,4 +241,88 @@ func classify(ctx context.Context, err error) error {
 func isNetError(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// DecideBatch decides several requests in one round trip: one pipeline of
+// EVALSHA calls (on a Cluster, one per node). Each request's decision and
+// error are what Decide would return for it. A script Redis does not have
+// cached (after a restart or a SCRIPT FLUSH) is loaded and only the calls
+// that failed for it are sent again, so nothing is counted twice.
+func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
+	pl, ok := l.client.(redis.Cmdable)
+	if !ok || len(reqs) == 1 {
+		for i, r := range reqs {
+			ds[i], errs[i] = l.Decide(ctx, r)
+		}
+		return ds, errs
+	}
+	reqs = slices.Clone(reqs) // IDs are filled in below
+	callCtx, cancel := l.callContext(ctx)
+	defer cancel()
+	var now int64
+	if l.now != nil {
+		now = l.now().UnixMicro()
+	}
+	cmds := make([]*redis.Cmd, len(reqs))
+	send := func(which []int) {
+		pipe := pl.Pipeline()
+		for _, i := range which {
+			r := reqs[i]
+			p := r.Policy
+			cmds[i] = scripts[p.Algorithm].EvalSha(callCtx, pipe, []string{l.Key(p, r.Key)},
+				now, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), r.ID, r.Weight.Num, r.Weight.Den)
+		}
+		_, _ = pipe.Exec(callCtx)
+	}
+	pending := make([]int, 0, len(reqs))
+	for i := range reqs {
+		if errs[i] = reqs[i].Validate(); errs[i] != nil {
+			continue
+		}
+		if reqs[i].ID == "" {
+			reqs[i].ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+		}
+		pending = append(pending, i)
+	}
+	start := time.Now()
+	if len(pending) > 0 {
+		send(pending)
+	}
+	// NOSCRIPT: the script never ran, so sending the call again counts it
+	// once.
+	var again []int
+	for _, i := range pending {
+		if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			if lerr := scripts[reqs[i].Policy.Algorithm].Load(callCtx, l.client).Err(); lerr == nil {
+				again = append(again, i)
+			}
+		}
+	}
+	if len(again) > 0 {
+		send(again)
+	}
+	latency := time.Since(start)
+	for _, i := range pending {
+		req := reqs[i]
+		res, err := cmds[i].Slice()
+		var d ratelimit.Decision
+		if err == nil {
+			d, err = parseReply(res)
+		}
+		if err != nil {
+			errs[i] = classify(ctx, err)
+			if l.hooks.OnError != nil {
+				l.hooks.OnError(req, errs[i], latency)
+			}
+			continue
+		}
+		d.Limit = req.Policy.Capacity()
+		d.Mode = ratelimit.ModeRedis
+		ds[i] = d
+		if l.hooks.OnDecision != nil {
+			l.hooks.OnDecision(req, d, latency)
+		}
+	}
+	return ds, errs
 }

@@ -425,3 +425,50 @@ func BenchmarkDecide(b *testing.B) {
 		})
 	}
 }
+
+// TestDecideBatch: a batch counts each request once, in one pipeline,
+// with the answers Decide gives; after SCRIPT FLUSH the scripts are loaded
+// again and nothing is counted twice; an invalid request fails alone.
+func TestDecideBatch(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	l := redisstore.New(c)
+	ctx := context.Background()
+	perKey := ratelimit.Policy{Name: "per-key", Algorithm: ratelimit.GCRA, Limit: 3, Window: time.Minute}
+	perAddr := ratelimit.Policy{Name: "per-addr", Algorithm: ratelimit.SlidingWindowLog, Limit: 5, Window: time.Minute}
+	admitted := map[string]int{}
+	for i := range 8 {
+		if i == 2 {
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		reqs := []ratelimit.Request{
+			{Policy: perKey, Key: "k:a"},
+			{Policy: perAddr, Key: "ip:192.0.2.1"},
+			{Policy: perKey, Key: ""},
+		}
+		ds, errs := l.DecideBatch(ctx, reqs)
+		if !errors.Is(errs[2], ratelimit.ErrInvalidRequest) {
+			t.Fatalf("batch %d: empty key: %v, want ErrInvalidRequest", i, errs[2])
+		}
+		for j := range 2 {
+			if errs[j] != nil {
+				t.Fatalf("batch %d, request %d: %v", i, j, errs[j])
+			}
+			if ds[j].Mode != ratelimit.ModeRedis || ds[j].Limit != reqs[j].Policy.Capacity() {
+				t.Errorf("batch %d, request %d: %+v", i, j, ds[j])
+			}
+			if ds[j].Allowed {
+				admitted[reqs[j].Policy.Name]++
+			}
+		}
+	}
+	if admitted["per-key"] != 3 || admitted["per-addr"] != 5 {
+		t.Errorf("admitted %v, want per-key 3 and per-addr 5", admitted)
+	}
+	// What Redis holds agrees: the log has exactly 5 grants.
+	if n, err := c.ZCard(ctx, l.Key(perAddr, "ip:192.0.2.1")).Result(); err != nil || n != 5 {
+		t.Errorf("log holds %d grants (%v), want 5", n, err)
+	}
+}

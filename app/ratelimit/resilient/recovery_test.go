@@ -534,3 +534,51 @@ func TestWipeRestoresUsage(t *testing.T) {
 		t.Errorf("generation key missing after recovery")
 	}
 }
+
+// TestDecideBatchThroughOutage: a batch is decided in Redis while it is up,
+// each request as Decide would; when Redis dies, the batch's requests are
+// decided locally, journaled, and replayed once Redis is back, so Redis
+// ends holding every grant exactly once.
+func TestDecideBatchThroughOutage(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	store := newStore(t, srv.Addr())
+	cfg := recoveryConfig("batch")
+	cfg.ExpectedInstances = 1
+	l, err := resilient.New(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	waitFor(t, "a heartbeat", 5*time.Second, func() bool { return l.Status().Live == 1 })
+	log := longPolicy(ratelimit.SlidingWindowLog)
+	gcra := longPolicy(ratelimit.GCRA)
+	batch := func(mode ratelimit.Mode) {
+		t.Helper()
+		ds, errs := l.DecideBatch(context.Background(), []ratelimit.Request{
+			{Policy: log, Key: "k:one"}, {Policy: gcra, Key: "ip:192.0.2.1"},
+		})
+		for i := range ds {
+			if errs[i] != nil || !ds[i].Allowed || ds[i].Mode != mode {
+				t.Fatalf("request %d: %+v, %v; want admitted in mode %s", i, ds[i], errs[i], mode)
+			}
+		}
+	}
+	for range 3 {
+		batch(ratelimit.ModeRedis)
+	}
+	srv.Kill()
+	waitFor(t, "the breaker to open", 5*time.Second, func() bool { return l.State() == resilient.Open })
+	for range 4 {
+		batch(ratelimit.ModeLocal)
+	}
+	srv.Restart(t)
+	waitFor(t, "recovery", 10*time.Second, func() bool { return l.State() == resilient.Closed && l.Status().Journal.Pending == 0 })
+	c := srv.Client()
+	if n, err := c.ZCard(context.Background(), store.Key(log, "k:one")).Result(); err != nil || n != 7 {
+		t.Errorf("the log holds %d grants (%v), want 7 (3 in Redis, 4 replayed)", n, err)
+	}
+	d, err := l.Decide(context.Background(), ratelimit.Request{Policy: gcra, Key: "ip:192.0.2.1"})
+	if err != nil || d.Mode != ratelimit.ModeRedis || d.Remaining != gcra.Capacity()-8 {
+		t.Errorf("GCRA after recovery: %+v, %v; want %d remaining (7 earlier grants and this one)", d, err, gcra.Capacity()-8)
+	}
+}

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -263,17 +264,10 @@ func New(store Store, cfg Config) (*Limiter, error) {
 // otherwise (or when this call fails). It returns an error only for an
 // invalid request or a cancelled context.
 func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
-	if err := req.Validate(); err != nil {
+	if err := l.prepare(&req); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	if req.ID == "" {
-		// One id for the store call and, if it fails, the local grant, so
-		// the sliding window log counts the request once even if the call
-		// still ran.
-		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
-	}
 	id := ratelimit.IdentityOf(req.Key)
-	k := l.keyOfIdentity(req.Policy, id)
 	if l.br.State() == Closed {
 		r := req
 		r.Weight = l.weight()
@@ -281,25 +275,92 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 		sent := l.cfg.Now()
 		d, err := l.store.Decide(callCtx, r)
 		cancel()
-		if err == nil {
-			l.br.success()
-			l.stats.storeDecisions.Add(1)
-			l.remember(k, req.Policy, id, d, sent, l.cfg.Now())
-			return d, nil
-		}
-		if errors.Is(err, ratelimit.ErrInvalidRequest) || errors.Is(err, ratelimit.ErrInvalidPolicy) {
-			return ratelimit.Decision{}, err
-		}
-		if ctx.Err() != nil {
-			return ratelimit.Decision{}, ctx.Err()
-		}
-		l.stats.failures.Add(1)
-		l.stats.failedDecisions.Add(1)
-		if !errors.Is(err, ratelimit.ErrBadReply) { // one odd key is no outage
-			l.br.failure(err.Error(), isTimeout(err))
+		if d, local, err := l.settle(ctx, req, id, d, err, sent, true); !local {
+			return d, err
 		}
 	}
-	return l.decideLocal(k, id, req), nil
+	return l.decideLocal(l.keyOfIdentity(req.Policy, id), id, req), nil
+}
+
+// DecideBatch decides several requests as Decide does each, in one round
+// trip when the store is a ratelimit.BatchLimiter (redisstore is). A store
+// failure counts once against the breaker, however many requests it failed.
+func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
+	reqs = slices.Clone(reqs)
+	ids := make([]ratelimit.Identity, len(reqs))
+	pending := make([]int, 0, len(reqs))
+	for i := range reqs {
+		if errs[i] = l.prepare(&reqs[i]); errs[i] == nil {
+			ids[i] = ratelimit.IdentityOf(reqs[i].Key)
+			pending = append(pending, i)
+		}
+	}
+	if len(pending) > 0 && l.br.State() == Closed {
+		sent := make([]ratelimit.Request, len(pending))
+		w := l.weight()
+		for j, i := range pending {
+			sent[j] = reqs[i]
+			sent[j].Weight = w
+		}
+		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+		at := l.cfg.Now()
+		sds, serrs := ratelimit.DecideAll(callCtx, l.store, sent)
+		cancel()
+		local := make([]int, 0, len(pending))
+		counted := false
+		for j, i := range pending {
+			d, fallback, err := l.settle(ctx, reqs[i], ids[i], sds[j], serrs[j], at, !counted)
+			if fallback {
+				counted = true
+				local = append(local, i)
+				continue
+			}
+			ds[i], errs[i] = d, err
+		}
+		pending = local
+	}
+	for _, i := range pending {
+		ds[i] = l.decideLocal(l.keyOfIdentity(reqs[i].Policy, ids[i]), ids[i], reqs[i])
+	}
+	return ds, errs
+}
+
+// prepare validates req and gives it an id when it has none: one id for the
+// store call and, if it fails, the local grant, so the sliding window log
+// counts the request once even if the call still ran.
+func (l *Limiter) prepare(req *ratelimit.Request) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	if req.ID == "" {
+		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+	}
+	return nil
+}
+
+// settle takes the store's answer (d, err) to req, sent at sent: a decision
+// is remembered and returned, an invalid request or a cancelled caller
+// returned as an error, and any other failure counted (against the breaker
+// too when countFailure is set) and reported as local: decide it locally.
+func (l *Limiter) settle(ctx context.Context, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, err error, sent time.Time, countFailure bool) (_ ratelimit.Decision, local bool, _ error) {
+	switch {
+	case err == nil:
+		l.br.success()
+		l.stats.storeDecisions.Add(1)
+		l.remember(l.keyOfIdentity(req.Policy, id), req.Policy, id, d, sent, l.cfg.Now())
+		return d, false, nil
+	case errors.Is(err, ratelimit.ErrInvalidRequest) || errors.Is(err, ratelimit.ErrInvalidPolicy):
+		return ratelimit.Decision{}, false, err
+	case ctx.Err() != nil:
+		return ratelimit.Decision{}, false, ctx.Err()
+	}
+	l.stats.failures.Add(1)
+	l.stats.failedDecisions.Add(1)
+	if countFailure && !errors.Is(err, ratelimit.ErrBadReply) { // one odd key is no outage
+		l.br.failure(err.Error(), isTimeout(err))
+	}
+	return ratelimit.Decision{}, true, nil
 }
 
 func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Request) ratelimit.Decision {
