@@ -6,6 +6,12 @@
 // With -healthcheck URL it instead GETs URL with a 2 s timeout and exits 0
 // on a 2xx answer, 1 otherwise: the Docker HEALTHCHECK of a distroless image,
 // which has no curl.
+//
+// With -keys N it prints N new API keys, one per line, signed with the
+// first secret of RL_API_KEY_SECRET (what `make keys N=<n>` runs); with
+// -key-id ID, the key of that id (the README's demo key is
+// `-key-id demo`). The running stack accepts them when it has the same
+// secret.
 package main
 
 import (
@@ -22,10 +28,13 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/internal/service"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 )
 
 func main() {
 	healthcheck := flag.String("healthcheck", "", "GET `URL` with a 2 s timeout; exit 0 on 2xx, 1 otherwise")
+	keys := flag.Int("keys", 0, "print `N` new API keys signed with RL_API_KEY_SECRET, one per line, and exit")
+	keyID := flag.String("key-id", "", "print the API key of `ID` signed with RL_API_KEY_SECRET, and exit")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "ratelimiter: unexpected arguments %q\n", flag.Args())
@@ -33,6 +42,13 @@ func main() {
 	}
 	if *healthcheck != "" {
 		os.Exit(check(*healthcheck))
+	}
+	if *keys > 0 || *keyID != "" {
+		if err := printKeys(os.Stdout, os.Getenv("RL_API_KEY_SECRET"), *keys, *keyID); err != nil {
+			fmt.Fprintln(os.Stderr, "ratelimiter: "+err.Error())
+			os.Exit(2)
+		}
+		return
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -46,6 +62,35 @@ func main() {
 		os.Exit(2)
 	}
 	os.Exit(1)
+}
+
+// printKeys prints n new keys, or the key of id, signed with the first of
+// the comma-separated secrets.
+func printKeys(w io.Writer, secrets string, n int, id string) error {
+	if secrets == "" {
+		return errors.New("RL_API_KEY_SECRET: not set (keys are signed with its first secret)")
+	}
+	v, err := apikey.NewVerifier(strings.Split(secrets, ",")...)
+	if err != nil {
+		return fmt.Errorf("RL_API_KEY_SECRET: %w", err)
+	}
+	ids := []string{id}
+	if id == "" {
+		ids = make([]string, n)
+		for i := range ids {
+			ids[i] = apikey.NewID()
+		}
+	}
+	for _, id := range ids {
+		k, err := v.Sign(id)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintln(w, k); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // check is the -healthcheck probe.

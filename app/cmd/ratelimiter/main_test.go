@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 )
 
 // binary is the ratelimiter built once by TestMain.
@@ -195,5 +197,53 @@ func TestHealthcheck(t *testing.T) {
 				t.Errorf("took %v, want about 2 s at most", d)
 			}
 		})
+	}
+}
+
+// TestKeys: -keys N prints N distinct keys the service's secret accepts
+// (checked with a verifier of the same secrets, the second one current
+// elsewhere), -key-id the key of one id; without a secret it exits 2.
+func TestKeys(t *testing.T) {
+	const secrets = "cmd-test-secret-0123456789,older-secret-0123456789"
+	v, err := apikey.NewVerifier("older-secret-0123456789", "cmd-test-secret-0123456789")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) ([]string, int, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		cmd := command(ctx, t, args, "RL_API_KEY_SECRET="+secrets)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		return strings.Fields(stdout.String()), exitCode(err), stderr.String()
+	}
+	keys, code, stderr := run("-keys", "5")
+	if code != 0 || len(keys) != 5 {
+		t.Fatalf("-keys 5: exit %d, %d keys, stderr %q", code, len(keys), stderr)
+	}
+	seen := map[string]bool{}
+	for _, k := range keys {
+		id, err := v.Check(k)
+		if err != nil || seen[id] {
+			t.Errorf("key %q: id %q, %v (duplicate %v)", k, id, err, seen[id])
+		}
+		seen[id] = true
+	}
+	keys, code, _ = run("-key-id", "demo")
+	if code != 0 || len(keys) != 1 {
+		t.Fatalf("-key-id demo: exit %d, keys %q", code, keys)
+	}
+	if id, err := v.Check(keys[0]); err != nil || id != "demo" {
+		t.Errorf("-key-id demo printed %q: id %q, %v", keys[0], id, err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := command(ctx, t, []string{"-keys", "1"})
+	var stderr2 bytes.Buffer
+	cmd.Stderr = &stderr2
+	if code := exitCode(cmd.Run()); code != 2 || !strings.Contains(stderr2.String(), "RL_API_KEY_SECRET") {
+		t.Errorf("without a secret: exit %d, stderr %q; want 2 naming RL_API_KEY_SECRET", code, stderr2.String())
 	}
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 )
 
 // Config is the service's settings, read from the environment (see
@@ -45,6 +47,12 @@ type Config struct {
 	PolicyFile     string         `env:"RL_POLICY_FILE"`
 	DebugHeaders   bool           `env:"RL_DEBUG_HEADERS" envDefault:"false"`
 	TrustedProxies []netip.Prefix `env:"RL_TRUSTED_PROXIES" envSeparator:"," envDefault:"127.0.0.1/32,::1/128"`
+	// APIKeySecrets sign and check API keys (package apikey): the first
+	// signs, all are accepted (rotation). None: every X-API-Key is
+	// refused with 401, and clients are limited per address.
+	APIKeySecrets []string `env:"RL_API_KEY_SECRET" envSeparator:","`
+	// APIKeys checks keys; built from APIKeySecrets.
+	APIKeys *apikey.Verifier `env:"-"`
 	// JournalDir is the fallback journal's directory. Default:
 	// ./journal-<instance>.
 	JournalDir string `env:"RL_JOURNAL_DIR"`
@@ -206,6 +214,13 @@ func (c *Config) validate() error {
 	}
 	if c.JournalDir == "" {
 		c.JournalDir = "./journal-" + c.Instance
+	}
+	if len(c.APIKeySecrets) > 0 {
+		v, err := apikey.NewVerifier(c.APIKeySecrets...)
+		if err != nil {
+			return configErr("RL_API_KEY_SECRET", "%w (comma-separated secrets of at least %d bytes each)", err, apikey.MinSecretBytes)
+		}
+		c.APIKeys = v
 	}
 	return nil
 }

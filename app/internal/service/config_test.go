@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -160,6 +161,10 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"no routes", nil, `{"policies": [{"name": "x", "algorithm": "gcra", "limit": 5, "window": "1s"}]}`,
 			"RL_POLICY_FILE", `RL_POLICY_FILE: no routes`, ""},
 		{"not JSON", nil, `policies: []`, "RL_POLICY_FILE", `RL_POLICY_FILE: invalid JSON`, ""},
+		{"per what", nil, `{"policies": [{"name": "x", "algorithm": "gcra", "limit": 5, "window": "1s", "per": "user"}], ` + routesDefault + `}`,
+			"RL_POLICY_FILE", `RL_POLICY_FILE: policy "x": per must be "key" or "address", got "user"`, ""},
+		{"short API key secret", map[string]string{"RL_API_KEY_SECRET": "long-enough-secret-1,hunter2"}, "", "RL_API_KEY_SECRET",
+			"RL_API_KEY_SECRET: apikey: new verifier: secret 1: apikey: secret shorter than 16 bytes", "hunter2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -206,15 +211,22 @@ func TestDefaultPolicies(t *testing.T) {
 	if len(set.Routes) != len(want) {
 		t.Fatalf("%d routes, want %d", len(set.Routes), len(want))
 	}
+	if !slices.Equal(set.PerAddress, []string{"per-address"}) {
+		t.Errorf("per-address policies %v, want [per-address]", set.PerAddress)
+	}
 	for _, r := range set.Routes {
 		w, ok := want[r.Pattern]
-		if !ok || len(r.Policies) != 1 {
+		if !ok || len(r.Policies) != 2 {
 			t.Errorf("unexpected route %+v", r)
 			continue
 		}
 		p := r.Policies[0]
 		if p.Name != w.policy || p.Algorithm != w.alg || p.Limit != 100 || p.Window != 10*time.Second || p.Capacity() != 100 {
 			t.Errorf("route %s: policy %+v", r.Pattern, p)
+		}
+		// The documented ceiling: every route, at most 10× a key's quota.
+		if c := r.Policies[1]; c.Name != "per-address" || c.Capacity() > 10*p.Capacity() || c.Window != p.Window {
+			t.Errorf("route %s: ceiling %+v", r.Pattern, c)
 		}
 	}
 }

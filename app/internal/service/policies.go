@@ -21,6 +21,9 @@ var defaultPolicies []byte
 type PolicySet struct {
 	Policies []ratelimit.Policy
 	Routes   []Route
+	// PerAddress names the policies that count per client address
+	// ("per": "address"), a ceiling over every key one address uses.
+	PerAddress []string
 }
 
 // Route applies policies to a chi pattern ("/api/gcra", "/api/*").
@@ -54,6 +57,10 @@ type policyJSON struct {
 	FailureMode    string  `json:"failure_mode"`
 	FallbackFactor float64 `json:"fallback_factor"`
 	Shadow         bool    `json:"shadow"`
+	// Per is what the policy counts per: "key" (the default: the API key
+	// when one is sent, else the client address) or "address" (always the
+	// client address).
+	Per string `json:"per"`
 }
 
 type routeJSON struct {
@@ -103,6 +110,13 @@ func ParsePolicies(data []byte) (PolicySet, error) {
 			return PolicySet{}, fmt.Errorf("policy %q: defined twice", p.Name)
 		}
 		set.Policies = append(set.Policies, p)
+		switch pj.Per {
+		case "", "key":
+		case "address":
+			set.PerAddress = append(set.PerAddress, p.Name)
+		default:
+			return PolicySet{}, fmt.Errorf("policy %q: per must be \"key\" or \"address\", got %q", p.Name, pj.Per)
+		}
 	}
 	if len(f.Routes) == 0 {
 		return PolicySet{}, errors.New("no routes")

@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -93,6 +92,11 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 		httplimit.WithTrustedProxies(cfg.TrustedProxies),
 		httplimit.WithLogger(logger),
 		httplimit.WithErrorHandler(s.limiterError),
+		httplimit.WithAPIKeys(s.checkAPIKey),
+		httplimit.WithPerAddress(cfg.Policies.PerAddress...),
+	}
+	if cfg.APIKeys == nil {
+		logger.Warn("RL_API_KEY_SECRET is not set: every X-API-Key is refused (401), clients are limited per address")
 	}
 	if cfg.DebugHeaders {
 		opts = append(opts, httplimit.WithDebugHeaders(cfg.Instance))
@@ -207,8 +211,10 @@ func (s *Server) publicRouter() http.Handler {
 	return r
 }
 
-// demoHandler answers {"instance", "route", "policy"}; policy lists the
-// route's policy names, comma-separated.
+// demoHandler answers {"instance", "route", "policy", "policies"}: policy
+// is the route's own policy (the first, the one RateLimit-Policy lists
+// first), policies every policy the route applies, the per-address ceiling
+// included.
 func (s *Server) demoHandler(route Route) http.Handler {
 	names := make([]string, len(route.Policies))
 	for i, p := range route.Policies {
@@ -217,8 +223,9 @@ func (s *Server) demoHandler(route Route) http.Handler {
 	body, _ := json.Marshal(struct {
 		Instance string `json:"instance"`
 		Route    string `json:"route"`
-		Policy   string `json:"policy"`
-	}{s.cfg.Instance, route.Pattern, strings.Join(names, ",")})
+		Policy   string   `json:"policy"`
+		Policies []string `json:"policies"`
+	}{s.cfg.Instance, route.Pattern, names[0], names})
 	body = append(body, '\n')
 	length := strconv.Itoa(len(body))
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -287,3 +294,13 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// checkAPIKey checks a signed API key (package apikey) and returns its id,
+// the identity its requests count under. Without RL_API_KEY_SECRET no key
+// is valid.
+func (s *Server) checkAPIKey(_ context.Context, key string) (string, error) {
+	if s.cfg.APIKeys == nil {
+		return "", errors.New("no API keys are configured (RL_API_KEY_SECRET)")
+	}
+	return s.cfg.APIKeys.Check(key)
+}

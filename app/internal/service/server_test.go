@@ -10,12 +10,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
 )
 
@@ -45,7 +47,8 @@ func startServer(t *testing.T, env map[string]string) (*Server, *syncBuffer) {
 		"RL_INSTANCE":    "test-1",
 		"RL_LISTEN_ADDR": "127.0.0.1:0",
 		"RL_ADMIN_ADDR":  "127.0.0.1:0",
-		"RL_JOURNAL_DIR": t.TempDir(),
+		"RL_JOURNAL_DIR":    t.TempDir(),
+		"RL_API_KEY_SECRET": testSecret,
 	}
 	for k, v := range env {
 		all[k] = v
@@ -68,6 +71,19 @@ func startServer(t *testing.T, env map[string]string) (*Server, *syncBuffer) {
 
 var client = &http.Client{Timeout: 5 * time.Second}
 
+// testSecret signs the tests' API keys.
+const testSecret = "service-test-secret-0123456789"
+
+// signed returns the API key for id under testSecret.
+func signed(t *testing.T, id string) string {
+	t.Helper()
+	k, err := apikey.Sign(testSecret, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
 func get(t *testing.T, url string, headers ...string) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url, nil)
@@ -75,7 +91,11 @@ func get(t *testing.T, url string, headers ...string) (*http.Response, []byte) {
 		t.Fatal(err)
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
+		v := headers[i+1]
+		if headers[i] == "X-API-Key" && apikey.ValidID(v) == nil {
+			v = signed(t, v) // an id: send its key; anything else as it is
+		}
+		req.Header.Set(headers[i], v)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
@@ -106,16 +126,21 @@ func TestDemoRoutes(t *testing.T) {
 			if resp.StatusCode != 200 {
 				t.Fatalf("status %d: %s", resp.StatusCode, body)
 			}
-			var got struct{ Instance, Route, Policy string }
+			var got struct {
+				Instance, Route, Policy string
+				Policies                []string
+			}
 			if err := json.Unmarshal(body, &got); err != nil {
 				t.Fatalf("body %q: %v", body, err)
 			}
-			if got.Instance != "test-1" || got.Route != r.route || got.Policy != r.policy {
+			if got.Instance != "test-1" || got.Route != r.route || got.Policy != r.policy ||
+				!slices.Equal(got.Policies, []string{r.policy, "per-address"}) {
 				t.Errorf("body = %+v", got)
 			}
 			name := strconv.Quote(r.policy)
 			for k, want := range map[string]string{
-				"RateLimit-Policy":      name + ";q=100;w=10",
+				// The route's policy first, then the per-address ceiling.
+				"RateLimit-Policy":      name + `;q=100;w=10, "per-address";q=1000;w=10`,
 				"X-RateLimit-Limit":     "100",
 				"X-RateLimit-Remaining": "99",
 				"X-Request-Id":          "req-" + r.policy, // the test client is on 127.0.0.1, a trusted proxy
@@ -126,7 +151,7 @@ func TestDemoRoutes(t *testing.T) {
 					t.Errorf("%s = %q, want %q", k, v, want)
 				}
 			}
-			if v := resp.Header.Get("RateLimit"); !strings.HasPrefix(v, name+";r=99;t=") {
+			if v := resp.Header.Get("RateLimit"); !strings.HasPrefix(v, name+";r=99;t=") || !strings.Contains(v, `, "per-address";r=`) {
 				t.Errorf("RateLimit = %q", v)
 			}
 			if v, err := strconv.Atoi(resp.Header.Get("X-RateLimit-Reset")); err != nil || v < 1 || v > 20 {
@@ -266,7 +291,7 @@ func TestAdminEndpoints(t *testing.T) {
 		`ratelimit_decisions_total{mode="memory",policy="gcra",result="allowed"} 3`,
 		`ratelimit_http_requests_total{code="200",route="/api/gcra"} 3`,
 		`ratelimit_live_instances 1`,
-		`ratelimit_local_keys 1`,
+		`ratelimit_local_keys 2`, // the key's and the address's
 		`go_goroutines`,
 	} {
 		if !bytes.Contains(body, []byte(want)) {
@@ -310,14 +335,16 @@ func TestRedisUnreachable(t *testing.T) {
 	if codes[200] != 25 || codes[429] != 5 {
 		t.Errorf("answers %v, want 25 admitted (a quarter of 100) and 5 limited", codes)
 	}
+	// Journaled: the key's 25 grants and the 30 of the per-address ceiling
+	// (it admitted all 30 requests).
 	_, body := get(t, "http://"+s.AdminAddr()+"/status")
-	for _, want := range []string{`"mode":"local"`, `"breaker":"open"`, `"granted":25`, `"journal_size":25`} {
+	for _, want := range []string{`"mode":"local"`, `"breaker":"open"`, `"granted":55`, `"journal_size":55`} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("/status lacks %s: %s", want, body)
 		}
 	}
 	_, body = get(t, "http://"+s.AdminAddr()+"/metrics")
-	for _, want := range []string{`ratelimit_breaker_transitions_total{from="closed",to="open"} 1`, `ratelimit_journal_units_total{what="granted"} 25`, `ratelimit_decisions_total{mode="local",policy="gcra",result="allowed"} 25`} {
+	for _, want := range []string{`ratelimit_breaker_transitions_total{from="closed",to="open"} 1`, `ratelimit_journal_units_total{what="granted"} 55`, `ratelimit_decisions_total{mode="local",policy="gcra",result="allowed"} 25`} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("/metrics lacks %s:\n%s", want, grep(body, "ratelimit_"))
 		}
