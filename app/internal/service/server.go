@@ -221,8 +221,8 @@ func (s *Server) demoHandler(route Route) http.Handler {
 		names[i] = p.Name
 	}
 	body, _ := json.Marshal(struct {
-		Instance string `json:"instance"`
-		Route    string `json:"route"`
+		Instance string   `json:"instance"`
+		Route    string   `json:"route"`
 		Policy   string   `json:"policy"`
 		Policies []string `json:"policies"`
 	}{s.cfg.Instance, route.Pattern, names[0], names})

@@ -44,9 +44,9 @@ func (b *syncBuffer) String() string {
 func startServer(t *testing.T, env map[string]string) (*Server, *syncBuffer) {
 	t.Helper()
 	all := map[string]string{
-		"RL_INSTANCE":    "test-1",
-		"RL_LISTEN_ADDR": "127.0.0.1:0",
-		"RL_ADMIN_ADDR":  "127.0.0.1:0",
+		"RL_INSTANCE":       "test-1",
+		"RL_LISTEN_ADDR":    "127.0.0.1:0",
+		"RL_ADMIN_ADDR":     "127.0.0.1:0",
 		"RL_JOURNAL_DIR":    t.TempDir(),
 		"RL_API_KEY_SECRET": testSecret,
 	}
