@@ -17,6 +17,8 @@ STATICCHECK_VERSION ?= v0.8.2
 # Chaos scenarios, comma separated (empty: all). e.g. make chaos-local SCENARIOS=redis-kill
 SCENARIOS ?=
 CHAOS_ARGS ?=
+# make keys N=<n>
+N ?= 1
 
 # Every module of the workspace (go.work's `use` lines): app, and chaos/ and loadtest/
 # once they exist. Evaluated when a recipe needs it.
@@ -25,7 +27,7 @@ MODULES = $(shell $(GO) list -m -f '{{.Dir}}')
 CHAOS_SCENARIO_FLAG = $(if $(strip $(SCENARIOS)),-scenarios $(SCENARIOS))
 
 .PHONY: help up down offline-images local-up local-down test chaos-local chaos bench lint generate tidy \
-	deps check-config nginx-conf build
+	deps check-config nginx-conf build keys
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -49,6 +51,9 @@ local-up: ## native stack without Docker (redis-server, toxiproxy, 4 apps, nginx
 
 local-down: ## stop what local-up started (pids in .run/pids/), keep the logs
 	@scripts/local-down.sh
+
+keys: ## print N API keys the running stack accepts (signed with its RL_API_KEY_SECRET); make keys N=3
+	@scripts/keys.sh $(N)
 
 build: ## build bin/ratelimiter
 	$(GO) build -o bin/ratelimiter ./app/cmd/ratelimiter

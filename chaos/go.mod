@@ -9,8 +9,11 @@ require (
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/fleetlimit/fleetlimit/app v0.0.0-00010101000000-000000000000 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 )
 
 replace github.com/fleetlimit/fleetlimit/loadtest => ../loadtest
+
+replace github.com/fleetlimit/fleetlimit/app => ../app

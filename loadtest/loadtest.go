@@ -117,8 +117,13 @@ func UnixMS(t time.Time) float64 { return float64(t.UnixMicro()) / 1000 }
 
 // Key is one simulated client of one route.
 type Key struct {
-	Route  string
-	Name   string // the X-API-Key value
+	Route string
+	// Name is the key's identity: the id of its API key, and what the
+	// records call it.
+	Name string
+	// Header is the X-API-Key value: Name signed with the run's
+	// APIKeySecret (package apikey), or Name itself without a secret.
+	Header string
 	Class  Class
 	Factor float64
 	// Interval is the mean time between two sends.
@@ -156,6 +161,11 @@ type Config struct {
 	// MaxInFlight bounds the requests waiting for an answer (1024); a send
 	// due while the bound is reached waits.
 	MaxInFlight int
+	// APIKeySecret signs the keys as the service checks them
+	// (RL_API_KEY_SECRET; DemoAPIKeySecret in the demo stacks). Empty: the
+	// key names are sent as they are, which a service with checked keys
+	// refuses with 401.
+	APIKeySecret string
 	// Client sends the requests (NewClient()).
 	Client *http.Client
 	// OnRecord, if set, receives every record, from one goroutine at a
@@ -298,7 +308,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	if len(missing) > 0 {
-		learned, err := LearnAll(ctx, cfg.Client, cfg.BaseURL, missing, cfg.RunID)
+		learned, err := LearnAll(ctx, cfg.Client, cfg.BaseURL, missing, cfg.RunID, cfg.APIKeySecret)
 		if err != nil {
 			return Result{}, err
 		}
@@ -309,6 +319,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	keys, err := Keys(cfg.Routes, cfg.Mix, policies, cfg.RunID)
 	if err != nil {
 		return Result{}, err
+	}
+	for i := range keys {
+		if keys[i].Header, err = SignKey(cfg.APIKeySecret, keys[i].Name); err != nil {
+			return Result{}, err
+		}
 	}
 
 	res := Result{RunID: cfg.RunID, Policies: policies, Keys: keys, ByStatus: map[int]int64{}}
@@ -436,7 +451,11 @@ func send(ctx context.Context, client *http.Client, base string, k Key, now func
 		rec.Error = err.Error()
 		return rec
 	}
-	req.Header.Set(HeaderAPIKey, k.Name)
+	header := k.Header
+	if header == "" {
+		header = k.Name
+	}
+	req.Header.Set(HeaderAPIKey, header)
 	t0 := now()
 	resp, err := client.Do(req)
 	if err == nil {

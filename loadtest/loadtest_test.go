@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 )
 
 func TestParsePolicyHeader(t *testing.T) {
@@ -152,11 +154,22 @@ type fakeService struct {
 	seen  map[string]int
 	keys  map[string]bool
 	n     atomic.Int64
+	// check, if set, checks X-API-Key as the service does: a refused key
+	// gets 401, a valid one counts under its id.
+	check *apikey.Verifier
 }
 
 func (f *fakeService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := f.n.Add(1)
 	key := r.Header.Get("X-API-Key")
+	if f.check != nil {
+		id, err := f.check.Check(key)
+		if err != nil {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		key = id
+	}
 	name := strings.TrimPrefix(r.URL.Path, "/api/")
 	window := time.Now().Unix() // 1 s windows
 	f.mu.Lock()
@@ -264,6 +277,35 @@ func TestRunAgainstFakeService(t *testing.T) {
 	}
 	if res.ByStatus[429] == 0 || res.ByStatus[200] == 0 {
 		t.Errorf("statuses %v: want both 200 and 429", res.ByStatus)
+	}
+}
+
+// TestRunSignsKeys: with a secret, the probes and every key are signed as
+// the service checks them, and the records name the keys by their ids.
+func TestRunSignsKeys(t *testing.T) {
+	const secret = "loadtest-secret-0123456789"
+	v, err := apikey.NewVerifier(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := &fakeService{quota: 10, seen: map[string]int{}, keys: map[string]bool{}, check: v}
+	srv := httptest.NewServer(svc)
+	defer srv.Close()
+	var recs []Record
+	_, err = Run(context.Background(), Config{
+		BaseURL: srv.URL, RunID: "s1", Seed: 1, Duration: 300 * time.Millisecond, APIKeySecret: secret,
+		OnRecord: func(r Record) { recs = append(recs, r) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) == 0 {
+		t.Fatal("no records")
+	}
+	for _, r := range recs {
+		if r.Status == http.StatusUnauthorized || !svc.keys[r.Key] {
+			t.Fatalf("record %+v: status %d, its key seen by the service: %v", r, r.Status, svc.keys[r.Key])
+		}
 	}
 }
 

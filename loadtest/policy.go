@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 )
 
 // Policy is what a route's RateLimit-Policy header says: the policy name,
@@ -75,6 +77,23 @@ func ParsePolicyHeader(v string) (Policy, error) {
 	return p, nil
 }
 
+// DemoAPIKeySecret is the secret the demo stacks (make local-up, docker
+// compose up) sign API keys with unless RL_API_KEY_SECRET says otherwise.
+const DemoAPIKeySecret = "fleetlimit-demo-secret-change-me"
+
+// SignKey returns the X-API-Key value of the key named id: id signed with
+// secret (package apikey), or id itself when secret is empty.
+func SignKey(secret, id string) (string, error) {
+	if secret == "" {
+		return id, nil
+	}
+	k, err := apikey.Sign(secret, id)
+	if err != nil {
+		return "", fmt.Errorf("loadtest: key %q: %w", id, err)
+	}
+	return k, nil
+}
+
 // Learn sends one request to route with the given API key and returns the
 // policy its RateLimit-Policy header announces. The key should be one that
 // no measured client uses (the request takes one unit of its quota).
@@ -102,11 +121,15 @@ func Learn(ctx context.Context, client *http.Client, baseURL, route, key string)
 }
 
 // LearnAll learns the policy of every route (see Learn), with probe keys
-// named "probe-<short route>-<runID>".
-func LearnAll(ctx context.Context, client *http.Client, baseURL string, routes []string, runID string) (map[string]Policy, error) {
+// named "probe-<short route>-<runID>", signed with secret (see SignKey).
+func LearnAll(ctx context.Context, client *http.Client, baseURL string, routes []string, runID, secret string) (map[string]Policy, error) {
 	out := make(map[string]Policy, len(routes))
 	for _, r := range routes {
-		p, err := Learn(ctx, client, baseURL, r, "probe-"+ShortRoute(r)+"-"+runID)
+		key, err := SignKey(secret, "probe-"+ShortRoute(r)+"-"+runID)
+		if err != nil {
+			return nil, err
+		}
+		p, err := Learn(ctx, client, baseURL, r, key)
 		if err != nil {
 			return nil, err
 		}

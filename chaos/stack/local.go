@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -76,8 +77,14 @@ func (l *Local) Up(ctx context.Context, _ string) (Info, error) {
 		return Info{}, err
 	}
 	r := l.r
+	r.env = slices.Clone(r.env)
 	if l.built {
 		r.env = append(r.env, "LOCAL_SKIP_BUILD=1")
+	}
+	if os.Getenv("LOCAL_POLICY_FILE") == "" {
+		// The load comes from one address: a per-address ceiling sized
+		// for it (the demo's would refuse most of it).
+		r.env = append(r.env, "LOCAL_POLICY_FILE="+filepath.Join(l.r.root, PolicyFile))
 	}
 	if err := r.run(ctx, "make", "--no-print-directory", "local-up"); err != nil {
 		return Info{}, err

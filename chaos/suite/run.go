@@ -63,6 +63,9 @@ type Config struct {
 	RedisTimeout time.Duration
 	// Seed fixes the load's send schedule.
 	Seed uint64
+	// APIKeySecret signs the load's API keys as the stack checks them
+	// (its RL_API_KEY_SECRET; loadtest.DemoAPIKeySecret by default).
+	APIKeySecret string
 	// Log receives progress lines.
 	Log io.Writer
 }
@@ -76,6 +79,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.RedisTimeout <= 0 {
 		c.RedisTimeout = 100 * time.Millisecond
+	}
+	if c.APIKeySecret == "" {
+		c.APIKeySecret = loadtest.DemoAPIKeySecret
 	}
 }
 
@@ -269,7 +275,7 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 	var learned map[string]loadtest.Policy
 	err := retry(ctx, 10*time.Second, func() error {
 		var err error
-		learned, err = loadtest.LearnAll(ctx, client, info.NginxURL, cfg.Routes, rep.RunID)
+		learned, err = loadtest.LearnAll(ctx, client, info.NginxURL, cfg.Routes, rep.RunID, cfg.APIKeySecret)
 		return err
 	})
 	if err != nil {
@@ -325,7 +331,9 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 			RunID:    rep.RunID,
 			Seed:     cfg.Seed,
 			Duration: total,
-			Client:   client,
+			// The first of a comma-separated list signs, as in the service.
+			APIKeySecret: strings.Split(cfg.APIKeySecret, ",")[0],
+			Client:       client,
 			OnRecord: func(r loadtest.Record) {
 				records = append(records, r)
 				b, err := json.Marshal(r)

@@ -19,6 +19,7 @@
 #   LOCAL_ADMIN_PORT_BASE=9080 (appN admin on base+N)  LOCAL_VIA_PORT_BASE=16390
 #   REDIS_PASSWORD (default: requirepass in redis/redis.conf)
 #   LOCAL_POLICY_FILE (optional JSON policy file, passed to the apps as RL_POLICY_FILE)
+#   RL_API_KEY_SECRET (default: the demo secret, fleetlimit-demo-secret-change-me)
 #   LOCAL_READY_TIMEOUT=30 (seconds)  LOCAL_SKIP_BUILD=1 (use the binaries in bin/ as is)
 #   LOCAL_REDIS_TIMEOUT=50ms (RL_REDIS_TIMEOUT of the apps)
 #   LOCAL_RUN_DIR (default: .run in the checkout) holds the pids, logs, data, stack.env and
@@ -59,6 +60,8 @@ ls_load_settings() {
     LOCAL_READY_TIMEOUT=${LOCAL_READY_TIMEOUT:-30}
     LOCAL_REDIS_TIMEOUT=${LOCAL_REDIS_TIMEOUT:-50ms}
     LOCAL_POLICY_FILE=${LOCAL_POLICY_FILE:-}
+    # The API-key secret (comma-separated; the first signs): the demo's unless set.
+    RL_API_KEY_SECRET=${RL_API_KEY_SECRET:-fleetlimit-demo-secret-change-me}
     if [[ -n $LOCAL_POLICY_FILE ]]; then
         [[ -f $LOCAL_POLICY_FILE ]] || ls_die "LOCAL_POLICY_FILE=$LOCAL_POLICY_FILE: no such file"
         LOCAL_POLICY_FILE=$(cd "$(dirname "$LOCAL_POLICY_FILE")" && pwd)/$(basename "$LOCAL_POLICY_FILE")
@@ -78,7 +81,8 @@ ls_save_settings() {
         local v
         for v in LOCAL_HOST LOCAL_NGINX_PORT LOCAL_REDIS_PORT LOCAL_PROXY_API_PORT \
             LOCAL_APP_PORT_BASE LOCAL_ADMIN_PORT_BASE LOCAL_VIA_PORT_BASE \
-            LOCAL_READY_TIMEOUT LOCAL_REDIS_TIMEOUT LOCAL_POLICY_FILE REDIS_PASSWORD; do
+            LOCAL_READY_TIMEOUT LOCAL_REDIS_TIMEOUT LOCAL_POLICY_FILE REDIS_PASSWORD \
+            RL_API_KEY_SECRET; do
             printf '%s=%q\n' "$v" "${!v}"
         done
     } >"$STACK_ENV.tmp"
@@ -286,6 +290,7 @@ ls_start_app() {
         "RL_DEBUG_HEADERS=true"
         "RL_TRUSTED_PROXIES=127.0.0.1/32,::1/128"
         "RL_JOURNAL_DIR=$RUN_DIR/$a/journal"
+        "RL_API_KEY_SECRET=$RL_API_KEY_SECRET"
     )
     if [[ -n $LOCAL_POLICY_FILE ]]; then
         envs+=("RL_POLICY_FILE=$LOCAL_POLICY_FILE")

@@ -22,8 +22,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 )
 
 // installHint is how to get the programs the native stack needs.
@@ -90,11 +93,17 @@ type stack struct {
 	password string   // Redis' requirepass
 	info     stackInfo
 	client   *http.Client
+	// source is the loopback address the test's requests come from (see
+	// from); nil: the kernel's choice, 127.0.0.1.
+	source atomic.Pointer[net.TCPAddr]
 
 	mu sync.Mutex
 	// localAdmitted counts the 200s answered with X-RateLimit-Mode: local,
-	// which the journals must account for.
-	localAdmitted int
+	// and localAnswered every answer (200 or 429) decided locally: the
+	// journals must account for a grant of the route's policy per 200, and
+	// one of the per-address ceiling per answer (the test's addresses stay
+	// below the ceiling, so it admits every request).
+	localAdmitted, localAnswered int
 }
 
 // requireTools fails (CI set) or skips the test when a program the stack
@@ -196,6 +205,7 @@ func stackEnv(runDir string, base int, password string) []string {
 		"LOCAL_ADMIN_PORT_BASE="+port(base+offAdminBase),
 		"LOCAL_VIA_PORT_BASE="+port(base+offViaBase),
 		"REDIS_PASSWORD="+password,
+		"RL_API_KEY_SECRET="+stackSecret,
 		// The demo's 50 ms per Redis call is for an idle machine; under
 		// `make test` (every package's -race tests at once) a call can miss
 		// it, and one answer decided locally spoils the exact counts the
@@ -218,10 +228,10 @@ func startStack(t *testing.T) *stack {
 		root:     repoRoot(t),
 		runDir:   t.TempDir(), // removed after the cleanup below has run
 		password: "stacktest-" + randomHex(8),
-		client: &http.Client{
-			Timeout:   5 * time.Second,
-			Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true},
-		},
+	}
+	s.client = &http.Client{
+		Timeout:   5 * time.Second,
+		Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true, DialContext: s.dial},
 	}
 	t.Cleanup(func() { s.stop(t) })
 
@@ -393,9 +403,12 @@ func (s *stack) get(path string, hdr http.Header) (reply, error) {
 		return reply{}, fmt.Errorf("GET %s: body: %w", path, err)
 	}
 	r.recv, r.status, r.header = time.Now(), resp.StatusCode, resp.Header
-	if r.status == http.StatusOK && r.mode() == "local" {
+	if r.mode() == "local" && (r.status == http.StatusOK || r.status == http.StatusTooManyRequests) {
 		s.mu.Lock()
-		s.localAdmitted++
+		s.localAnswered++
+		if r.status == http.StatusOK {
+			s.localAdmitted++
+		}
 		s.mu.Unlock()
 	}
 	return r, nil
@@ -414,14 +427,58 @@ func (s *stack) mustGet(t *testing.T, path string, hdr http.Header) reply {
 	return r
 }
 
-// withKey returns headers carrying X-API-Key: key.
-func withKey(key string) http.Header { return http.Header{"X-Api-Key": {key}} }
+// stackSecret is the test stack's RL_API_KEY_SECRET.
+const stackSecret = "stacktest-secret-" + "0123456789"
+
+// withKey returns headers carrying a valid API key whose identity is id
+// (characters an id cannot hold become '-'; at most apikey.MaxIDBytes).
+func withKey(id string) http.Header {
+	b := []byte(id)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			b[i] = '-'
+		}
+	}
+	if len(b) > apikey.MaxIDBytes {
+		b = b[:apikey.MaxIDBytes]
+	}
+	return rawKey(mustSign(stackSecret, string(b)))
+}
+
+// rawKey returns headers carrying X-API-Key: v as it is.
+func rawKey(v string) http.Header { return http.Header{"X-Api-Key": {v}} }
+
+func mustSign(secret, id string) string {
+	k, err := apikey.Sign(secret, id)
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
+
+// from makes the test's requests come from the loopback address ip (nginx
+// sees it as the client's address), and drops the idle connections from
+// the one before. Each check has its own, so that no check spends another's
+// per-address ceiling.
+func (s *stack) from(ip string) {
+	s.source.Store(&net.TCPAddr{IP: net.ParseIP(ip)})
+	s.client.CloseIdleConnections()
+}
+
+// dial connects from the current source address.
+func (s *stack) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if src := s.source.Load(); src != nil {
+		d.LocalAddr = src
+	}
+	return d.DialContext(ctx, network, addr)
+}
 
 // rawGet sends a hand-written request over TCP, for header bytes Go's client
 // refuses to send, and reads the answer.
 func (s *stack) rawGet(path string, headerLines ...string) (*http.Response, []byte, error) {
 	addr := strings.TrimPrefix(s.info.NginxURL, "http://")
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	conn, err := s.dial(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -118,6 +118,9 @@ type rateHeaders struct {
 	policy string // the policy name, from RateLimit-Policy
 	q, w   int64  // quota, window (s)
 	r, t   int64  // remaining, seconds until the quota is fully available
+	// others are the further policies the headers list (the per-address
+	// ceiling), in order.
+	others []rateHeaders
 }
 
 // single returns the one value of header name, or an error if it is
@@ -143,62 +146,77 @@ func singleInt(h http.Header, name string) (int64, error) {
 }
 
 // parseRateHeaders reads and cross-checks RateLimit-Policy, RateLimit and
-// the X-RateLimit trio: one policy, the same name in both draft headers,
-// q > 0, w > 0, 0 <= r <= q, t >= 0, Limit = q, Remaining = r, Reset = t.
+// the X-RateLimit trio. The draft headers list the same policies in the
+// same order (draft-11 allows several): the route's own first, then the
+// per-address ceiling. Each has q > 0, w > 0, 0 <= r <= q, t >= 0. The trio
+// describes one of them (the most restrictive): Limit = q, Remaining = r,
+// Reset = t. The first policy is returned, the rest in others.
 func parseRateHeaders(h http.Header) (rateHeaders, error) {
-	var rh rateHeaders
-	item := func(name string, keys ...string) (sfItem, error) {
+	list := func(name string, keys ...string) ([]sfItem, error) {
 		v, err := single(h, name)
 		if err != nil {
-			return sfItem{}, err
+			return nil, err
 		}
 		items, err := parseSFList(v)
 		if err != nil {
-			return sfItem{}, fmt.Errorf("%s: %w", name, err)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
-		if len(items) != 1 {
-			return sfItem{}, fmt.Errorf("%s: want one policy, got %d in %q", name, len(items), v)
+		if len(items) == 0 {
+			return nil, fmt.Errorf("%s: no policy in %q", name, v)
 		}
-		for _, k := range keys {
-			if _, ok := items[0].params[k]; !ok {
-				return sfItem{}, fmt.Errorf("%s: %q lacks %s=", name, v, k)
+		for _, it := range items {
+			for _, k := range keys {
+				if _, ok := it.params[k]; !ok {
+					return nil, fmt.Errorf("%s: %q lacks %s=", name, v, k)
+				}
 			}
 		}
-		return items[0], nil
+		return items, nil
 	}
-	pol, err := item("RateLimit-Policy", "q", "w")
+	pols, err := list("RateLimit-Policy", "q", "w")
 	if err != nil {
-		return rh, err
+		return rateHeaders{}, err
 	}
-	rl, err := item("RateLimit", "r", "t")
+	rls, err := list("RateLimit", "r", "t")
 	if err != nil {
-		return rh, err
+		return rateHeaders{}, err
 	}
-	rh = rateHeaders{policy: pol.name, q: pol.params["q"], w: pol.params["w"], r: rl.params["r"], t: rl.params["t"]}
-	switch {
-	case rh.policy == "":
-		return rh, errors.New("RateLimit-Policy: empty policy name")
-	case rl.name != rh.policy:
-		return rh, fmt.Errorf("RateLimit names %q, RateLimit-Policy %q", rl.name, rh.policy)
-	case rh.q <= 0 || rh.w <= 0:
-		return rh, fmt.Errorf("RateLimit-Policy: q=%d w=%d, want both > 0", rh.q, rh.w)
-	case rh.r < 0 || rh.r > rh.q:
-		return rh, fmt.Errorf("RateLimit: r=%d outside [0, q=%d]", rh.r, rh.q)
-	case rh.t < 0:
-		return rh, fmt.Errorf("RateLimit: t=%d < 0", rh.t)
+	if len(pols) != len(rls) {
+		return rateHeaders{}, fmt.Errorf("RateLimit-Policy lists %d policies, RateLimit %d", len(pols), len(rls))
 	}
-	for _, c := range []struct {
-		name string
-		want int64
-	}{{"X-RateLimit-Limit", rh.q}, {"X-RateLimit-Remaining", rh.r}, {"X-RateLimit-Reset", rh.t}} {
-		got, err := singleInt(h, c.name)
-		if err != nil {
-			return rh, err
+	all := make([]rateHeaders, len(pols))
+	for i, pol := range pols {
+		rl := rls[i]
+		rh := rateHeaders{policy: pol.name, q: pol.params["q"], w: pol.params["w"], r: rl.params["r"], t: rl.params["t"]}
+		switch {
+		case rh.policy == "":
+			return rh, errors.New("RateLimit-Policy: empty policy name")
+		case rl.name != rh.policy:
+			return rh, fmt.Errorf("RateLimit names %q, RateLimit-Policy %q (item %d)", rl.name, rh.policy, i)
+		case rh.q <= 0 || rh.w <= 0:
+			return rh, fmt.Errorf("RateLimit-Policy %q: q=%d w=%d, want both > 0", rh.policy, rh.q, rh.w)
+		case rh.r < 0 || rh.r > rh.q:
+			return rh, fmt.Errorf("RateLimit %q: r=%d outside [0, q=%d]", rh.policy, rh.r, rh.q)
+		case rh.t < 0:
+			return rh, fmt.Errorf("RateLimit %q: t=%d < 0", rh.policy, rh.t)
 		}
-		if got != c.want {
-			return rh, fmt.Errorf("%s: %d, but the draft headers say %d", c.name, got, c.want)
+		all[i] = rh
+	}
+	var x [3]int64
+	for i, name := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"} {
+		if x[i], err = singleInt(h, name); err != nil {
+			return all[0], err
 		}
 	}
+	described := false
+	for _, rh := range all {
+		described = described || (x == [3]int64{rh.q, rh.r, rh.t})
+	}
+	if !described {
+		return all[0], fmt.Errorf("X-RateLimit-Limit/Remaining/Reset %v describe none of the policies %+v", x, all)
+	}
+	rh := all[0]
+	rh.others = all[1:]
 	return rh, nil
 }
 
@@ -209,6 +227,7 @@ type problem struct {
 	Status     int    `json:"status"`
 	Detail     string `json:"detail"`
 	RetryAfter *int64 `json:"retry_after"`
+	Policy     string `json:"policy"`
 }
 
 // isProblem reports whether h declares an application/problem+json body.

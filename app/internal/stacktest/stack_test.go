@@ -51,13 +51,23 @@ func TestNativeStack(t *testing.T) {
 	s := startStack(t)
 	run := randomHex(4) // in every API key the test sends, so Redis can be searched for it
 
-	t.Run("headers", func(t *testing.T) { checkHeaders(t, s, run) })
-	t.Run("limited", func(t *testing.T) { checkLimited(t, s, run) })
-	t.Run("instances", func(t *testing.T) { checkInstances(t, s, run) })
-	t.Run("spoofed-forwarding", func(t *testing.T) { checkSpoofedForwarding(t, s) })
-	t.Run("hostile-keys", func(t *testing.T) { checkHostileKeys(t, s, run) })
-	t.Run("nginx-config", func(t *testing.T) { checkNginxConfig(t, s) })
-	t.Run("redis-outage", func(t *testing.T) { checkRedisOutage(t, s, run) })
+	// Each check sends from its own loopback address, so that none spends
+	// another's per-address ceiling (1000 per 10 s over all routes).
+	check := func(name, ip string, f func(t *testing.T)) {
+		t.Run(name, func(t *testing.T) {
+			s.from(ip)
+			f(t)
+		})
+	}
+	check("headers", "127.0.1.1", func(t *testing.T) { checkHeaders(t, s, run) })
+	check("limited", "127.0.1.2", func(t *testing.T) { checkLimited(t, s, run) })
+	check("instances", "127.0.1.3", func(t *testing.T) { checkInstances(t, s, run) })
+	check("spoofed-forwarding", "127.0.1.4", func(t *testing.T) { checkSpoofedForwarding(t, s) })
+	check("hostile-keys", "127.0.1.5", func(t *testing.T) { checkHostileKeys(t, s, run) })
+	check("address-ceiling", "127.0.1.6", func(t *testing.T) { checkAddressCeiling(t, s, run) })
+	check("slow-connections", "127.0.1.8", func(t *testing.T) { checkSlowConnections(t, s, run) })
+	check("nginx-config", "127.0.1.10", func(t *testing.T) { checkNginxConfig(t, s) })
+	check("redis-outage", "127.0.1.11", func(t *testing.T) { checkRedisOutage(t, s, run) })
 	t.Logf("stack up and checked in %v", time.Since(begin).Round(time.Millisecond))
 }
 
@@ -317,8 +327,8 @@ type hostileCase struct {
 	name string
 	hdr  http.Header // sent with Go's client
 	raw  string      // or this header line, over TCP (bytes Go's client refuses)
-	want int         // 200 (the key is hashed) or 400
-	// problem: a 400 must be an RFC 9457 body. False where a layer before
+	want int         // 200 (a valid key), 401 (a key that is not one) or 400
+	// problem: a 400 or 401 must be an RFC 9457 body. False where a layer before
 	// the middleware answers (see the comments); the status is still
 	// checked.
 	problem bool
@@ -330,19 +340,24 @@ func checkHostileKeys(t *testing.T, s *stack, run string) {
 	const route = "/api/sliding-window-log" // its Redis keys outlive the test's requests
 	m := "hostile-" + run
 	cases := []hostileCase{
-		{name: "hash tag", hdr: withKey("{tag}"), want: 200},
-		{name: "hash tag with marker", hdr: withKey("{" + m + "}"), want: 200},
-		{name: "unicode", hdr: withKey("ключ-🔑-" + m), want: 200},
-		{name: "invalid UTF-8", hdr: withKey("\x80\xfe\xff-" + m), want: 200},
-		{name: "254 bytes (the longest)", hdr: withKey(m + strings.Repeat("x", 254-len(m))), want: 200},
-		{name: "255 bytes", hdr: withKey(m + strings.Repeat("x", 255-len(m))), want: 400, problem: true},
-		{name: "tab", hdr: withKey("a\tb-" + m), want: 400, problem: true},
-		{name: "empty", hdr: withKey(""), want: 400, problem: true},
+		// Keys are checked before they are an identity: anything that is
+		// not a key signed with the stack's secret gets a 401 problem.
+		{name: "valid", hdr: withKey("valid-" + m), want: 200},
+		{name: "hash tag", hdr: rawKey("{tag}"), want: 401, problem: true},
+		{name: "hash tag with marker", hdr: rawKey("{" + m + "}"), want: 401, problem: true},
+		{name: "unicode", hdr: rawKey("ключ-🔑-" + m), want: 401, problem: true},
+		{name: "invalid UTF-8", hdr: rawKey("\x80\xfe\xff-" + m), want: 401, problem: true},
+		{name: "254 bytes (the longest)", hdr: rawKey(m + strings.Repeat("x", 254-len(m))), want: 401, problem: true},
+		{name: "signed with another secret", hdr: rawKey(mustSign("another-secret-0123456789", "forged-"+m)), want: 401, problem: true},
+		{name: "valid id, forged mac", hdr: rawKey("forged-" + m + ".AAAAAAAAAAAAAAAAAAAAAAAA"), want: 401, problem: true},
+		{name: "255 bytes", hdr: rawKey(m + strings.Repeat("x", 255-len(m))), want: 400, problem: true},
+		{name: "tab", hdr: rawKey("a\tb-" + m), want: 400, problem: true},
+		{name: "empty", hdr: rawKey(""), want: 400, problem: true},
 		{name: "two keys", hdr: http.Header{"X-Api-Key": {"a-" + m, "b-" + m}}, want: 400, problem: true},
 		// nginx refuses a header line over large_client_header_buffers
 		// (8k), and a control character in X-API-Key before Go's HTTP
 		// server would, both with the apps' problem body.
-		{name: "10 kB", hdr: withKey(m + strings.Repeat("k", 10<<10)), want: 400, problem: true},
+		{name: "10 kB", hdr: rawKey(m + strings.Repeat("k", 10<<10)), want: 400, problem: true},
 		{name: "SOH (raw)", raw: "X-API-Key: a\x01b-" + m, want: 400, problem: true},
 		{name: "ESC (raw)", raw: "X-API-Key: \x1b[31mred-" + m, want: 400, problem: true},
 		{name: "DEL (raw)", raw: "X-API-Key: a\x7fb-" + m, want: 400, problem: true},
@@ -376,15 +391,15 @@ func checkHostileKeys(t *testing.T, s *stack, run string) {
 		if answeredBy == "" {
 			answeredBy = "nginx or Go's http.Server"
 		}
-		if status == http.StatusBadRequest {
-			_, err := parseProblem(http.StatusBadRequest, header, body)
+		if status == http.StatusBadRequest || status == http.StatusUnauthorized {
+			_, err := parseProblem(status, header, body)
 			switch {
 			case err == nil:
-				t.Logf("%-24s 400 problem (%s)", c.name, answeredBy)
+				t.Logf("%-24s %d problem (%s)", c.name, status, answeredBy)
 			case c.problem:
 				t.Errorf("%s: %v", c.name, err)
 			default:
-				t.Logf("%-24s 400, NOT a problem body: %s, %q (%s)", c.name, header.Get("Content-Type"), firstLine(body), answeredBy)
+				t.Logf("%-24s %d, NOT a problem body: %s, %q (%s)", c.name, status, header.Get("Content-Type"), firstLine(body), answeredBy)
 			}
 		} else {
 			t.Logf("%-24s 200 (%s)", c.name, answeredBy)
@@ -592,10 +607,11 @@ func checkRedisOutage(t *testing.T, s *stack, run string) {
 		}
 	}
 	s.mu.Lock()
-	local := s.localAdmitted
+	local, answered := s.localAdmitted, s.localAnswered
 	s.mu.Unlock()
-	if granted != uint64(local) {
-		t.Errorf("the journals granted %d in all, but the test got %d 200s answered locally", granted, local)
+	if granted != uint64(local+answered) {
+		t.Errorf("the journals granted %d in all, but the test got %d 200s answered locally (route policies) and %d local answers (the per-address ceiling): %d",
+			granted, local, answered, local+answered)
 	}
 	t.Logf("journals reconciled %v after all four answered from Redis: %d local grants, all replayed, none pending", d.Round(time.Millisecond), granted)
 

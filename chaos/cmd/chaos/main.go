@@ -120,6 +120,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Durations:    d,
 		RedisTimeout: *timeout,
 		Seed:         *seed,
+		// The stacks' apps and this suite read the same variable; both
+		// default to the demo secret.
+		APIKeySecret: os.Getenv("RL_API_KEY_SECRET"),
 		Log:          stderr,
 	})
 	printSummary(stdout, sum, outDir)

@@ -1,10 +1,14 @@
-// Command loadtest drives the chaos suite's load (shared/CONTRACT.md) against
+// Command loadtest drives the chaos suite's load against
 // a base URL and writes one JSON line per request.
 //
 //	go run ./loadtest/cmd/loadtest -url http://127.0.0.1:8080 -duration 30s -out requests.jsonl
 //
 // Quota and window of each route come from its RateLimit-Policy header,
-// unless -quota and -window give them for every route.
+// unless -quota and -window give them for every route. Keys are signed
+// with -api-key-secret (default: RL_API_KEY_SECRET, else the demo stacks'
+// secret), as the service checks them. Every request comes from one
+// address, so the service's per-address ceiling applies to the whole load:
+// run it against a stack whose ceiling is sized for it (chaos/policies.json).
 package main
 
 import (
@@ -51,6 +55,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		quota       = fs.Int64("quota", 0, "quota (capacity) of every route; with -window, skips learning from headers")
 		window      = fs.Duration("window", 0, "window of every route; with -quota")
 		jitter      = fs.Float64("jitter", 0.8, "send jitter as a fraction of each key's interval, in [0, 1)")
+		secret      = fs.String("api-key-secret", envOr("RL_API_KEY_SECRET", loadtest.DemoAPIKeySecret),
+			`secret the keys are signed with, as the service checks them ("": send the key names unsigned)`)
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -73,6 +79,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Duration:    *duration,
 		MaxRequests: *maxRequests,
 		MaxInFlight: *maxInFlight,
+		// The first of a comma-separated list signs, as in the service.
+		APIKeySecret: strings.Split(*secret, ",")[0],
 	}
 	if *quota > 0 {
 		cfg.Policies = map[string]loadtest.Policy{}
@@ -160,4 +168,12 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// envOr is the environment variable name, or def when it is unset or empty.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
