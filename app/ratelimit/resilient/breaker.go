@@ -57,6 +57,8 @@ type breaker struct {
 
 	failures    atomic.Int64
 	lastSuccess atomic.Int64 // local Unix µs of the last success while closed
+	// probing: a store call is checking a suspect store (see admit).
+	probing atomic.Bool
 
 	mu    sync.Mutex
 	opens atomic.Uint64
@@ -74,6 +76,27 @@ func (b *breaker) success() {
 		b.failures.Store(0)
 	}
 }
+
+// admit says whether a decision may call the store while the breaker is
+// closed. Normally every one may. A closed breaker whose last threshold
+// calls all failed (a store that stalls, not yet long enough to open it)
+// lets one call at a time through, as a probe, and the rest are decided
+// locally at once instead of each waiting out the timeout: without this, a
+// paused or partitioned store held every request for the full timeout
+// until the breaker opened. A success (a call's or a heartbeat's) ends it.
+// A probe must call done when its call returns.
+func (b *breaker) admit() (ok, probe bool) {
+	if b.failures.Load() < int64(b.threshold) {
+		return true, false
+	}
+	if b.probing.CompareAndSwap(false, true) {
+		return true, true
+	}
+	return false, false
+}
+
+// done ends a probe (see admit).
+func (b *breaker) done() { b.probing.Store(false) }
 
 // failure counts a failed call (timeout: it outlived its deadline); the
 // threshold-th consecutive one opens a closed breaker, for a timeout only if

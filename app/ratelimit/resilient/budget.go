@@ -14,7 +14,7 @@ type entry struct {
 	// The last store reply, and the key it was for.
 	snap      ratelimit.State
 	snapValid bool
-	policy    ratelimit.Policy
+	policy    *ratelimit.Policy // shared by the keys of the policy (policyRef)
 	identity  ratelimit.Identity
 	version   uint64 // bumped by every reply
 

@@ -47,11 +47,15 @@ type Journal struct {
 	mu      sync.Mutex
 	epoch   uint64
 	batches map[batchKey]*batch
-	snaps   map[snapKey]Snapshot // the latest per key; dropped when the journal empties
-	size    int                  // grants held
-	f       *os.File
-	buf     []byte
-	dirty   bool
+	snaps   map[snapKey]snapEntry // the latest per key; dropped when the journal empties
+	// policies holds each policy once, for every batch and snapshot of it
+	// (bounded by the policies configured, not by clients); dropped when
+	// the journal empties.
+	policies map[ratelimit.Policy]*policyRef
+	size     int // grants held, plus snapshots (both count toward max)
+	f        *os.File
+	buf      []byte
+	dirty    bool
 
 	stats journalStats
 	stop  chan struct{}
@@ -70,9 +74,27 @@ type batchKey struct {
 	identity ratelimit.Identity
 }
 
+// batch is one key's grants of one epoch. A grant's request id is kept only
+// for the sliding window log, whose replay adds it as the member; the other
+// algorithms' replays do not read it.
 type batch struct {
-	policy ratelimit.Policy
+	policy *policyRef
 	grants []ratelimit.Grant
+}
+
+// policyRef is a policy and its key (name and fingerprint), held once.
+type policyRef struct {
+	key string
+	p   ratelimit.Policy
+}
+
+// snapEntry is a Snapshot as the journal holds it.
+type snapEntry struct {
+	policy    *policyRef
+	state     ratelimit.State
+	valid     bool
+	n         float64
+	confirmed int64
 }
 
 type snapKey struct {
@@ -124,7 +146,8 @@ func OpenJournal(dir, instance string, max int, logger *slog.Logger) (*Journal, 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	j := &Journal{instance: instance, max: max, log: logger, batches: map[batchKey]*batch{}, snaps: map[snapKey]Snapshot{}, epoch: epochNow(),
+	j := &Journal{instance: instance, max: max, log: logger, batches: map[batchKey]*batch{}, snaps: map[snapKey]snapEntry{},
+		policies: map[ratelimit.Policy]*policyRef{}, epoch: epochNow(),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o750); err != nil {
@@ -174,8 +197,8 @@ func (j *Journal) load(path string) error {
 	if n := j.stats.corrupt.Load(); n > 0 {
 		j.log.Warn("journal: skipped unreadable lines", "file", path, "lines", n)
 	}
-	if j.size > 0 {
-		j.log.Warn("journal: reloaded grants not yet in the store", "file", path, "grants", j.size, "keys", len(j.batches))
+	if n := j.size - len(j.snaps); n > 0 {
+		j.log.Warn("journal: reloaded grants not yet in the store", "file", path, "grants", n, "keys", len(j.batches))
 	}
 	return nil
 }
@@ -213,7 +236,7 @@ func (j *Journal) apply(f []string, maxEpoch *uint64) bool {
 	case "S":
 		s, ok := parseSnapshot(f)
 		if ok {
-			j.snaps[snapKey{policyKey(s.Policy), s.Identity}] = s
+			j.putSnapLocked(s)
 		}
 		return ok
 	case "A":
@@ -329,15 +352,40 @@ func parseIdentity(s string) (ratelimit.Identity, bool) {
 
 func policyKey(p ratelimit.Policy) string { return p.Name + "/" + p.Fingerprint() }
 
+// refLocked returns the journal's one copy of p.
+func (j *Journal) refLocked(p ratelimit.Policy) *policyRef {
+	r := j.policies[p]
+	if r == nil {
+		r = &policyRef{key: policyKey(p), p: p}
+		j.policies[p] = r
+	}
+	return r
+}
+
 func (j *Journal) addLocked(epoch uint64, p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) {
-	k := batchKey{epoch: epoch, policy: policyKey(p), identity: id}
+	ref := j.refLocked(p)
+	k := batchKey{epoch: epoch, policy: ref.key, identity: id}
 	b := j.batches[k]
 	if b == nil {
-		b = &batch{policy: p}
+		b = &batch{policy: ref}
 		j.batches[k] = b
+	}
+	if p.Algorithm != ratelimit.SlidingWindowLog {
+		g.ID = ""
 	}
 	b.grants = append(b.grants, g)
 	j.size++
+}
+
+// putSnapLocked keeps s as its key's latest snapshot; a key's first counts
+// toward the bound.
+func (j *Journal) putSnapLocked(s Snapshot) {
+	ref := j.refLocked(s.Policy)
+	k := snapKey{ref.key, s.Identity}
+	if _, ok := j.snaps[k]; !ok {
+		j.size++
+	}
+	j.snaps[k] = snapEntry{policy: ref, state: s.State, valid: s.Valid, n: s.N, confirmed: s.Confirmed}
 }
 
 // Append journals a local grant. It returns ErrJournalFull (the grant is
@@ -404,7 +452,7 @@ func (j *Journal) AppendSnapshot(s Snapshot) error {
 	if j.size >= j.max {
 		return ErrJournalFull
 	}
-	j.snaps[snapKey{policyKey(s.Policy), s.Identity}] = s
+	j.putSnapLocked(s)
 	if j.f == nil {
 		return nil
 	}
@@ -458,7 +506,7 @@ func (j *Journal) Pending(through uint64) []ratelimit.ReplayBatch {
 			continue
 		}
 		out = append(out, ratelimit.ReplayBatch{
-			Policy: b.policy, Identity: k.identity,
+			Policy: b.policy.p, Identity: k.identity,
 			Marker: j.instance + ":" + strconv.FormatUint(k.epoch, 10),
 			Grants: append([]ratelimit.Grant(nil), b.grants...),
 		})
@@ -497,8 +545,11 @@ func (j *Journal) Ack(b ratelimit.ReplayBatch, r ratelimit.ReplayResult) {
 			j.stats.dupUnits.Add(uint64(r.DuplicateUnits))
 		}
 	}
-	if j.size == 0 {
+	if j.size == len(j.snaps) {
+		// No grant left: the snapshots and policies go too.
+		j.size = 0
 		clear(j.snaps)
+		clear(j.policies)
 	}
 	if j.f == nil {
 		return
@@ -520,7 +571,7 @@ func (j *Journal) Ack(b ratelimit.ReplayBatch, r ratelimit.ReplayResult) {
 func (j *Journal) Len() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.size
+	return j.size - len(j.snaps)
 }
 
 // Stats returns the counters.
@@ -557,10 +608,10 @@ func (j *Journal) each(fn func(p ratelimit.Policy, id ratelimit.Identity, g rate
 	for k, b := range j.batches {
 		var snap *Snapshot
 		if s, ok := j.snaps[snapKey{k.policy, k.identity}]; ok {
-			snap = &s
+			snap = &Snapshot{Policy: s.policy.p, Identity: k.identity, State: s.state, Valid: s.valid, N: s.n, Confirmed: s.confirmed}
 		}
 		for _, g := range b.grants {
-			items = append(items, item{b.policy, k.identity, g, snap})
+			items = append(items, item{b.policy.p, k.identity, g, snap})
 		}
 	}
 	j.mu.Unlock()

@@ -183,8 +183,9 @@ type Limiter struct {
 	liveBefore atomic.Int64
 	restores   atomic.Uint64
 
-	mu   sync.Mutex // guards keys and the entries in it; never held across I/O
-	keys *simplelru.LRU[key, *entry]
+	mu       sync.Mutex // guards keys, the entries in it and policies; never held across I/O
+	keys     *simplelru.LRU[key, *entry]
+	policies map[ratelimit.Policy]*ratelimit.Policy // see policyRef
 
 	stats struct {
 		storeDecisions, localDecisions, localGrants atomic.Uint64
@@ -214,7 +215,8 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, cfg: cfg, seeds: ratelimit.NewStateKeySeeds(), done: make(chan struct{})}
+	l := &Limiter{store: store, cfg: cfg, seeds: ratelimit.NewStateKeySeeds(), done: make(chan struct{}),
+		policies: map[ratelimit.Policy]*ratelimit.Policy{}}
 	l.idBase = cfg.Instance + "-" + strconv.FormatInt(cfg.Now().UnixNano(), 36) + "-"
 	keys, err := simplelru.NewLRU[key, *entry](cfg.KeyCapacity, func(key, *entry) { l.stats.evictions.Add(1) })
 	if err != nil {
@@ -269,14 +271,19 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 	}
 	id := ratelimit.IdentityOf(req.Key)
 	if l.br.State() == Closed {
-		r := req
-		r.Weight = l.weight()
-		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-		sent := l.cfg.Now()
-		d, err := l.store.Decide(callCtx, r)
-		cancel()
-		if d, local, err := l.settle(ctx, req, id, d, err, sent, true); !local {
-			return d, err
+		if ok, probe := l.br.admit(); ok {
+			r := req
+			r.Weight = l.weight()
+			callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+			sent := l.cfg.Now()
+			d, err := l.store.Decide(callCtx, r)
+			cancel()
+			if probe {
+				l.br.done()
+			}
+			if d, local, err := l.settle(ctx, req, id, d, err, sent, true); !local {
+				return d, err
+			}
 		}
 	}
 	return l.decideLocal(l.keyOfIdentity(req.Policy, id), id, req), nil
@@ -296,7 +303,11 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			pending = append(pending, i)
 		}
 	}
+	ok, probe := false, false
 	if len(pending) > 0 && l.br.State() == Closed {
+		ok, probe = l.br.admit()
+	}
+	if ok {
 		sent := make([]ratelimit.Request, len(pending))
 		w := l.weight()
 		for j, i := range pending {
@@ -307,6 +318,9 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		at := l.cfg.Now()
 		sds, serrs := ratelimit.DecideAll(callCtx, l.store, sent)
 		cancel()
+		if probe {
+			l.br.done()
+		}
 		local := make([]int, 0, len(pending))
 		counted := false
 		for j, i := range pending {
@@ -402,9 +416,29 @@ func (l *Limiter) remember(k key, p ratelimit.Policy, id ratelimit.Identity, d r
 	l.mu.Lock()
 	e := l.entry(k)
 	e.snap, e.snapValid = d.State, true
-	e.policy, e.identity = p, id
+	if e.policy == nil || *e.policy != p {
+		e.policy = l.policyRef(p)
+	}
+	e.identity = id
 	e.version++
 	l.mu.Unlock()
+}
+
+// maxPolicies bounds how many distinct policies the limiter shares among
+// its keys; policies beyond it get a copy per key.
+const maxPolicies = 1024
+
+// policyRef returns the limiter's one copy of p (l.mu held), so that keys
+// of one policy do not each hold it.
+func (l *Limiter) policyRef(p ratelimit.Policy) *ratelimit.Policy {
+	if r, ok := l.policies[p]; ok {
+		return r
+	}
+	r := &p
+	if len(l.policies) < maxPolicies {
+		l.policies[p] = r
+	}
+	return r
 }
 
 // learnOffset records the store's clock, read at storeNow between sent and
@@ -758,11 +792,11 @@ func (l *Limiter) restore(ctx context.Context, gen string) error {
 	var batches []ratelimit.ReplayBatch
 	l.mu.Lock()
 	for _, e := range l.keys.Values() {
-		if !e.snapValid || e.policy.Name == "" || e.snap.Now < now-2*e.policy.WindowMicros() {
+		if !e.snapValid || e.policy == nil || e.snap.Now < now-2*e.policy.WindowMicros() {
 			continue
 		}
-		if g := restoreGrants(e.policy, e.snap, marker); len(g) > 0 {
-			batches = append(batches, ratelimit.ReplayBatch{Policy: e.policy, Identity: e.identity, Marker: marker, Grants: g})
+		if g := restoreGrants(*e.policy, e.snap, marker); len(g) > 0 {
+			batches = append(batches, ratelimit.ReplayBatch{Policy: *e.policy, Identity: e.identity, Marker: marker, Grants: g})
 		}
 	}
 	l.mu.Unlock()

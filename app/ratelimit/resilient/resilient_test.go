@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -487,4 +489,138 @@ func TestHeartbeatTeachesTheStoreClock(t *testing.T) {
 			t.Fatalf("clock offset %v after the first heartbeat, want %v", got, ahead)
 		}
 	})
+}
+
+// BenchmarkFootprint reports the heap a remembered key costs (a store
+// decision per distinct key: the LRU entry), and what a local grant of a
+// distinct key adds (the journaled grant and the key's snapshot), per
+// algorithm. `make bench` runs it; the README quotes it.
+func BenchmarkFootprint(b *testing.B) {
+	const keys = 50_000
+	heap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	for _, alg := range ratelimit.Algorithms {
+		b.Run(string(alg), func(b *testing.B) {
+			p := ratelimit.Policy{Name: "bench", Algorithm: alg, Limit: 100, Window: 10 * time.Second}
+			ctx := context.Background()
+			var perKey, perGrant float64
+			for b.Loop() {
+				// A store that keeps nothing (the fake's twin and its
+				// mock's call log would be counted with the limiter).
+				f := &nullStore{}
+				l, err := resilient.New(f, resilient.Config{Instance: "bench", FailureThreshold: 1, KeyCapacity: 2 * keys})
+				if err != nil {
+					b.Fatal(err)
+				}
+				before := heap()
+				for i := range keys {
+					if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k:client-" + strconv.Itoa(i)}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				remembered := heap()
+				f.down.Store(true)
+				for i := range keys {
+					// Fresh request ids, as nginx sends: 32 hex digits.
+					id := fmt.Sprintf("%032x", i)
+					if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k:client-" + strconv.Itoa(i), ID: id}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				journaled := heap()
+				if s := l.Status(); s.Journal.Pending != keys {
+					b.Fatalf("journal holds %d grants, want %d (the breaker did not open?)", s.Journal.Pending, keys)
+				}
+				perKey = float64(int64(remembered)-int64(before)) / keys
+				perGrant = float64(int64(journaled)-int64(remembered)) / keys
+				_ = l.Close(ctx)
+			}
+			b.ReportMetric(perKey, "B/key")
+			b.ReportMetric(perGrant, "B/grant")
+		})
+	}
+}
+
+// TestSuspectStoreIsNotWaitedFor: once the last calls all timed out, the
+// next decisions do not each wait out the timeout (a paused Redis held every
+// request for it until the breaker opened): one call at a time probes the
+// store, the others are decided locally at once, and the first success
+// ends it.
+func TestSuspectStoreIsNotWaitedFor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{Timeout: 50 * time.Millisecond, SlowWindow: time.Second})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: 10 * time.Second}
+		admit(t, l, p, "k", 1, ratelimit.ModeRedis)
+		f.hang.Store(true)
+		start := time.Now()
+		admit(t, l, p, "k", 3, ratelimit.ModeLocal) // three calls time out, one after the other
+		if waited := time.Since(start); waited != 150*time.Millisecond {
+			t.Fatalf("three timed-out calls took %v, want 3 × 50 ms", waited)
+		}
+		calls := len(f.DecideCalls())
+		probed := make(chan struct{})
+		go func() {
+			defer close(probed)
+			admit(t, l, p, "k", 1, ratelimit.ModeLocal) // the probe: it waits for the store
+		}()
+		synctest.Wait()
+		start = time.Now()
+		admit(t, l, p, "k", 10, ratelimit.ModeLocal)
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("decisions beside the probe waited %v, want none", waited)
+		}
+		<-probed
+		if n := len(f.DecideCalls()) - calls; n != 1 {
+			t.Errorf("%d store calls while the store was suspect, want 1 (the probe)", n)
+		}
+		f.hang.Store(false)
+		admit(t, l, p, "k", 1, ratelimit.ModeRedis) // a probe that succeeds
+		admit(t, l, p, "k", 5, ratelimit.ModeRedis) // and every call goes to the store again
+		if s := l.Status(); s.Opens != 0 || l.State() != resilient.Closed {
+			t.Errorf("breaker %s after %d openings, want closed throughout", l.State(), s.Opens)
+		}
+	})
+}
+
+// nullStore answers every decision with the same reply and keeps nothing;
+// down fails every call like a refused connection.
+type nullStore struct{ down atomic.Bool }
+
+func (s *nullStore) err() error {
+	if s.down.Load() {
+		return fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable)
+	}
+	return nil
+}
+
+func (s *nullStore) Decide(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	if err := s.err(); err != nil {
+		return ratelimit.Decision{}, err
+	}
+	return ratelimit.Decision{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: time.Second, Mode: ratelimit.ModeRedis,
+		State: ratelimit.State{Now: time.Now().UnixMicro(), Tokens: 99 * req.Policy.WindowMicros(), Current: 1}}, nil
+}
+
+func (s *nullStore) Ping(context.Context) error { return s.err() }
+
+func (s *nullStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (ratelimit.Fleet, error) {
+	return ratelimit.Fleet{Live: 1, Generation: "g", Now: time.Now().UnixMicro()}, s.err()
+}
+
+func (s *nullStore) Generation(context.Context) (string, error) { return "g", s.err() }
+
+func (s *nullStore) Leave(context.Context, string, time.Duration, time.Duration) error { return nil }
+
+func (s *nullStore) Replay(_ context.Context, b []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+	errs := make([]error, len(b))
+	for i := range errs {
+		errs[i] = s.err()
+	}
+	return make([]ratelimit.ReplayResult, len(b)), errs
 }
