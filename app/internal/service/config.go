@@ -57,7 +57,7 @@ type Config struct {
 	// ./journal-<instance>.
 	JournalDir string `env:"RL_JOURNAL_DIR"`
 	// JournalMax bounds the grants journaled during an outage.
-	JournalMax  int `env:"RL_JOURNAL_MAX" envDefault:"1000000"`
+	JournalMax  int `env:"RL_JOURNAL_MAX" envDefault:"250000"`
 	KeyCapacity int `env:"RL_KEY_CAPACITY" envDefault:"100000"`
 
 	// The circuit breaker and the fleet heartbeats (resilient limiter).

@@ -34,7 +34,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		ExpectedInstances: 1,
 		TrustedProxies:    []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")},
 		JournalDir:        "./journal-app1",
-		JournalMax:        1_000_000,
+		JournalMax:        250_000,
 		KeyCapacity:       100000,
 		BreakerFailures:   3,
 		ProbeInterval:     time.Second,
