@@ -45,7 +45,7 @@ COPY --from=build --chown=65532:65532 /out/journal/ /var/lib/ratelimiter/journal
 # distroless "nonroot": uid/gid 65532. Numeric, so `runAsNonRoot` checks can verify it.
 USER 65532:65532
 
-# Settings: docs/CONFIG-DRAFT.md. These are the image's defaults; compose sets the rest.
+# Settings: README.md, "Configuration". These are the image's defaults; compose sets the rest.
 ENV RL_LISTEN_ADDR=:8080 \
     RL_ADMIN_ADDR=:9090 \
     RL_JOURNAL_DIR=/var/lib/ratelimiter/journal

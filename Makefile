@@ -20,8 +20,8 @@ CHAOS_ARGS ?=
 # make keys N=<n>
 N ?= 1
 
-# Every module of the workspace (go.work's `use` lines): app, and chaos/ and loadtest/
-# once they exist. Evaluated when a recipe needs it.
+# Every module of the workspace (go.work's `use` lines): app, chaos and loadtest.
+# Evaluated when a recipe needs it.
 MODULES = $(shell $(GO) list -m -f '{{.Dir}}')
 
 CHAOS_SCENARIO_FLAG = $(if $(strip $(SCENARIOS)),-scenarios $(SCENARIOS))

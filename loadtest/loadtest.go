@@ -1,5 +1,5 @@
 // Package loadtest drives the chaos suite's load against a rate-limited
-// HTTP service (shared/CONTRACT.md, "Chaos suite", "Load"): for every route
+// HTTP service (README.md, "Running the chaos suite"): for every route
 // at once, polite keys at 40% of the quota and abusive keys at 2x and 10x,
 // each key an independent sender with jittered send times, so that no key's
 // requests line up with the round-robin of the balancer in front.

@@ -1,5 +1,5 @@
 // Package invariant computes the chaos suite's invariants
-// (shared/CONTRACT.md, "Chaos suite", "Invariants") from a request log, the
+// (README.md, "Running the chaos suite"; the bounds in "Measured") from a request log, the
 // phases of the run, the routes' policies and the instances' /status after
 // settle.
 //

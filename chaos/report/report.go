@@ -1,4 +1,4 @@
-// Package report writes the chaos suite's outputs (shared/CONTRACT.md,
+// Package report writes the chaos suite's outputs (README.md,
 // "Chaos suite", "Output"): per scenario report.json and report.html, and
 // summary.json over all scenarios.
 package report

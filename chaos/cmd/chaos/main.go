@@ -1,4 +1,4 @@
-// Command chaos runs the chaos suite (shared/CONTRACT.md, "Chaos suite")
+// Command chaos runs the chaos suite (README.md, "Running the chaos suite")
 // against the native stack (-stack local: it starts and stops the stack
 // itself, once per scenario) or the compose stack (-stack compose), and
 // writes chaos-out/. It exits 1 when any invariant fails, 2 when the suite
