@@ -1,5 +1,5 @@
-// Package report writes the chaos suite's outputs (README.md,
-// "Chaos suite", "Output"): per scenario report.json and report.html, and
+// Package report writes the chaos suite's outputs (README.md, "Running the chaos suite"):
+// per scenario report.json and report.html, and
 // summary.json over all scenarios.
 package report
 
