@@ -38,6 +38,8 @@ var (
 	commonLua string
 	//go:embed lua/decide.lua
 	decideLua string
+	//go:embed lua/once.lua
+	onceLua string
 	//go:embed lua/token_bucket.lua
 	tokenBucketLua string
 	//go:embed lua/gcra.lua
@@ -50,9 +52,9 @@ var (
 
 // scripts holds one decision script per algorithm.
 var scripts = map[ratelimit.Algorithm]*redis.Script{
-	ratelimit.TokenBucket:          redis.NewScript(commonLua + decideLua + tokenBucketLua),
-	ratelimit.GCRA:                 redis.NewScript(commonLua + decideLua + gcraLua),
-	ratelimit.SlidingWindowCounter: redis.NewScript(commonLua + decideLua + windowCounterLua),
+	ratelimit.TokenBucket:          redis.NewScript(commonLua + decideLua + onceLua + tokenBucketLua),
+	ratelimit.GCRA:                 redis.NewScript(commonLua + decideLua + onceLua + gcraLua),
+	ratelimit.SlidingWindowCounter: redis.NewScript(commonLua + decideLua + onceLua + windowCounterLua),
 	ratelimit.SlidingWindowLog:     redis.NewScript(commonLua + decideLua + windowLogLua),
 }
 

@@ -472,3 +472,51 @@ func TestDecideBatch(t *testing.T) {
 		t.Errorf("log holds %d grants (%v), want 5", n, err)
 	}
 }
+
+// TestResentRequestCountsOnce: nginx resends a request whose instance died
+// or timed out after deciding it, with the same request id. A request with
+// the id of the last admitted one is admitted again without being counted;
+// a new id is counted; the sliding window log keys by id already.
+func TestResentRequestCountsOnce(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	l := redisstore.New(c)
+	ctx := context.Background()
+	for _, alg := range ratelimit.Algorithms {
+		t.Run(string(alg), func(t *testing.T) {
+			p := ratelimit.Policy{Name: "once", Algorithm: alg, Limit: 10, Window: time.Hour}
+			key := "k:resent-" + string(alg)
+			decide := func(id string) ratelimit.Decision {
+				t.Helper()
+				d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: key, ID: id})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			first := decide("req-a")
+			resent := decide("req-a")
+			if !resent.Allowed || resent.Remaining != first.Remaining {
+				t.Errorf("resent: allowed %v, remaining %d; want admitted and still %d", resent.Allowed, resent.Remaining, first.Remaining)
+			}
+			if d := decide("req-b"); !d.Allowed || d.Remaining != first.Remaining-1 {
+				t.Errorf("a new request: remaining %d, want %d", d.Remaining, first.Remaining-1)
+			}
+			// Spend the rest: a resend of the last admitted one is still
+			// admitted, a new one refused.
+			var last string
+			for i := range 20 {
+				id := fmt.Sprintf("req-%d", i)
+				if decide(id).Allowed {
+					last = id
+				}
+			}
+			if d := decide(last); !d.Allowed || d.Remaining != 0 {
+				t.Errorf("resend of the last admitted at the limit: %+v, want admitted with 0 remaining", d)
+			}
+			if d := decide("req-new"); d.Allowed {
+				t.Errorf("a new request at the limit was admitted")
+			}
+		})
+	}
+}
