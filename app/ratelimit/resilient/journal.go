@@ -3,7 +3,6 @@ package resilient
 import (
 	"bufio"
 	"cmp"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -37,8 +36,10 @@ var ErrJournalFull = errors.New("resilient: journal full")
 //	S <epoch> <policy> <alg> <limit> <window µs> <burst> <identity hex> <snapshot...>
 //	                                               what the key's local share started from
 //
-// A torn last line (a crash mid-write) is skipped. It is safe for concurrent
-// use.
+// One codec writes and reads every record (record.go; FuzzRecord checks
+// that it is symmetric). A torn or corrupt line (a crash mid-write, a
+// zero-filled tail) is skipped and counted (JournalStats.Corrupt), and the
+// lines after it are still read (FuzzLoad). It is safe for concurrent use.
 type Journal struct {
 	instance string
 	max      int
@@ -181,7 +182,7 @@ func (j *Journal) load(path string) error {
 	defer f.Close()
 	var maxEpoch uint64
 	err = readRecords(f, func(line []byte) {
-		if line == nil || !j.apply(strings.Split(string(line), "\t"), &maxEpoch) {
+		if line == nil || !j.apply(string(line), &maxEpoch) {
 			j.stats.corrupt.Add(1)
 		}
 	})
@@ -204,95 +205,25 @@ func (j *Journal) load(path string) error {
 }
 
 // apply replays one record into memory; false for a malformed one.
-func (j *Journal) apply(f []string, maxEpoch *uint64) bool {
-	if len(f) < 2 {
-		return false
-	}
-	epoch, err := strconv.ParseUint(f[1], 10, 64)
+func (j *Journal) apply(line string, maxEpoch *uint64) bool {
+	r, err := parseRecord(line)
 	if err != nil {
 		return false
 	}
-	*maxEpoch = max(*maxEpoch, epoch)
-	switch f[0] {
-	case "E":
-		return len(f) == 2
-	case "G":
-		if len(f) != 11 {
-			return false
-		}
-		n := make([]int64, 6)
-		for i, s := range []string{f[4], f[5], f[6], f[8], f[9]} {
-			if n[i], err = strconv.ParseInt(s, 10, 64); err != nil {
-				return false
-			}
-		}
-		p := ratelimit.Policy{Name: f[2], Algorithm: ratelimit.Algorithm(f[3]), Limit: n[0], Window: time.Duration(n[1]) * time.Microsecond, Burst: n[2]}
-		id, ok := parseIdentity(f[7])
-		if !ok || p.Validate() != nil || n[4] <= 0 {
-			return false
-		}
-		j.addLocked(epoch, p, id, ratelimit.Grant{At: n[3], Cost: n[4], ID: f[10]})
-		return true
-	case "S":
-		s, ok := parseSnapshot(f)
-		if ok {
-			j.putSnapLocked(s)
-		}
-		return ok
-	case "A":
-		if len(f) != 5 {
-			return false
-		}
-		id, ok := parseIdentity(f[4])
-		if !ok {
-			return false
-		}
-		k := batchKey{epoch: epoch, policy: f[2] + "/" + f[3], identity: id}
+	*maxEpoch = max(*maxEpoch, r.epoch)
+	switch r.kind {
+	case 'G':
+		j.addLocked(r.epoch, r.policy, r.identity, r.grant)
+	case 'S':
+		j.putSnapLocked(r.snapshot())
+	case 'A':
+		k := batchKey{epoch: r.epoch, policy: r.policy.Name + "/" + r.fingerprint, identity: r.identity}
 		if b, ok := j.batches[k]; ok {
 			j.size -= len(b.grants)
 			delete(j.batches, k)
 		}
-		return true
 	}
-	return false
-}
-
-// maxFleet bounds the fleet size an S record may name.
-const maxFleet = 1 << 20
-
-// snapshotFields is the number of fields of an S record.
-const snapshotFields = 8 + 3 + 7 + ratelimit.AgeBuckets
-
-func parseSnapshot(f []string) (Snapshot, bool) {
-	if len(f) != snapshotFields {
-		return Snapshot{}, false
-	}
-	var n [7]int64
-	for i, s := range f[4:7] {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return Snapshot{}, false
-		}
-		n[i] = v
-	}
-	p := ratelimit.Policy{Name: f[2], Algorithm: ratelimit.Algorithm(f[3]), Limit: n[0], Window: time.Duration(n[1]) * time.Microsecond, Burst: n[2]}
-	id, ok := parseIdentity(f[7])
-	if !ok || p.Validate() != nil {
-		return Snapshot{}, false
-	}
-	fleet, err := strconv.ParseFloat(f[9], 64)
-	if err != nil || !(fleet >= 1 && fleet <= maxFleet) { // not NaN, not Inf
-		return Snapshot{}, false
-	}
-	var v [8 + ratelimit.AgeBuckets]int64
-	for i, s := range append([]string{f[10]}, f[11:]...) {
-		if v[i], err = strconv.ParseInt(s, 10, 64); err != nil {
-			return Snapshot{}, false
-		}
-	}
-	st := ratelimit.State{Now: v[1], Tokens: v[2], TAT: v[3], TATRem: v[4], WindowStart: v[5], Current: v[6], Previous: v[7]}
-	copy(st.Ages[:], v[8:])
-	return Snapshot{Policy: p, Identity: id, State: st, Valid: f[8] == "1", N: fleet, Confirmed: v[0]}, true
+	return true
 }
 
 // maxRecord bounds a record's length; a longer line (a crash can leave a
@@ -339,16 +270,6 @@ func readRecords(r io.Reader, fn func(line []byte)) error {
 // one instance name): a repeated epoch's batch would be refused as a
 // duplicate and its grants silently dropped.
 func epochNow() uint64 { return uint64(max(time.Now().UnixMicro(), 1)) }
-
-func parseIdentity(s string) (ratelimit.Identity, bool) {
-	var id ratelimit.Identity
-	b, err := hex.DecodeString(s)
-	if err != nil || len(b) != len(id) {
-		return id, false
-	}
-	copy(id[:], b)
-	return id, true
-}
 
 func policyKey(p ratelimit.Policy) string { return p.Name + "/" + p.Fingerprint() }
 
@@ -405,19 +326,8 @@ func (j *Journal) Append(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.
 	if j.f == nil {
 		return nil
 	}
-	b := append(j.buf[:0], "G\t"...)
-	b = strconv.AppendUint(b, j.epoch, 10)
-	b = append(append(append(b, '\t'), p.Name...), '\t')
-	b = append(append(b, p.Algorithm...), '\t')
-	b = append(strconv.AppendInt(b, p.Limit, 10), '\t')
-	b = append(strconv.AppendInt(b, p.WindowMicros(), 10), '\t')
-	b = append(strconv.AppendInt(b, p.Burst, 10), '\t')
-	b = append(hex.AppendEncode(b, id[:]), '\t')
-	b = append(strconv.AppendInt(b, g.At, 10), '\t')
-	b = append(strconv.AppendInt(b, g.Cost, 10), '\t')
-	b = append(append(b, g.ID...), '\n')
-	j.buf = b
-	return j.writeLocked(b)
+	j.buf = appendRecord(j.buf[:0], record{kind: 'G', epoch: j.epoch, policy: p, identity: id, grant: g})
+	return j.writeLocked(j.buf)
 }
 
 // writeLocked appends b to the file. A failed write (a full disk, say) is
@@ -439,7 +349,7 @@ func (j *Journal) writeLocked(b []byte) error {
 }
 
 func (j *Journal) writeEpochLocked() {
-	if err := j.writeLocked([]byte("E\t" + strconv.FormatUint(j.epoch, 10) + "\n")); err != nil {
+	if err := j.writeLocked(appendRecord(nil, record{kind: 'E', epoch: j.epoch})); err != nil {
 		j.log.Error("journal: write epoch", "err", err)
 	}
 }
@@ -456,31 +366,8 @@ func (j *Journal) AppendSnapshot(s Snapshot) error {
 	if j.f == nil {
 		return nil
 	}
-	p := s.Policy
-	b := append(j.buf[:0], "S\t"...)
-	b = strconv.AppendUint(b, j.epoch, 10)
-	b = append(append(append(b, '\t'), p.Name...), '\t')
-	b = append(append(b, p.Algorithm...), '\t')
-	b = append(strconv.AppendInt(b, p.Limit, 10), '\t')
-	b = append(strconv.AppendInt(b, p.WindowMicros(), 10), '\t')
-	b = append(strconv.AppendInt(b, p.Burst, 10), '\t')
-	b = append(hex.AppendEncode(b, s.Identity[:]), '\t')
-	if s.Valid {
-		b = append(b, "1\t"...)
-	} else {
-		b = append(b, "0\t"...)
-	}
-	b = append(strconv.AppendFloat(b, s.N, 'g', -1, 64), '\t')
-	st := s.State
-	for i, v := range append([]int64{s.Confirmed, st.Now, st.Tokens, st.TAT, st.TATRem, st.WindowStart, st.Current, st.Previous}, st.Ages[:]...) {
-		if i > 0 {
-			b = append(b, '\t')
-		}
-		b = strconv.AppendInt(b, v, 10)
-	}
-	b = append(b, '\n')
-	j.buf = b
-	return j.writeLocked(b)
+	j.buf = appendRecord(j.buf[:0], snapshotRecord(j.epoch, s))
+	return j.writeLocked(j.buf)
 }
 
 // Rotate starts a new epoch and returns the one before it: grants from now
@@ -561,8 +448,8 @@ func (j *Journal) Ack(b ratelimit.ReplayBatch, r ratelimit.ReplayResult) {
 			return
 		}
 	}
-	line := "A\t" + strconv.FormatUint(epoch, 10) + "\t" + b.Policy.Name + "\t" + b.Policy.Fingerprint() + "\t" + hex.EncodeToString(b.Identity[:]) + "\n"
-	if err := j.writeLocked([]byte(line)); err != nil {
+	line := appendRecord(nil, record{kind: 'A', epoch: epoch, policy: b.Policy, fingerprint: b.Policy.Fingerprint(), identity: b.Identity})
+	if err := j.writeLocked(line); err != nil {
 		j.log.Error("journal: write ack", "err", err)
 	}
 }
