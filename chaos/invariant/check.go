@@ -1,6 +1,7 @@
 package invariant
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -239,10 +240,10 @@ func KeyGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
 	}
 	sorted := slices.Clone(reqs)
 	slices.SortStableFunc(sorted, func(a, b Request) int {
-		if c := cmpInt(a.send(), b.send()); c != 0 {
+		if c := cmp.Compare(a.send(), b.send()); c != 0 {
 			return c
 		}
-		return cmpInt(a.recv(), b.recv())
+		return cmp.Compare(a.recv(), b.recv())
 	})
 	ps := spans(phases)
 	actual := make([]int, len(ps))

@@ -1,6 +1,7 @@
 package invariant
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -20,21 +21,11 @@ func brackets(reqs []Request) []bracket {
 	}
 	slices.SortFunc(out, func(a, b bracket) int {
 		if a.send != b.send {
-			return cmpInt(a.send, b.send)
+			return cmp.Compare(a.send, b.send)
 		}
-		return cmpInt(a.recv, b.recv)
+		return cmp.Compare(a.recv, b.recv)
 	})
 	return out
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // KeyOverAdmission is the over-admission ratio of one key's requests per
