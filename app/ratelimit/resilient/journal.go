@@ -59,8 +59,12 @@ type Journal struct {
 	dirty    bool
 
 	stats journalStats
-	stop  chan struct{}
-	done  chan struct{}
+	// grants, when set, counts every grant Append is given, journaled or
+	// not (the limiter's local_grants), under mu, so that Snapshot reads it
+	// and the journal's counters at one instant.
+	grants *atomic.Uint64
+	stop   chan struct{}
+	done   chan struct{}
 }
 
 type journalStats struct {
@@ -315,6 +319,9 @@ func (j *Journal) putSnapLocked(s Snapshot) {
 func (j *Journal) Append(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if j.grants != nil {
+		j.grants.Add(uint64(g.Cost))
+	}
 	if j.size >= j.max {
 		if j.stats.overflow.Add(uint64(g.Cost)) == uint64(g.Cost) {
 			j.log.Error("journal full: local grants are no longer journaled", "max", j.max)
@@ -463,21 +470,33 @@ func (j *Journal) Len() int {
 
 // Stats returns the counters.
 func (j *Journal) Stats() JournalStats {
+	s, _ := j.snapshot()
+	return s
+}
+
+// snapshot returns the counters and, read at the same instant, the grants
+// counter (0 without one): a grant is in both or in neither.
+func (j *Journal) snapshot() (JournalStats, uint64) {
 	j.mu.Lock()
+	var grants uint64
+	if j.grants != nil {
+		grants = j.grants.Load()
+	}
 	pending, epoch := uint64(0), j.epoch
 	for _, b := range j.batches {
 		for _, g := range b.grants {
 			pending += uint64(g.Cost)
 		}
 	}
-	j.mu.Unlock()
 	s := &j.stats
-	return JournalStats{
+	out := JournalStats{
 		Granted: s.granted.Load(), Reloaded: s.reloaded.Load(), Overflow: s.overflow.Load(),
 		Replayed: s.replayed.Load(), Present: s.present.Load(), Dropped: s.dropped.Load(),
 		DuplicateUnits: s.dupUnits.Load(), Duplicates: s.duplicates.Load(),
 		Pending: pending, Corrupt: s.corrupt.Load(), WriteErrors: s.writeErrors.Load(), Epoch: epoch,
 	}
+	j.mu.Unlock()
+	return out, grants
 }
 
 // each calls fn for every grant held, with the key's snapshot if one was

@@ -226,6 +226,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	if l.journal, err = OpenJournal(cfg.JournalDir, cfg.Instance, cfg.JournalMax, cfg.Logger); err != nil {
 		return nil, fmt.Errorf("resilient: %w", err)
 	}
+	l.journal.grants = &l.stats.localGrants
 	if l.journal.Len() > 0 {
 		l.journal.each(func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *Snapshot) {
 			e := l.entry(l.keyOfIdentity(p, id))
@@ -401,7 +402,8 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 		l.mu.Unlock()
 	}
 	if d.Allowed {
-		l.stats.localGrants.Add(uint64(req.Units()))
+		// The journal counts the grant in localGrants too, under its lock
+		// (see Status).
 		// Journaled before the response is sent; a full journal or a
 		// failed write is counted and logged by the journal itself.
 		_ = l.journal.Append(p, id, ratelimit.Grant{At: now, Cost: req.Units(), ID: req.ID})
@@ -687,6 +689,10 @@ func (l *Limiter) Status() Status {
 	l.mu.Lock()
 	n := l.keys.Len()
 	l.mu.Unlock()
+	// local_grants and the journal's counters at one instant: read apart,
+	// a grant made between the two reads was in one and not the other, and
+	// a killed instance's last status then disagreed with its journal file.
+	journal, grants := l.journal.snapshot()
 	return Status{
 		Instance:        l.cfg.Instance,
 		Breaker:         l.br.State().String(),
@@ -696,7 +702,7 @@ func (l *Limiter) Status() Status {
 		FleetSize:       l.fleetSize(),
 		StoreDecisions:  l.stats.storeDecisions.Load(),
 		LocalDecisions:  l.stats.localDecisions.Load(),
-		LocalGrants:     l.stats.localGrants.Load(),
+		LocalGrants:     grants,
 		StoreFailures:   l.stats.failures.Load(),
 		FailedDecisions: l.stats.failedDecisions.Load(),
 		Keys:            n,
@@ -704,7 +710,7 @@ func (l *Limiter) Status() Status {
 		LastRecovery:    l.lastRecovery.Load(),
 		ClockOffsetUS:   l.offset.Load(),
 		Restores:        l.restores.Load(),
-		Journal:         l.journal.Stats(),
+		Journal:         journal,
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -623,4 +624,43 @@ func (s *nullStore) Replay(_ context.Context, b []ratelimit.ReplayBatch) ([]rate
 		errs[i] = s.err()
 	}
 	return make([]ratelimit.ReplayResult, len(b)), errs
+}
+
+// TestStatusIsOneInstant: local_grants and the journal's counters are read
+// at one instant, so every grant is in both or in neither, however busy
+// the instance (a killed instance's last status is compared with what its
+// successor finds in the journal file).
+func TestStatusIsOneInstant(t *testing.T) {
+	f := &nullStore{}
+	f.down.Store(true)
+	l, err := resilient.New(f, resilient.Config{Instance: "instant", FailureThreshold: 1, JournalMax: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1_000_000, Window: time.Second}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _ = l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: fmt.Sprintf("k%d-%d", g, i%50)})
+			}
+		})
+	}
+	for range 2000 {
+		s := l.Status()
+		if s.LocalGrants != s.Journal.Granted+s.Journal.Overflow {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("local_grants %d, but the journal granted %d and overflowed %d at the same instant", s.LocalGrants, s.Journal.Granted, s.Journal.Overflow)
+		}
+	}
+	close(stop)
+	wg.Wait()
 }
