@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,12 +27,13 @@ var (
 	replayWindowLogLua string
 )
 
-// replayScripts holds one replay script per algorithm.
+// replayScripts holds one replay script per algorithm: the algorithm's
+// fold of one key, then the loop over the call's keys (lua/replay.lua).
 var replayScripts = map[ratelimit.Algorithm]*redis.Script{
-	ratelimit.TokenBucket:          redis.NewScript(commonLua + replayLua + replayTokenBucketLua),
-	ratelimit.GCRA:                 redis.NewScript(commonLua + replayLua + replayGCRALua),
-	ratelimit.SlidingWindowCounter: redis.NewScript(commonLua + replayLua + replayWindowCounterLua),
-	ratelimit.SlidingWindowLog:     redis.NewScript(commonLua + replayLua + replayWindowLogLua),
+	ratelimit.TokenBucket:          redis.NewScript(commonLua + replayTokenBucketLua + replayLua),
+	ratelimit.GCRA:                 redis.NewScript(commonLua + replayGCRALua + replayLua),
+	ratelimit.SlidingWindowCounter: redis.NewScript(commonLua + replayWindowCounterLua + replayLua),
+	ratelimit.SlidingWindowLog:     redis.NewScript(commonLua + replayWindowLogLua + replayLua),
 }
 
 // MarkerTTL is how long a replay's idempotency marker lives: longer than any
@@ -44,20 +46,54 @@ func (l *Limiter) MarkerKey(b ratelimit.ReplayBatch) string {
 	return l.tag(b.Identity) + ":replay:" + b.Marker + ":" + b.Policy.Name + ":" + b.Policy.Fingerprint() + ":" + fmt.Sprintf("%x", b.Identity[:16])
 }
 
-// MaxReplayGrants bounds the grants one replay script call folds in: a
-// batch with more (a hot key's whole outage) is sent as several calls, in
-// order, each with a marker of its own, so no single call holds Redis for
-// long (about 2.5 µs of Lua per grant) and the other instances' decisions
-// are served between them.
+// MaxReplayGrants bounds the grants one replay script call folds in (about
+// 2.5 µs of Lua each), so no single call holds Redis for long and the other
+// instances' decisions are served between calls. A batch with more (a hot
+// key's whole outage) is sent as several parts, in order, each with a
+// marker of its own.
 const MaxReplayGrants = 1000
 
-// Replay folds journaled batches into Redis, one script call per batch (per
-// MaxReplayGrants grants of a batch), sent in one pipeline on the replay
-// client. results[i] is valid where errs[i] is nil. A marker per call makes
-// each apply at most once: a batch already applied comes back with
-// Duplicate set and changes nothing; a batch of which only some calls had
-// been applied (a pipeline that failed part-way) applies the rest and
-// reports the others' units as DuplicateUnits.
+// markerField splits a batch's marker ("<instance>:<epoch>[/part]") into
+// the hash field that lists the instance's markers applied to a key and the
+// token listed there.
+func markerField(marker string) (field, token string) {
+	i := strings.LastIndexByte(marker, ':')
+	if i < 0 {
+		return "m:" + marker, "1"
+	}
+	return "m:" + marker[:i], marker[i+1:]
+}
+
+// maxReplayKeys bounds the keys one replay script call carries.
+const maxReplayKeys = 128
+
+// replayPart is one batch's grants (or a MaxReplayGrants slice of them)
+// with the keys they go to.
+type replayPart struct {
+	batch       int
+	state, mark string // the keys
+	marker      string // the batch's (part's) marker
+	policy      ratelimit.Policy
+	grants      []ratelimit.Grant
+	units       int64
+}
+
+// replayCall is one script call: parts of one algorithm and one hash tag.
+type replayCall struct {
+	parts  []replayPart
+	grants int
+	cmd    *redis.Cmd
+}
+
+// Replay folds journaled batches into Redis in one pipeline on the replay
+// client. results[i] is valid where errs[i] is nil. The batches of one
+// algorithm and hash tag (one Cluster slot) go in shared script calls of at
+// most maxReplayKeys keys and MaxReplayGrants grants, so a replay of many
+// keys costs Redis one call per few dozen keys. A marker per batch (per
+// part of a batch) makes each apply at most once: a batch already applied
+// comes back with Duplicate set and changes nothing; a batch of which only
+// some parts had been applied (a pipeline that failed part-way) applies the
+// rest and reports the others' units as DuplicateUnits.
 func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (results []ratelimit.ReplayResult, errs []error) {
 	results = make([]ratelimit.ReplayResult, len(batches))
 	errs = make([]error, len(batches))
@@ -65,12 +101,6 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 	if l.replayClient != nil {
 		client = l.replayClient
 	}
-	type call struct {
-		batch int
-		units int64
-		cmd   *redis.Cmd
-	}
-	var calls []call
 	var now int64
 	if l.now != nil {
 		now = l.now().UnixMicro()
@@ -86,32 +116,61 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 		}
 		pipe = c.Pipeline()
 	}
+	type group struct {
+		alg ratelimit.Algorithm
+		tag string
+	}
+	// One Redis (a *redis.Client, Sentinel's included) runs a script over
+	// keys of any slot; a Cluster or a Ring needs one slot per call.
+	_, oneNode := client.(*redis.Client)
+	open := map[group]*replayCall{} // the call each group is filling
+	var calls []*replayCall
 	for i, b := range batches {
 		if err := b.Policy.Validate(); err != nil {
 			errs[i] = err
 			continue
 		}
 		ratelimit.SortGrants(b.Grants)
-		s := replayScripts[b.Policy.Algorithm]
-		key := l.keyOf(b.Policy, b.Identity)
-		chunks := (len(b.Grants) + MaxReplayGrants - 1) / MaxReplayGrants
-		for c := range chunks {
-			grants := b.Grants[c*MaxReplayGrants : min(len(b.Grants), (c+1)*MaxReplayGrants)]
-			marked := b
-			if chunks > 1 {
-				marked.Marker = b.Marker + "/" + strconv.Itoa(c)
-			}
-			args := make([]any, 0, 6+3*len(grants))
-			args = append(args, now, b.Policy.Limit, b.Policy.WindowMicros(), b.Policy.Capacity(), MarkerTTL.Milliseconds(), len(grants))
-			var units int64
-			for _, g := range grants {
-				args = append(args, g.At, g.Cost, g.ID)
-				units += g.Cost
-			}
-			// EVALSHA in the pipeline; scripts are loaded first (below).
-			calls = append(calls, call{batch: i, units: units,
-				cmd: s.EvalSha(ctx, pipe, []string{key, l.MarkerKey(marked)}, args...)})
+		grp := group{alg: b.Policy.Algorithm}
+		if !oneNode {
+			grp.tag = l.tag(b.Identity)
 		}
+		state := l.keyOf(b.Policy, b.Identity)
+		parts := (len(b.Grants) + MaxReplayGrants - 1) / MaxReplayGrants
+		for p := range parts {
+			grants := b.Grants[p*MaxReplayGrants : min(len(b.Grants), (p+1)*MaxReplayGrants)]
+			marked := b
+			if parts > 1 {
+				marked.Marker = b.Marker + "/" + strconv.Itoa(p)
+			}
+			part := replayPart{batch: i, state: state, mark: l.MarkerKey(marked), marker: marked.Marker, policy: b.Policy, grants: grants}
+			for _, g := range grants {
+				part.units += g.Cost
+			}
+			c := open[grp]
+			if c == nil || len(c.parts) == maxReplayKeys || c.grants+len(grants) > MaxReplayGrants {
+				c = &replayCall{}
+				open[grp] = c
+				calls = append(calls, c)
+			}
+			c.parts = append(c.parts, part)
+			c.grants += len(grants)
+		}
+	}
+	for _, c := range calls {
+		keys := make([]string, 0, 2*len(c.parts))
+		args := make([]any, 0, 3+4*len(c.parts)+3*c.grants)
+		args = append(args, now, MarkerTTL.Milliseconds(), len(c.parts))
+		for _, p := range c.parts {
+			keys = append(keys, p.state, p.mark)
+			field, token := markerField(p.marker)
+			args = append(args, p.policy.Limit, p.policy.WindowMicros(), p.policy.Capacity(), field, token, len(p.grants))
+			for _, g := range p.grants {
+				args = append(args, g.At, g.Cost, g.ID)
+			}
+		}
+		// EVALSHA in the pipeline; scripts are loaded first (below).
+		c.cmd = replayScripts[c.parts[0].policy.Algorithm].EvalSha(ctx, pipe, keys, args...)
 	}
 	if err := loadReplayScripts(ctx, client); err != nil {
 		for i := range errs {
@@ -125,33 +184,38 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 	if len(calls) > 0 {
 		_, _ = pipe.Exec(ctx)
 	}
-	// A batch's calls are consecutive: fold their results into one.
+	// Fold each batch's parts into one result.
 	dup := make([]bool, len(batches))
 	for i := range dup {
 		dup[i] = true
 	}
 	for _, c := range calls {
-		if errs[c.batch] != nil {
-			continue
-		}
 		res, err := c.cmd.Slice()
-		if err != nil {
-			errs[c.batch] = classify(ctx, err)
-			continue
+		if err == nil && len(res) != 4*len(c.parts) {
+			err = fmt.Errorf("%w: replay reply of %d elements for %d batches", ratelimit.ErrBadReply, len(res), len(c.parts))
 		}
-		r, err := parseReplay(res)
-		if err != nil {
-			errs[c.batch] = err
-			continue
-		}
-		t := &results[c.batch]
-		if r.Duplicate {
-			t.DuplicateUnits += c.units
-		} else {
-			dup[c.batch] = false
-			t.Replayed += r.Replayed
-			t.Dropped += r.Dropped
-			t.Present += r.Present
+		for j, p := range c.parts {
+			if errs[p.batch] != nil {
+				continue
+			}
+			if err != nil {
+				errs[p.batch] = classify(ctx, err)
+				continue
+			}
+			r, err := parseReplay(res[4*j : 4*j+4])
+			if err != nil {
+				errs[p.batch] = err
+				continue
+			}
+			t := &results[p.batch]
+			if r.Duplicate {
+				t.DuplicateUnits += p.units
+			} else {
+				dup[p.batch] = false
+				t.Replayed += r.Replayed
+				t.Dropped += r.Dropped
+				t.Present += r.Present
+			}
 		}
 	}
 	for i := range results {

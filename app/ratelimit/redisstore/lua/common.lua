@@ -2,6 +2,9 @@
 -- (0: take the time from redis TIME, the production path).
 -- All arithmetic stays integral and below 2^53, so float64 Lua agrees with
 -- the Go twins (package ratelimit) to the bit.
+-- Keys outlive the time their state matters by this much (ms).
+local margin_ms = 1000
+
 local function now_us()
   local n = tonumber(ARGV[1])
   if n and n > 0 then return n end
@@ -43,3 +46,21 @@ local function counter_state(key, start, window)
   return 0, 0
 end
 
+
+-- Replay markers kept in a key's own hash (the token bucket's, GCRA's and
+-- the counter's): field mfield ("m:<instance>") lists the last few markers
+-- (epochs) of that instance's batches applied to the key, so a batch sent
+-- again is recognised without a marker key of its own. The list dies with
+-- the key, when its usage no longer matters.
+local function marked(list, token)
+  return list ~= nil and list ~= false and string.find(' ' .. list .. ' ', ' ' .. token .. ' ', 1, true) ~= nil
+end
+
+local function mark(list, token)
+  if list == nil or list == false or list == '' then return token end
+  local kept = {}
+  for t in string.gmatch(list, '%S+') do kept[#kept + 1] = t end
+  while #kept >= 8 do table.remove(kept, 1) end
+  kept[#kept + 1] = token
+  return table.concat(kept, ' ')
+end

@@ -16,7 +16,6 @@ local function wunits(room, unit)
 end
 local elimit = fdiv(limit * wden, wnum)
 local key = KEYS[1]
-local margin_ms = 1000
 
 local function reply(allowed, remaining, reset, retry, now, tokens, tat, rem, ws, cur, prev, ages)
   local r = {allowed, remaining, reset, retry, now, tokens, tat, rem, ws, cur, prev}

@@ -1,22 +1,33 @@
--- Arguments and reply of the replay scripts (twins of ratelimit.*Replay).
--- KEYS: [1] the key's state  [2] the batch's idempotency marker (same slot)
--- ARGV: [1] now override  [2] limit  [3] window in µs  [4] capacity
---       [5] marker TTL in ms  [6] grant count, then per grant (sorted by
---       time): at µs, cost, request id
--- Reply: {replayed, dropped, present, duplicate}
--- The marker is checked and set in the same script as the state change, so a
+-- The replay scripts' main part, after the algorithm's fold (twins of
+-- ratelimit.*Replay). One call folds the batches of several keys (of one
+-- hash tag, so one Cluster slot, unless Redis is a single node), so a
+-- replay of many keys costs one script call per hundred keys or so.
+-- KEYS: per batch, [2i-1] the key's state and [2i] the batch's marker key
+--       (same slot; only the sliding window log's replay uses it)
+-- ARGV: [1] now override  [2] marker TTL in ms  [3] batch count, then per
+--       batch: limit, window in µs, capacity, marker field, marker token,
+--       grant count, and per grant (sorted by time): at µs, cost, request id
+-- Reply: per batch {replayed, dropped, present, duplicate}, flattened
+-- A batch's marker is set in the same script as its state change, so a
 -- batch sent twice (a retry after a failure mid-replay, a crash between the
 -- replay and the journal's clearing) is applied once.
-local limit, window, capacity = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local key, marker = KEYS[1], KEYS[2]
-local margin_ms = 1000
-if redis.call('EXISTS', marker) == 1 then return {0, 0, 0, 1} end
 local now = now_us()
-local grants = {}
-for i = 1, tonumber(ARGV[6]) do
-  local b = 7 + (i - 1) * 3
-  -- A grant stamped after now (a local clock ahead of Redis') counts now,
-  -- or it would lock the key until its stamp. Twin of ratelimit.clampGrant.
-  grants[i] = {at = math.min(num(ARGV[b], 'grant time'), now), cost = num(ARGV[b + 1], 'grant cost'), id = ARGV[b + 2]}
+local ttl = tonumber(ARGV[2])
+local reply = {}
+local a = 4
+for b = 1, tonumber(ARGV[3]) do
+  local limit, window, capacity = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local m = {field = ARGV[a + 3], token = ARGV[a + 4], key = KEYS[2 * b], ttl = ttl}
+  local n = tonumber(ARGV[a + 5])
+  a = a + 6
+  local grants = {}
+  for i = 1, n do
+    -- A grant stamped after now (a local clock ahead of Redis') counts now,
+    -- or it would lock the key until its stamp. Twin of ratelimit.clampGrant.
+    grants[i] = {at = math.min(num(ARGV[a], 'grant time'), now), cost = num(ARGV[a + 1], 'grant cost'), id = ARGV[a + 2]}
+    a = a + 3
+  end
+  local o = (b - 1) * 4
+  reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] = fold(KEYS[2 * b - 1], limit, window, capacity, now, grants, m)
 end
-redis.call('SET', marker, '1', 'PX', tonumber(ARGV[5]))
+return reply
