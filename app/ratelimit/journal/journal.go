@@ -1,4 +1,9 @@
-package resilient
+// Package journal records a rate limiter's local grants until its store has
+// them: in memory, grouped by outage epoch and key, and in an append-only
+// file that an instance killed during an outage reloads. The resilient
+// limiter journals every grant it makes while its store is out and replays
+// the journal (Pending, Ack) when the store is back.
+package journal
 
 import (
 	"bufio"
@@ -19,9 +24,9 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
 
-// ErrJournalFull: the journal holds its maximum of grants; the grant was
+// ErrFull: the journal holds its maximum of grants; the grant was
 // made but not journaled (counted as overflow).
-var ErrJournalFull = errors.New("resilient: journal full")
+var ErrFull = errors.New("journal: full")
 
 // Journal records every local grant until the store has it. Grants are kept
 // in memory, grouped by outage epoch and key, and, when a directory is set,
@@ -38,7 +43,7 @@ var ErrJournalFull = errors.New("resilient: journal full")
 //
 // One codec writes and reads every record (record.go; FuzzRecord checks
 // that it is symmetric). A torn or corrupt line (a crash mid-write, a
-// zero-filled tail) is skipped and counted (JournalStats.Corrupt), and the
+// zero-filled tail) is skipped and counted (Stats.Corrupt), and the
 // lines after it are still read (FuzzLoad). It is safe for concurrent use.
 type Journal struct {
 	instance string
@@ -58,16 +63,12 @@ type Journal struct {
 	buf      []byte
 	dirty    bool
 
-	stats journalStats
-	// grants, when set, counts every grant Append is given, journaled or
-	// not (the limiter's local_grants), under mu, so that Snapshot reads it
-	// and the journal's counters at one instant.
-	grants *atomic.Uint64
-	stop   chan struct{}
+	stats counters
+	stop  chan struct{}
 	done   chan struct{}
 }
 
-type journalStats struct {
+type counters struct {
 	granted, reloaded, overflow          atomic.Uint64
 	replayed, dropped, present, dupUnits atomic.Uint64
 	duplicates, corrupt, writeErrors     atomic.Uint64
@@ -120,11 +121,11 @@ type Snapshot struct {
 	Confirmed int64
 }
 
-// JournalStats are the journal's counters, in units (a grant of cost 3 is 3),
+// Stats are the journal's counters, in units (a grant of cost 3 is 3),
 // since this process started (Reloaded: found in the file at start).
 // Granted + Reloaded = Replayed + Present + Dropped + DuplicateUnits +
 // Pending; Overflow grants were made but could not be journaled.
-type JournalStats struct {
+type Stats struct {
 	Granted        uint64 `json:"granted"`
 	Reloaded       uint64 `json:"reloaded"`
 	Overflow       uint64 `json:"overflow"`
@@ -144,7 +145,7 @@ const journalFile = "journal.log"
 // OpenJournal opens (or creates) the journal in dir, reloading the grants it
 // holds; dir "" keeps the journal in memory only. max bounds the grants
 // held (0: one million).
-func OpenJournal(dir, instance string, max int, logger *slog.Logger) (*Journal, error) {
+func Open(dir, instance string, max int, logger *slog.Logger) (*Journal, error) {
 	if max <= 0 {
 		max = 1_000_000
 	}
@@ -313,20 +314,17 @@ func (j *Journal) putSnapLocked(s Snapshot) {
 	j.snaps[k] = snapEntry{policy: ref, state: s.State, valid: s.Valid, n: s.N, confirmed: s.Confirmed}
 }
 
-// Append journals a local grant. It returns ErrJournalFull (the grant is
+// Append journals a local grant. It returns ErrFull (the grant is
 // counted as overflow) when the journal is full, or the file's write error;
 // the grant stays in memory in the second case.
 func (j *Journal) Append(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.grants != nil {
-		j.grants.Add(uint64(g.Cost))
-	}
 	if j.size >= j.max {
 		if j.stats.overflow.Add(uint64(g.Cost)) == uint64(g.Cost) {
 			j.log.Error("journal full: local grants are no longer journaled", "max", j.max)
 		}
-		return ErrJournalFull
+		return ErrFull
 	}
 	j.addLocked(j.epoch, p, id, g)
 	j.stats.granted.Add(uint64(g.Cost))
@@ -367,7 +365,7 @@ func (j *Journal) AppendSnapshot(s Snapshot) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.size >= j.max {
-		return ErrJournalFull
+		return ErrFull
 	}
 	j.putSnapLocked(s)
 	if j.f == nil {
@@ -408,56 +406,60 @@ func (j *Journal) Pending(through uint64) []ratelimit.ReplayBatch {
 	return out
 }
 
-// Ack removes a batch the store applied (or refused as a duplicate) and
-// records it, so a restart does not replay it again.
-func (j *Journal) Ack(b ratelimit.ReplayBatch, r ratelimit.ReplayResult) {
-	epoch, err := strconv.ParseUint(b.Marker[strings.LastIndexByte(b.Marker, ':')+1:], 10, 64)
-	if err != nil {
-		return
-	}
+// Ack removes batches the store applied (or refused as duplicates), with
+// their results (results[i] for batches[i]), and records them in the file in
+// one write, so a restart does not replay them again.
+func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.ReplayResult) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	k := batchKey{epoch: epoch, policy: policyKey(b.Policy), identity: b.Identity}
-	held, ok := j.batches[k]
-	if !ok {
-		return
-	}
-	delete(j.batches, k)
-	j.size -= len(held.grants)
-	if r.Duplicate {
-		j.stats.duplicates.Add(1)
-		for _, g := range held.grants {
-			j.stats.dupUnits.Add(uint64(g.Cost))
+	j.buf = j.buf[:0]
+	for i, b := range batches {
+		epoch, err := strconv.ParseUint(b.Marker[strings.LastIndexByte(b.Marker, ':')+1:], 10, 64)
+		if err != nil {
+			continue
 		}
-	} else {
-		j.stats.replayed.Add(uint64(r.Replayed))
-		j.stats.dropped.Add(uint64(r.Dropped))
-		j.stats.present.Add(uint64(r.Present))
-		if r.DuplicateUnits > 0 {
-			// Part of the batch was applied by an earlier, failed send.
+		fp := b.Policy.Fingerprint()
+		k := batchKey{epoch: epoch, policy: b.Policy.Name + "/" + fp, identity: b.Identity}
+		held, ok := j.batches[k]
+		if !ok {
+			continue
+		}
+		delete(j.batches, k)
+		j.size -= len(held.grants)
+		if r := results[i]; r.Duplicate {
 			j.stats.duplicates.Add(1)
-			j.stats.dupUnits.Add(uint64(r.DuplicateUnits))
+			for _, g := range held.grants {
+				j.stats.dupUnits.Add(uint64(g.Cost))
+			}
+		} else {
+			j.stats.replayed.Add(uint64(r.Replayed))
+			j.stats.dropped.Add(uint64(r.Dropped))
+			j.stats.present.Add(uint64(r.Present))
+			if r.DuplicateUnits > 0 {
+				// Part of the batch was applied by an earlier, failed send.
+				j.stats.duplicates.Add(1)
+				j.stats.dupUnits.Add(uint64(r.DuplicateUnits))
+			}
 		}
+		j.buf = appendRecord(j.buf, record{kind: 'A', epoch: epoch, policy: b.Policy, fingerprint: fp, identity: b.Identity})
 	}
 	if j.size == len(j.snaps) {
-		// No grant left: the snapshots and policies go too.
+		// No grant left: the snapshots and policies go too, and the file
+		// starts afresh.
 		j.size = 0
 		clear(j.snaps)
 		clear(j.policies)
-	}
-	if j.f == nil {
-		return
-	}
-	if j.size == 0 {
-		// Nothing pending: start the file afresh.
-		if err := j.f.Truncate(0); err == nil {
-			j.writeEpochLocked()
-			return
+		if j.f != nil {
+			if err := j.f.Truncate(0); err == nil {
+				j.writeEpochLocked()
+				return
+			}
 		}
 	}
-	line := appendRecord(nil, record{kind: 'A', epoch: epoch, policy: b.Policy, fingerprint: b.Policy.Fingerprint(), identity: b.Identity})
-	if err := j.writeLocked(line); err != nil {
-		j.log.Error("journal: write ack", "err", err)
+	if len(j.buf) > 0 {
+		if err := j.writeLocked(j.buf); err != nil {
+			j.log.Error("journal: write ack", "err", err)
+		}
 	}
 }
 
@@ -468,41 +470,31 @@ func (j *Journal) Len() int {
 	return j.size - len(j.snaps)
 }
 
-// Stats returns the counters.
-func (j *Journal) Stats() JournalStats {
-	s, _ := j.snapshot()
-	return s
-}
-
-// snapshot returns the counters and, read at the same instant, the grants
-// counter (0 without one): a grant is in both or in neither.
-func (j *Journal) snapshot() (JournalStats, uint64) {
+// Stats returns the counters, read at one instant under the journal's lock:
+// a grant Append was given is in Granted or Overflow, and in Pending until
+// acknowledged, never in one and not the other.
+func (j *Journal) Stats() Stats {
 	j.mu.Lock()
-	var grants uint64
-	if j.grants != nil {
-		grants = j.grants.Load()
-	}
-	pending, epoch := uint64(0), j.epoch
+	defer j.mu.Unlock()
+	pending := uint64(0)
 	for _, b := range j.batches {
 		for _, g := range b.grants {
 			pending += uint64(g.Cost)
 		}
 	}
 	s := &j.stats
-	out := JournalStats{
+	return Stats{
 		Granted: s.granted.Load(), Reloaded: s.reloaded.Load(), Overflow: s.overflow.Load(),
 		Replayed: s.replayed.Load(), Present: s.present.Load(), Dropped: s.dropped.Load(),
 		DuplicateUnits: s.dupUnits.Load(), Duplicates: s.duplicates.Load(),
-		Pending: pending, Corrupt: s.corrupt.Load(), WriteErrors: s.writeErrors.Load(), Epoch: epoch,
+		Pending: pending, Corrupt: s.corrupt.Load(), WriteErrors: s.writeErrors.Load(), Epoch: j.epoch,
 	}
-	j.mu.Unlock()
-	return out, grants
 }
 
-// each calls fn for every grant held, with the key's snapshot if one was
+// Each calls fn for every grant held, with the key's snapshot if one was
 // journaled (for rebuilding budgets after a restart). fn runs without the
 // journal's lock.
-func (j *Journal) each(fn func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *Snapshot)) {
+func (j *Journal) Each(fn func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *Snapshot)) {
 	type item struct {
 		p  ratelimit.Policy
 		id ratelimit.Identity

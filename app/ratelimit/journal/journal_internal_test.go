@@ -1,4 +1,4 @@
-package resilient
+package journal
 
 import (
 	"testing"
@@ -10,7 +10,7 @@ import (
 // A failed write (a full disk, a lost volume) is counted, not dropped
 // silently: the grant stays in memory and the count shows in the stats.
 func TestJournalWriteErrorCounted(t *testing.T) {
-	j, err := OpenJournal(t.TempDir(), "app1", 0, nil)
+	j, err := Open(t.TempDir(), "app1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,24 +1,22 @@
-package resilient_test
+package journal_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 )
 
 var jp = ratelimit.Policy{Name: "j", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Minute}
 
 func TestJournalSurvivesReopen(t *testing.T) {
 	dir := t.TempDir()
-	j, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	j, err := journal.Open(dir, "app1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +36,7 @@ func TestJournalSurvivesReopen(t *testing.T) {
 	}
 	for _, p := range pending {
 		if p.Identity == b {
-			j.Ack(p, ratelimit.ReplayResult{Replayed: 1})
+			j.Ack([]ratelimit.ReplayBatch{p}, []ratelimit.ReplayResult{{Replayed: 1}})
 		}
 	}
 	if err := j.Close(); err != nil {
@@ -52,7 +50,7 @@ func TestJournalSurvivesReopen(t *testing.T) {
 	_, _ = f.WriteString("G\t1\tj\tsliding_window_log\t10\t600")
 	_ = f.Close()
 
-	j2, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	j2, err := journal.Open(dir, "app1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,15 +67,14 @@ func TestJournalSurvivesReopen(t *testing.T) {
 
 func TestJournalAckEmptiesTheFile(t *testing.T) {
 	dir := t.TempDir()
-	j, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	j, err := journal.Open(dir, "app1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer j.Close()
 	_ = j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: 1, Cost: 1, ID: "r1"})
-	for _, b := range j.Pending(j.Rotate()) {
-		j.Ack(b, ratelimit.ReplayResult{Replayed: 1})
-	}
+	pending := j.Pending(j.Rotate())
+	j.Ack(pending, make([]ratelimit.ReplayResult, len(pending)))
 	data, err := os.ReadFile(filepath.Join(dir, "journal.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -88,14 +85,14 @@ func TestJournalAckEmptiesTheFile(t *testing.T) {
 }
 
 func TestJournalOverflowIsCounted(t *testing.T) {
-	j, err := resilient.OpenJournal("", "app1", 2, nil)
+	j, err := journal.Open("", "app1", 2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer j.Close()
 	for i := range 5 {
 		err := j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: int64(i), Cost: 1, ID: "r"})
-		if (i >= 2) != (err == resilient.ErrJournalFull) {
+		if (i >= 2) != (err == journal.ErrFull) {
 			t.Fatalf("append %d: %v", i, err)
 		}
 	}
@@ -104,51 +101,12 @@ func TestJournalOverflowIsCounted(t *testing.T) {
 	}
 }
 
-// TestRestartDuringOutage: an instance stopped during an outage (its journal
-// left as a kill leaves it) comes back, does not hand out the share it had
-// already spent, and replays its grants before trusting the store.
-func TestRestartDuringOutage(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		f := newFakeStore()
-		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: time.Hour}
-		cfg := resilient.Config{Instance: "app1", JournalDir: dir, ExpectedInstances: 4}
-		first, err := resilient.New(f, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		f.down.Store(true)
-		if got := admit(t, first, p, "k", 40, ratelimit.ModeLocal); got != 25 {
-			t.Fatalf("first process: %d local grants, want a quarter of 100", got)
-		}
-		_ = first.Close(context.Background()) // the store is down: nothing replayed, nothing acknowledged
-
-		second := newLimiter(t, f, cfg)
-		if second.State() != resilient.Open {
-			t.Fatalf("restarted with a journal: %s, want open until replayed", second.State())
-		}
-		if got := admit(t, second, p, "k", 40, ratelimit.ModeLocal); got != 0 {
-			t.Fatalf("restarted: %d more local grants, want 0: the share was spent", got)
-		}
-		f.down.Store(false)
-		settle(2 * time.Second)
-		if second.State() != resilient.Closed {
-			t.Fatalf("%s, want closed after replay", second.State())
-		}
-		d, err := second.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
-		if err != nil || d.Mode != ratelimit.ModeRedis || d.Remaining != 74 {
-			t.Fatalf("after replay: %+v %v, want the store to hold the 25 grants (74 left)", d, err)
-		}
-	})
-}
-
 // A journal whose file ends in damage (a torn acknowledgement, a 2 MiB tail
 // of zeros without a newline, as a crash can leave it) opens, keeps the
 // records before and between the damage, and counts what it skipped.
 func TestJournalSkipsDamage(t *testing.T) {
 	dir := t.TempDir()
-	j, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	j, err := journal.Open(dir, "app1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +122,7 @@ func TestJournalSkipsDamage(t *testing.T) {
 	_, _ = f.WriteString("A\t5\tj\n") // a torn A record: 3 of its 5 fields
 	_, _ = f.WriteString(strings.Repeat("x", 200<<10) + "\n")
 	_ = f.Close()
-	j2, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	j2, err := journal.Open(dir, "app1", 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +135,7 @@ func TestJournalSkipsDamage(t *testing.T) {
 	_, _ = f.Write(make([]byte, 2<<20))
 	_ = f.Close()
 
-	j3, err := resilient.OpenJournal(dir, "app1", 0, nil)
+	j3, err := journal.Open(dir, "app1", 0, nil)
 	if err != nil {
 		t.Fatalf("open after damage: %v", err)
 	}
@@ -194,7 +152,7 @@ func TestJournalSkipsDamage(t *testing.T) {
 func TestJournalEpochsUniqueAcrossLifetimes(t *testing.T) {
 	markers := map[string]bool{}
 	for life := range 3 {
-		j, err := resilient.OpenJournal("", "app1", 0, nil)
+		j, err := journal.Open("", "app1", 0, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

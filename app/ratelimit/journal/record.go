@@ -1,4 +1,4 @@
-package resilient
+package journal
 
 import (
 	"encoding/hex"

@@ -1,4 +1,4 @@
-package resilient
+package journal
 
 import (
 	"io"
@@ -80,7 +80,7 @@ func FuzzLoad(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(dir, journalFile), content, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		j, err := OpenJournal(dir, "fuzz", 0, logger)
+		j, err := Open(dir, "fuzz", 0, logger)
 		if err != nil {
 			t.Fatalf("OpenJournal: %v", err)
 		}

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
@@ -581,4 +582,43 @@ func TestDecideBatchThroughOutage(t *testing.T) {
 	if err != nil || d.Mode != ratelimit.ModeRedis || d.Remaining != gcra.Capacity()-8 {
 		t.Errorf("GCRA after recovery: %+v, %v; want %d remaining (7 earlier grants and this one)", d, err, gcra.Capacity()-8)
 	}
+}
+
+// TestRestartDuringOutage: an instance stopped during an outage (its journal
+// left as a kill leaves it) comes back, does not hand out the share it had
+// already spent, and replays its grants before trusting the store.
+func TestRestartDuringOutage(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		f := newFakeStore()
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: time.Hour}
+		cfg := resilient.Config{Instance: "app1", JournalDir: dir, ExpectedInstances: 4}
+		first, err := resilient.New(f, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		f.down.Store(true)
+		if got := admit(t, first, p, "k", 40, ratelimit.ModeLocal); got != 25 {
+			t.Fatalf("first process: %d local grants, want a quarter of 100", got)
+		}
+		_ = first.Close(context.Background()) // the store is down: nothing replayed, nothing acknowledged
+
+		second := newLimiter(t, f, cfg)
+		if second.State() != resilient.Open {
+			t.Fatalf("restarted with a journal: %s, want open until replayed", second.State())
+		}
+		if got := admit(t, second, p, "k", 40, ratelimit.ModeLocal); got != 0 {
+			t.Fatalf("restarted: %d more local grants, want 0: the share was spent", got)
+		}
+		f.down.Store(false)
+		settle(2 * time.Second)
+		if second.State() != resilient.Closed {
+			t.Fatalf("%s, want closed after replay", second.State())
+		}
+		d, err := second.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+		if err != nil || d.Mode != ratelimit.ModeRedis || d.Remaining != 74 {
+			t.Fatalf("after replay: %+v %v, want the store to hold the 25 grants (74 left)", d, err)
+		}
+	})
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 )
 
 // Store is the shared store a Limiter wraps. *redisstore.Limiter satisfies
@@ -166,7 +167,7 @@ type Limiter struct {
 	cfg     Config
 	br      breaker
 	seeds   ratelimit.StateKeySeeds
-	journal *Journal
+	journal *journal.Journal
 	seq     atomic.Uint64
 	idBase  string
 	replay  sync.Mutex // one replay at a time
@@ -188,7 +189,7 @@ type Limiter struct {
 	policies map[ratelimit.Policy]*ratelimit.Policy // see policyRef
 
 	stats struct {
-		storeDecisions, localDecisions, localGrants atomic.Uint64
+		storeDecisions, localDecisions atomic.Uint64
 		failures, failedDecisions, evictions        atomic.Uint64
 	}
 	lastRecovery atomic.Pointer[time.Time]
@@ -223,12 +224,11 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		return nil, fmt.Errorf("resilient: %w", err)
 	}
 	l.keys = keys
-	if l.journal, err = OpenJournal(cfg.JournalDir, cfg.Instance, cfg.JournalMax, cfg.Logger); err != nil {
+	if l.journal, err = journal.Open(cfg.JournalDir, cfg.Instance, cfg.JournalMax, cfg.Logger); err != nil {
 		return nil, fmt.Errorf("resilient: %w", err)
 	}
-	l.journal.grants = &l.stats.localGrants
 	if l.journal.Len() > 0 {
-		l.journal.each(func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *Snapshot) {
+		l.journal.Each(func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *journal.Snapshot) {
 			e := l.entry(l.keyOfIdentity(p, id))
 			sh := share{n: float64(cfg.ExpectedInstances), factor: p.Factor()}
 			if s != nil {
@@ -397,13 +397,11 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 			// What this share started from, before its first grant, so a
 			// restart rebuilds it.
 			e.journaled = true
-			_ = l.journal.AppendSnapshot(Snapshot{Policy: p, Identity: id, State: e.snap, Valid: e.snapValid, N: e.n, Confirmed: e.confirmed})
+			_ = l.journal.AppendSnapshot(journal.Snapshot{Policy: p, Identity: id, State: e.snap, Valid: e.snapValid, N: e.n, Confirmed: e.confirmed})
 		}
 		l.mu.Unlock()
 	}
 	if d.Allowed {
-		// The journal counts the grant in localGrants too, under its lock
-		// (see Status).
 		// Journaled before the response is sent; a full journal or a
 		// failed write is counted and logged by the journal itself.
 		_ = l.journal.Append(p, id, ratelimit.Grant{At: now, Cost: req.Units(), ID: req.ID})
@@ -681,7 +679,7 @@ type Status struct {
 	Restores uint64 `json:"restores"`
 	// Journal reconciles local grants: Granted + Reloaded = Replayed +
 	// Present + Dropped + DuplicateUnits + Pending.
-	Journal JournalStats `json:"journal"`
+	Journal journal.Stats `json:"journal"`
 }
 
 // Status returns the current status.
@@ -689,10 +687,11 @@ func (l *Limiter) Status() Status {
 	l.mu.Lock()
 	n := l.keys.Len()
 	l.mu.Unlock()
-	// local_grants and the journal's counters at one instant: read apart,
-	// a grant made between the two reads was in one and not the other, and
-	// a killed instance's last status then disagreed with its journal file.
-	journal, grants := l.journal.snapshot()
+	// local_grants comes from the journal's counters, read at one instant:
+	// read apart, a grant made between two reads was in one and not the
+	// other, and a killed instance's last status then disagreed with its
+	// journal file.
+	js := l.journal.Stats()
 	return Status{
 		Instance:        l.cfg.Instance,
 		Breaker:         l.br.State().String(),
@@ -702,7 +701,7 @@ func (l *Limiter) Status() Status {
 		FleetSize:       l.fleetSize(),
 		StoreDecisions:  l.stats.storeDecisions.Load(),
 		LocalDecisions:  l.stats.localDecisions.Load(),
-		LocalGrants:     grants,
+		LocalGrants:     js.Granted + js.Overflow,
 		StoreFailures:   l.stats.failures.Load(),
 		FailedDecisions: l.stats.failedDecisions.Load(),
 		Keys:            n,
@@ -710,7 +709,7 @@ func (l *Limiter) Status() Status {
 		LastRecovery:    l.lastRecovery.Load(),
 		ClockOffsetUS:   l.offset.Load(),
 		Restores:        l.restores.Load(),
-		Journal:         journal,
+		Journal:         js,
 	}
 }
 
@@ -741,11 +740,12 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 }
 
 // send sends batches to the store in pipelines of ReplayBatch, each within
-// ReplayTimeout, and hands every acknowledged batch to ack as its result
-// comes back, so progress is kept per batch. It stops after the first
-// pipeline with a failed batch (the store is failing again; what is left
-// waits for the next pass) and returns how many were acknowledged.
-func (l *Limiter) send(ctx context.Context, batches []ratelimit.ReplayBatch, ack func(ratelimit.ReplayBatch, ratelimit.ReplayResult)) (int, error) {
+// ReplayTimeout, and hands each pipeline's acknowledged batches to ack, with
+// their results, as they come back, so progress is kept per batch. It stops
+// after the first pipeline with a failed batch (the store is failing again;
+// what is left waits for the next pass) and returns how many were
+// acknowledged.
+func (l *Limiter) send(ctx context.Context, batches []ratelimit.ReplayBatch, ack func([]ratelimit.ReplayBatch, []ratelimit.ReplayResult)) (int, error) {
 	var done int
 	for len(batches) > 0 {
 		chunk := batches[:min(len(batches), l.cfg.ReplayBatch)]
@@ -754,14 +754,16 @@ func (l *Limiter) send(ctx context.Context, batches []ratelimit.ReplayBatch, ack
 		results, errs := l.store.Replay(callCtx, chunk)
 		cancel()
 		var firstErr error
+		acked, ackedResults := chunk[:0:0], results[:0:0]
 		for i, b := range chunk {
 			if errs[i] != nil {
 				firstErr = cmp.Or(firstErr, errs[i])
 				continue
 			}
-			ack(b, results[i])
-			done++
+			acked, ackedResults = append(acked, b), append(ackedResults, results[i])
 		}
+		ack(acked, ackedResults)
+		done += len(acked)
 		if firstErr != nil {
 			return done, firstErr
 		}
@@ -807,7 +809,7 @@ func (l *Limiter) restore(ctx context.Context, gen string) error {
 	}
 	l.mu.Unlock()
 	l.cfg.Logger.Warn("Redis lost its data: restoring the usage the snapshots knew", "keys", len(batches))
-	if _, err := l.send(ctx, batches, func(ratelimit.ReplayBatch, ratelimit.ReplayResult) {}); err != nil {
+	if _, err := l.send(ctx, batches, func([]ratelimit.ReplayBatch, []ratelimit.ReplayResult) {}); err != nil {
 		return err
 	}
 	l.restores.Add(1)
