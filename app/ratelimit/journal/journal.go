@@ -58,7 +58,8 @@ type Journal struct {
 	// (bounded by the policies configured, not by clients); dropped when
 	// the journal empties.
 	policies map[ratelimit.Policy]*policyRef
-	size     int // grants held, plus snapshots (both count toward max)
+	size     int    // grants held, plus snapshots (both count toward max)
+	pending  uint64 // the units of the grants held
 	f        *os.File
 	buf      []byte
 	dirty    bool
@@ -142,7 +143,7 @@ type Stats struct {
 
 const journalFile = "journal.log"
 
-// OpenJournal opens (or creates) the journal in dir, reloading the grants it
+// Open opens (or creates) the journal in dir, reloading the grants it
 // holds; dir "" keeps the journal in memory only. max bounds the grants
 // held (0: one million).
 func Open(dir, instance string, max int, logger *slog.Logger) (*Journal, error) {
@@ -225,6 +226,7 @@ func (j *Journal) apply(line string, maxEpoch *uint64) bool {
 		k := batchKey{epoch: r.epoch, policy: r.policy.Name + "/" + r.fingerprint, identity: r.identity}
 		if b, ok := j.batches[k]; ok {
 			j.size -= len(b.grants)
+			j.pending -= units(b.grants)
 			delete(j.batches, k)
 		}
 	}
@@ -276,6 +278,15 @@ func readRecords(r io.Reader, fn func(line []byte)) error {
 // duplicate and its grants silently dropped.
 func epochNow() uint64 { return uint64(max(time.Now().UnixMicro(), 1)) }
 
+// units is the cost of grants.
+func units(grants []ratelimit.Grant) uint64 {
+	var n uint64
+	for _, g := range grants {
+		n += uint64(g.Cost)
+	}
+	return n
+}
+
 func policyKey(p ratelimit.Policy) string { return p.Name + "/" + p.Fingerprint() }
 
 // refLocked returns the journal's one copy of p.
@@ -300,6 +311,7 @@ func (j *Journal) addLocked(epoch uint64, p ratelimit.Policy, id ratelimit.Ident
 		g.ID = ""
 	}
 	b.grants = append(b.grants, g)
+	j.pending += uint64(g.Cost)
 	j.size++
 }
 
@@ -392,16 +404,29 @@ func (j *Journal) Rotate() uint64 {
 func (j *Journal) Pending(through uint64) []ratelimit.ReplayBatch {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	var out []ratelimit.ReplayBatch
+	n, grants := 0, 0
+	for k, b := range j.batches {
+		if k.epoch <= through {
+			n, grants = n+1, grants+len(b.grants)
+		}
+	}
+	// One array for every batch's grants (copies: the caller may sort
+	// them) and one marker string per epoch.
+	out := make([]ratelimit.ReplayBatch, 0, n)
+	all := make([]ratelimit.Grant, 0, grants)
+	markers := map[uint64]string{}
 	for k, b := range j.batches {
 		if k.epoch > through {
 			continue
 		}
-		out = append(out, ratelimit.ReplayBatch{
-			Policy: b.policy.p, Identity: k.identity,
-			Marker: j.instance + ":" + strconv.FormatUint(k.epoch, 10),
-			Grants: append([]ratelimit.Grant(nil), b.grants...),
-		})
+		m, ok := markers[k.epoch]
+		if !ok {
+			m = j.instance + ":" + strconv.FormatUint(k.epoch, 10)
+			markers[k.epoch] = m
+		}
+		start := len(all)
+		all = append(all, b.grants...)
+		out = append(out, ratelimit.ReplayBatch{Policy: b.policy.p, Identity: k.identity, Marker: m, Grants: all[start:len(all):len(all)]})
 	}
 	return out
 }
@@ -426,6 +451,7 @@ func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.Repla
 		}
 		delete(j.batches, k)
 		j.size -= len(held.grants)
+		j.pending -= units(held.grants)
 		if r := results[i]; r.Duplicate {
 			j.stats.duplicates.Add(1)
 			for _, g := range held.grants {
@@ -476,18 +502,12 @@ func (j *Journal) Len() int {
 func (j *Journal) Stats() Stats {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	pending := uint64(0)
-	for _, b := range j.batches {
-		for _, g := range b.grants {
-			pending += uint64(g.Cost)
-		}
-	}
 	s := &j.stats
 	return Stats{
 		Granted: s.granted.Load(), Reloaded: s.reloaded.Load(), Overflow: s.overflow.Load(),
 		Replayed: s.replayed.Load(), Present: s.present.Load(), Dropped: s.dropped.Load(),
 		DuplicateUnits: s.dupUnits.Load(), Duplicates: s.duplicates.Load(),
-		Pending: pending, Corrupt: s.corrupt.Load(), WriteErrors: s.writeErrors.Load(), Epoch: j.epoch,
+		Pending: j.pending, Corrupt: s.corrupt.Load(), WriteErrors: s.writeErrors.Load(), Epoch: j.epoch,
 	}
 }
 

@@ -82,15 +82,23 @@ func FuzzLoad(f *testing.F) {
 		}
 		j, err := Open(dir, "fuzz", 0, logger)
 		if err != nil {
-			t.Fatalf("OpenJournal: %v", err)
+			t.Fatalf("Open: %v", err)
 		}
 		defer j.Close()
-		found := false
+		found, units := false, uint64(0)
 		for _, b := range j.Pending(^uint64(0)) {
 			found = found || b.Identity == last.identity
+			for _, g := range b.Grants {
+				units += uint64(g.Cost)
+			}
 		}
 		if !found {
 			t.Fatalf("the grant after %d bytes of damage was not read", len(data))
+		}
+		// Stats keeps Pending as a running count (read on every /status):
+		// it must agree with the grants held, whatever the file held.
+		if s := j.Stats(); s.Pending != units || s.Reloaded != units {
+			t.Fatalf("stats pending %d, reloaded %d; the batches hold %d", s.Pending, s.Reloaded, units)
 		}
 	})
 }

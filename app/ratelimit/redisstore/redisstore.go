@@ -125,7 +125,11 @@ func New(client redis.Scripter, opts ...Option) *Limiter {
 }
 
 func (l *Limiter) tag(sum [32]byte) string {
-	return "{" + l.prefix + ":" + fmt.Sprintf("%04d", binary.BigEndian.Uint16(sum[16:18])%TagBuckets) + "}"
+	n := binary.BigEndian.Uint16(sum[16:18]) % TagBuckets
+	b := make([]byte, 0, len(l.prefix)+8)
+	b = append(append(append(b, '{'), l.prefix...), ':')
+	b = append(b, byte('0'+n/1000), byte('0'+n/100%10), byte('0'+n/10%10), byte('0'+n%10), '}')
+	return string(b)
 }
 
 // Key returns the Redis key holding policy p's state for identity: the
@@ -136,7 +140,12 @@ func (l *Limiter) Key(p ratelimit.Policy, identity string) string {
 }
 
 func (l *Limiter) keyOf(p ratelimit.Policy, id ratelimit.Identity) string {
-	return l.tag(id) + ":" + p.Name + ":" + p.Fingerprint() + ":" + base64.RawURLEncoding.EncodeToString(id[:16])
+	return l.keyWith(p.Name, p.Fingerprint(), id)
+}
+
+// keyWith is keyOf with the policy's fingerprint computed.
+func (l *Limiter) keyWith(name, fingerprint string, id ratelimit.Identity) string {
+	return l.tag(id) + ":" + name + ":" + fingerprint + ":" + base64.RawURLEncoding.EncodeToString(id[:16])
 }
 
 // Decide makes one decision in one round trip.

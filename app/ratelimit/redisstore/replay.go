@@ -123,7 +123,8 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 	// One Redis (a *redis.Client, Sentinel's included) runs a script over
 	// keys of any slot; a Cluster or a Ring needs one slot per call.
 	_, oneNode := client.(*redis.Client)
-	open := map[group]*replayCall{} // the call each group is filling
+	open := map[group]*replayCall{}
+	fingerprints := map[ratelimit.Policy]string{} // the call each group is filling
 	var calls []*replayCall
 	for i, b := range batches {
 		if err := b.Policy.Validate(); err != nil {
@@ -135,7 +136,12 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 		if !oneNode {
 			grp.tag = l.tag(b.Identity)
 		}
-		state := l.keyOf(b.Policy, b.Identity)
+		fp, ok := fingerprints[b.Policy]
+		if !ok {
+			fp = b.Policy.Fingerprint()
+			fingerprints[b.Policy] = fp
+		}
+		state := l.keyWith(b.Policy.Name, fp, b.Identity)
 		parts := (len(b.Grants) + MaxReplayGrants - 1) / MaxReplayGrants
 		for p := range parts {
 			grants := b.Grants[p*MaxReplayGrants : min(len(b.Grants), (p+1)*MaxReplayGrants)]
@@ -143,7 +149,13 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 			if parts > 1 {
 				marked.Marker = b.Marker + "/" + strconv.Itoa(p)
 			}
-			part := replayPart{batch: i, state: state, mark: l.MarkerKey(marked), marker: marked.Marker, policy: b.Policy, grants: grants}
+			// Only the sliding window log keeps its marker in a key of its
+			// own; the others' is a field of the state's hash.
+			mark := state
+			if b.Policy.Algorithm == ratelimit.SlidingWindowLog {
+				mark = l.MarkerKey(marked)
+			}
+			part := replayPart{batch: i, state: state, mark: mark, marker: marked.Marker, policy: b.Policy, grants: grants}
 			for _, g := range grants {
 				part.units += g.Cost
 			}

@@ -66,12 +66,13 @@ type breaker struct {
 
 func (b *breaker) State() State { return State(b.state.Load()) }
 
-// success resets the failure count of a closed breaker.
+// success records that the store answered, and resets the failure count of
+// a closed breaker.
 func (b *breaker) success() {
+	b.lastSuccess.Store(b.now().UnixMicro())
 	if b.State() != Closed {
 		return
 	}
-	b.lastSuccess.Store(b.now().UnixMicro())
 	if b.failures.Load() != 0 {
 		b.failures.Store(0)
 	}
@@ -101,7 +102,8 @@ func (b *breaker) done() { b.probing.Store(false) }
 // failure counts a failed call (timeout: it outlived its deadline); the
 // threshold-th consecutive one opens a closed breaker, for a timeout only if
 // nothing succeeded for slowWindow. A failure while recovering reopens it at
-// once.
+// once, but for a timeout while the store answers other calls (it is busy
+// with the fleet's replays, say): slow, not dead.
 func (b *breaker) failure(reason string, timeout bool) {
 	switch b.State() {
 	case Closed:
@@ -118,6 +120,9 @@ func (b *breaker) failure(reason string, timeout bool) {
 			b.setLocked(Open, reason)
 		}
 	case Recovering:
+		if timeout && b.now().UnixMicro()-b.lastSuccess.Load() < b.slowWindow.Microseconds() {
+			return
+		}
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		if b.State() == Recovering {

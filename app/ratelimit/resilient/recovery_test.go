@@ -622,3 +622,29 @@ func TestRestartDuringOutage(t *testing.T) {
 		}
 	})
 }
+
+// TestRecoveryDoesNotBounceOnASlowHeartbeat: while the fleet replays, Redis
+// is busy with the other instances' pipelines and a heartbeat can outlive
+// its 50 ms. The store has just taken this instance's replay: it is slow,
+// not dead, and the breaker goes on to close instead of reopening (a
+// bounce, seen on the native stack's 100k-key drain).
+func TestRecoveryDoesNotBounceOnASlowHeartbeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		f.live.Store(1)
+		l := newLimiter(t, f, resilient.Config{})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: time.Minute}
+		f.down.Store(true)
+		admit(t, l, p, "k", 3, ratelimit.ModeLocal)
+		settle(time.Second)
+		if l.State() != resilient.Open {
+			t.Fatalf("%s, want open", l.State())
+		}
+		f.slowBeats.Store(2)
+		f.down.Store(false)
+		settle(3 * time.Second)
+		if st := l.Status(); st.Breaker != "closed" || st.Opens != 1 || st.Journal.Pending != 0 {
+			t.Fatalf("breaker %s after %d openings, %d pending: want closed, opened once, journal empty", st.Breaker, st.Opens, st.Journal.Pending)
+		}
+	})
+}

@@ -580,6 +580,7 @@ func (l *Limiter) probe(ctx context.Context) {
 	if !l.br.set(Open, Recovering, "probe succeeded") {
 		return
 	}
+	l.br.success()
 	callCtx, cancel = context.WithTimeout(ctx, l.cfg.Timeout)
 	gen, err := l.store.Generation(callCtx)
 	cancel()
@@ -764,6 +765,9 @@ func (l *Limiter) send(ctx context.Context, batches []ratelimit.ReplayBatch, ack
 		}
 		ack(acked, ackedResults)
 		done += len(acked)
+		if len(acked) > 0 {
+			l.br.success() // the store answers: a timeout meanwhile is a busy store
+		}
 		if firstErr != nil {
 			return done, firstErr
 		}

@@ -27,6 +27,7 @@ type fakeStore struct {
 	gen         atomic.Pointer[string]
 	down, hang  atomic.Bool
 	failReplay  atomic.Bool
+	slowBeats   atomic.Int64 // heartbeats left that outlive their deadline (a store busy with other instances' replays)
 	live, susp  atomic.Int64
 	lastRequest atomic.Pointer[ratelimit.Request]
 	// skew is the store's clock minus the local one, µs.
@@ -65,6 +66,10 @@ func newFakeStore() *fakeStore {
 		HeartbeatFunc: func(ctx context.Context, _ string, _, _ time.Duration) (ratelimit.Fleet, error) {
 			if f.down.Load() || f.hang.Load() {
 				return ratelimit.Fleet{}, fail(ctx)
+			}
+			if f.slowBeats.Add(-1) >= 0 {
+				<-ctx.Done()
+				return ratelimit.Fleet{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
 			}
 			return ratelimit.Fleet{Live: int(f.live.Load()), Suspect: int(f.susp.Load()), Generation: *f.gen.Load(),
 				Now: time.Now().UnixMicro() + f.skew.Load()}, nil

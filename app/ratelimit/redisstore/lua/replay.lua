@@ -15,19 +15,23 @@ local now = now_us()
 local ttl = tonumber(ARGV[2])
 local reply = {}
 local a = 4
+-- One set of arrays for every batch: a batch's grants are at[1..n] (the
+-- entries past n are a longer earlier batch's, never read).
+local at, cost, id = {}, {}, {}
 for b = 1, tonumber(ARGV[3]) do
   local limit, window, capacity = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local m = {field = ARGV[a + 3], token = ARGV[a + 4], key = KEYS[2 * b], ttl = ttl}
-  local n = tonumber(ARGV[a + 5])
+  local mfield, mtoken, n = ARGV[a + 3], ARGV[a + 4], tonumber(ARGV[a + 5])
   a = a + 6
-  local grants = {}
   for i = 1, n do
     -- A grant stamped after now (a local clock ahead of Redis') counts now,
     -- or it would lock the key until its stamp. Twin of ratelimit.clampGrant.
-    grants[i] = {at = math.min(num(ARGV[a], 'grant time'), now), cost = num(ARGV[a + 1], 'grant cost'), id = ARGV[a + 2]}
+    at[i] = math.min(num(ARGV[a], 'grant time'), now)
+    cost[i] = num(ARGV[a + 1], 'grant cost')
+    id[i] = ARGV[a + 2]
     a = a + 3
   end
   local o = (b - 1) * 4
-  reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] = fold(KEYS[2 * b - 1], limit, window, capacity, now, grants, m)
+  reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] =
+    fold(KEYS[2 * b - 1], limit, window, capacity, now, n, at, cost, id, mfield, mtoken, KEYS[2 * b], ttl)
 end
 return reply

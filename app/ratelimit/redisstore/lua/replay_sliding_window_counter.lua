@@ -1,8 +1,8 @@
 -- Sliding window counter replay of one key. Twin of
 -- ratelimit.WindowCounterReplay.
-local function fold(key, limit, window, capacity, now, grants, m)
-  local st = redis.call('HMGET', key, 'w', 'c', 'p', m.field)
-  if marked(st[4], m.token) then return 0, 0, 0, 1 end
+local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, mtoken, mkey, ttl)
+  local st = redis.call('HMGET', key, 'w', 'c', 'p', mfield)
+  if marked(st[4], mtoken) then return 0, 0, 0, 1 end
   local start = now - (now % window)
   local cur, prev = 0, 0
   if st[1] then
@@ -14,20 +14,20 @@ local function fold(key, limit, window, capacity, now, grants, m)
     end
   end
   local replayed, dropped = 0, 0
-  for _, g in ipairs(grants) do
-    local gs = g.at - (g.at % window)
+  for i = 1, n do
+    local gs = at[i] - (at[i] % window)
     if gs >= start then
-      cur = cur + g.cost
-      replayed = replayed + g.cost
+      cur = cur + cost[i]
+      replayed = replayed + cost[i]
     elseif gs == start - window then
-      prev = prev + g.cost
-      replayed = replayed + g.cost
+      prev = prev + cost[i]
+      replayed = replayed + cost[i]
     else
-      dropped = dropped + g.cost
+      dropped = dropped + cost[i]
     end
   end
   if replayed > 0 then
-    redis.call('HSET', key, 'w', str(start), 'c', str(cur), 'p', str(prev), m.field, mark(st[4], m.token))
+    redis.call('HSET', key, 'w', str(start), 'c', str(cur), 'p', str(prev), mfield, mark(st[4], mtoken))
     redis.call('PEXPIRE', key, cdiv(2 * window - (now - start), 1000) + margin_ms)
   end
   return replayed, dropped, 0, 0
