@@ -66,7 +66,7 @@ type Journal struct {
 
 	stats counters
 	stop  chan struct{}
-	done   chan struct{}
+	done  chan struct{}
 }
 
 type counters struct {
