@@ -72,7 +72,10 @@ type Config struct {
 	// the breaker stays closed. It adds to the time an unanswering store
 	// takes to open the breaker, not to any request's latency.
 	SlowWindow time.Duration
-	// ProbeInterval is how often an open breaker pings the store (1 s).
+	// ProbeInterval is how often an open breaker pings the store (1 s)
+	// while the pings time out. A ping refused at once (Redis' process
+	// down, or loading) is repeated every HeartbeatInterval instead: it
+	// costs the store nothing, and a restarted Redis is seen within 100 ms.
 	ProbeInterval time.Duration
 	// HeartbeatInterval is how often a closed breaker heartbeats (100 ms).
 	HeartbeatInterval time.Duration
@@ -505,6 +508,13 @@ func (l *Limiter) loop(ctx context.Context) {
 	tick := time.NewTicker(l.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	var lastProbe time.Time
+	// refused: the last probe was answered at once with an error (the
+	// connection refused or reset: Redis' process is down, or loading).
+	// Such a probe costs the store nothing, so the next one goes at the
+	// next tick instead of after ProbeInterval: a restarted Redis is seen
+	// within a HeartbeatInterval. A probe that timed out (a hung or
+	// partitioned store) waits ProbeInterval.
+	refused := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -522,9 +532,9 @@ func (l *Limiter) loop(ctx context.Context) {
 				}
 			}
 		case Open:
-			if now := l.cfg.Now(); now.Sub(lastProbe) >= l.cfg.ProbeInterval-l.cfg.HeartbeatInterval/2 {
+			if now := l.cfg.Now(); refused || now.Sub(lastProbe) >= l.cfg.ProbeInterval-l.cfg.HeartbeatInterval/2 {
 				lastProbe = now
-				l.probe(ctx)
+				refused = l.probe(ctx)
 			}
 		case Recovering:
 			l.heartbeat(ctx)
@@ -569,16 +579,18 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 
 // probe pings the store; on success the breaker moves to recovering and the
 // journal is replayed. The breaker closes once the other instances are back
-// (maybeClose).
-func (l *Limiter) probe(ctx context.Context) {
+// (maybeClose). It reports whether the ping failed at once (within half the
+// Timeout, not a timeout): the store, or the host it runs on, refused.
+func (l *Limiter) probe(ctx context.Context) (refused bool) {
 	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	sent := l.cfg.Now()
 	err := l.store.Ping(callCtx)
 	cancel()
 	if err != nil {
-		return
+		return !isTimeout(err) && l.cfg.Now().Sub(sent) < l.cfg.Timeout/2
 	}
 	if !l.br.set(Open, Recovering, "probe succeeded") {
-		return
+		return false
 	}
 	l.br.success()
 	callCtx, cancel = context.WithTimeout(ctx, l.cfg.Timeout)
@@ -586,7 +598,7 @@ func (l *Limiter) probe(ctx context.Context) {
 	cancel()
 	if err != nil {
 		l.br.set(Recovering, Open, "generation: "+err.Error())
-		return
+		return false
 	}
 	if l.generationChanged(gen) {
 		// Redis came back without its data: put back what the snapshots
@@ -596,17 +608,18 @@ func (l *Limiter) probe(ctx context.Context) {
 		// again at the next probe.
 		if err := l.restore(ctx, gen); err != nil {
 			l.br.set(Recovering, Open, "restore failed: "+err.Error())
-			return
+			return false
 		}
 	}
 	l.gen.Store(&gen)
 	if err := l.replayJournal(ctx); err != nil {
 		l.br.set(Recovering, Open, "replay failed: "+err.Error())
-		return
+		return false
 	}
 	l.recoverStart = l.cfg.Now()
 	l.heartbeat(ctx)
 	l.maybeClose(ctx)
+	return false
 }
 
 // maybeClose closes a recovering breaker once no instance is missing (all

@@ -669,3 +669,36 @@ func TestStatusIsOneInstant(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// TestRefusedStoreIsProbedOften: a store that refuses at once (Redis'
+// process down) is probed at every heartbeat tick, so its return is seen
+// within about a HeartbeatInterval, not a ProbeInterval; a store that hangs
+// is still probed only once a ProbeInterval.
+func TestRefusedStoreIsProbedOften(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		f.live.Store(1)
+		l := newLimiter(t, f, resilient.Config{})
+		f.down.Store(true)
+		settle(1200 * time.Millisecond)
+		if l.State() != resilient.Open {
+			t.Fatalf("%s, want open", l.State())
+		}
+		f.down.Store(false)
+		settle(150 * time.Millisecond)
+		if l.State() == resilient.Open {
+			t.Fatal("still open 150 ms after the store came back: a refusing store was not probed at every tick")
+		}
+
+		f.hang.Store(true)
+		settle(time.Second)
+		if l.State() != resilient.Open {
+			t.Fatalf("%s, want open", l.State())
+		}
+		pings := len(f.PingCalls())
+		settle(3 * time.Second)
+		if n := len(f.PingCalls()) - pings; n > 4 {
+			t.Fatalf("%d probes of a hanging store in 3 s, want one a ProbeInterval", n)
+		}
+	})
+}
