@@ -17,6 +17,8 @@ STATICCHECK_VERSION ?= v0.8.2
 # Chaos scenarios, comma separated (empty: all). e.g. make chaos-local SCENARIOS=redis-kill
 SCENARIOS ?=
 CHAOS_ARGS ?=
+# make bench BENCH_ARGS="-cell 5s" (flags of loadtest/cmd/bench)
+BENCH_ARGS ?=
 # make keys N=<n>
 N ?= 1
 
@@ -84,12 +86,8 @@ chaos-local: ## chaos suite against the native stack (it starts and stops the st
 chaos: ## chaos suite against the compose stack; SCENARIOS=a,b
 	$(GO) run ./chaos/cmd/chaos -stack compose $(CHAOS_SCENARIO_FLAG) $(CHAOS_ARGS)
 
-bench: ## benchmarks, ours beside peer libraries (scripts/bench.sh when present)
-	@if [ -x scripts/bench.sh ]; then \
-		scripts/bench.sh; \
-	else \
-		$(GO) test -run '^$$' -bench . -benchmem ./app/...; \
-	fi
+bench: ## ours beside the peers and the Redis ceiling, one run: bench-out/results.json, docs/BENCHMARKS.md
+	@scripts/bench.sh $(BENCH_ARGS)
 
 # ---- code hygiene -----------------------------------------------------------------
 

@@ -337,3 +337,8 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	}
 	return ds, errs
 }
+
+// Script returns the decision script of algorithm a (nil for an unknown
+// one), for tools that drive Redis directly: the benchmark's ceiling runs
+// it with redis-benchmark. Its arguments are described in lua/decide.lua.
+func Script(a ratelimit.Algorithm) *redis.Script { return scripts[a] }

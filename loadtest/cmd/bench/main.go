@@ -1,0 +1,431 @@
+// Command bench measures the limiter beside its peers, in one run against
+// one Redis (scripts/bench.sh starts a fresh redis-server and runs it; make
+// bench):
+//
+//   - ours/<algorithm>: each algorithm through the limiter as deployed (the
+//     resilient layer over redisstore, the service's client settings);
+//   - peer/redis_rate: go-redis/redis_rate v10's GCRA;
+//   - peer/ulule_limiter: ulule/limiter v3's fixed window on Redis;
+//   - ceiling/redis-benchmark-P1 and -P16: redis-benchmark running our own
+//     GCRA script by EVALSHA, one command per round trip and 16 deep;
+//   - fallback/decision and fallback/journal-append: the in-memory decision
+//     an instance makes while Redis is out, and the journaling of its grant.
+//
+// Each row has decisions/s, p50 and p99 (µs) at 1, 16, 64 and 256
+// goroutines over 10 000 keys. It writes bench-out/results.json and
+// docs/BENCHMARKS.md.
+package main
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	ulule "github.com/ulule/limiter/v3"
+	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+)
+
+// Row is one measured line of results.json.
+type Row struct {
+	Name          string  `json:"name"`
+	Goroutines    int     `json:"goroutines"`
+	DecisionsPerS float64 `json:"decisions_per_s"`
+	P50us         float64 `json:"p50_us"`
+	P99us         float64 `json:"p99_us"`
+	NsPerOp       float64 `json:"ns_per_op,omitempty"`
+	AllocsPerOp   int64   `json:"allocs_per_op,omitempty"`
+}
+
+// Results is results.json.
+type Results struct {
+	Machine  string             `json:"machine"`
+	Redis    string             `json:"redis"`
+	Keys     int                `json:"keys"`
+	Pool     int                `json:"pool"`
+	CellTime string             `json:"cell_time"`
+	Rows     []Row              `json:"rows"`
+	Ratios   map[string]float64 `json:"ratios"`
+}
+
+// decider is one decision against some limiter.
+type decider func(ctx context.Context, key string) error
+
+const limit = 1000 // per second, per key: most calls are admissions
+
+func main() {
+	if err := run(context.Background(), os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	addr := fs.String("redis", "127.0.0.1:6379", "a fresh Redis to measure against")
+	cell := fs.Duration("cell", 3*time.Second, "how long each row is measured")
+	keys := fs.Int("keys", 10_000, "distinct keys")
+	levels := fs.String("goroutines", "1,16,64,256", "concurrency levels")
+	pool := fs.Int("pool", 300, "go-redis pool size, on every side")
+	out := fs.String("out", "bench-out/results.json", "results file")
+	md := fs.String("md", "docs/BENCHMARKS.md", "the table, rendered")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var gs []int
+	for f := range strings.SplitSeq(*levels, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return fmt.Errorf("-goroutines: %q", f)
+		}
+		gs = append(gs, n)
+	}
+	cc := redisstore.ClientConfig{Addrs: []string{*addr}, Timeout: 50 * time.Millisecond, PoolSize: *pool}
+	opts, err := cc.Options()
+	if err != nil {
+		return err
+	}
+	client := redis.NewUniversalClient(opts)
+	defer client.Close()
+	if err := client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis %s: %w", *addr, err)
+	}
+	res := Results{Machine: fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
+		Redis: redisVersion(ctx, client), Keys: *keys, Pool: *pool, CellTime: cell.String(), Ratios: map[string]float64{}}
+	names := make([]string, *keys)
+	for i := range names {
+		names[i] = "k" + strconv.Itoa(i)
+	}
+
+	// Ours, as deployed: resilient over redisstore, the service's settings.
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	store := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond))
+	lim, err := resilient.New(store, resilient.Config{Instance: "bench", Logger: quiet})
+	if err != nil {
+		return err
+	}
+	defer lim.Close(ctx)
+	for _, alg := range []ratelimit.Algorithm{ratelimit.GCRA, ratelimit.TokenBucket, ratelimit.SlidingWindowCounter, ratelimit.SlidingWindowLog} {
+		p := ratelimit.Policy{Name: "bench-" + string(alg), Algorithm: alg, Limit: limit, Window: time.Second}
+		d := func(ctx context.Context, key string) error {
+			_, err := lim.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
+			return err
+		}
+		for _, g := range gs {
+			res.Rows = append(res.Rows, measure(ctx, "ours/"+string(alg), g, *cell, names, d))
+		}
+	}
+	if s := lim.Status(); s.LocalDecisions > 0 {
+		fmt.Fprintf(os.Stderr, "bench: warning: %d of our decisions were made locally (store calls failed or timed out)\n", s.LocalDecisions)
+	}
+
+	// The peers, on a client with the same settings.
+	rr := redis_rate.NewLimiter(client)
+	for _, g := range gs {
+		res.Rows = append(res.Rows, measure(ctx, "peer/redis_rate", g, *cell, names, func(ctx context.Context, key string) error {
+			_, err := rr.Allow(ctx, key, redis_rate.PerSecond(limit))
+			return err
+		}))
+	}
+	ustore, err := ululeredis.NewStoreWithOptions(client, ulule.StoreOptions{Prefix: "ulule", MaxRetry: 1})
+	if err != nil {
+		return err
+	}
+	ul := ulule.New(ustore, ulule.Rate{Period: time.Second, Limit: limit})
+	for _, g := range gs {
+		res.Rows = append(res.Rows, measure(ctx, "peer/ulule_limiter", g, *cell, names, func(ctx context.Context, key string) error {
+			_, err := ul.Get(ctx, key)
+			return err
+		}))
+	}
+
+	// The ceiling: our GCRA script by redis-benchmark, 64 connections.
+	for _, depth := range []int{1, 16} {
+		r, err := ceiling(ctx, client, *addr, depth, *keys)
+		if err != nil {
+			return err
+		}
+		res.Rows = append(res.Rows, r)
+	}
+
+	// The fallback's decision and the journal's append, in memory.
+	res.Rows = append(res.Rows, fallbackRows(quiet)...)
+
+	ratios(&res)
+	if err := write(*out, *md, res); err != nil {
+		return err
+	}
+	fmt.Printf("bench: wrote %s and %s\n", *out, *md)
+	return nil
+}
+
+// measure runs d from g goroutines for about cell over random keys.
+func measure(ctx context.Context, name string, g int, cell time.Duration, keys []string, d decider) Row {
+	// Warm up: every key exists, the scripts are loaded.
+	for _, k := range keys[:min(len(keys), 1000)] {
+		_ = d(ctx, k)
+	}
+	lat := make([][]time.Duration, g)
+	var errs sync.Map
+	deadline := time.Now().Add(cell)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range g {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(i), 7))
+			for time.Now().Before(deadline) {
+				t := time.Now()
+				if err := d(ctx, keys[r.IntN(len(keys))]); err != nil {
+					errs.Store(err.Error(), true)
+				}
+				lat[i] = append(lat[i], time.Since(t))
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	slices.Sort(all)
+	errs.Range(func(k, _ any) bool {
+		fmt.Fprintf(os.Stderr, "bench: %s at %d: error: %v\n", name, g, k)
+		return false
+	})
+	row := Row{Name: name, Goroutines: g, DecisionsPerS: round(float64(len(all)) / elapsed.Seconds()),
+		P50us: pct(all, 0.50), P99us: pct(all, 0.99)}
+	fmt.Printf("%-28s %4d goroutines  %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", name, g, row.DecisionsPerS, row.P50us, row.P99us)
+	return row
+}
+
+func pct(sorted []time.Duration, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return round(float64(sorted[int(q*float64(len(sorted)-1))].Nanoseconds()) / 1000)
+}
+
+func round(x float64) float64 { return float64(int64(x*10+0.5)) / 10 }
+
+// ceiling runs redis-benchmark against our GCRA script by EVALSHA.
+func ceiling(ctx context.Context, client redis.UniversalClient, addr string, depth, keys int) (Row, error) {
+	s := redisstore.Script(ratelimit.GCRA)
+	if err := s.Load(ctx, client).Err(); err != nil {
+		return Row{}, err
+	}
+	host, port, ok := strings.Cut(addr, ":")
+	if !ok {
+		return Row{}, fmt.Errorf("-redis %q: want host:port", addr)
+	}
+	bin, err := exec.LookPath("redis-benchmark")
+	if err != nil {
+		return Row{}, errors.New("redis-benchmark not found (apt-get install redis-server)")
+	}
+	const conns = 64
+	// ARGV as redisstore sends them (lua/decide.lua): now override (0:
+	// Redis TIME), limit, window µs, capacity, cost, request id, weight.
+	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(conns), "-P", strconv.Itoa(depth), "-n", "300000",
+		"-r", strconv.Itoa(keys), "--csv", "EVALSHA", s.Hash(), "1", "{rl:0000}:bench-ceiling:__rand_int__",
+		"0", strconv.Itoa(limit), "1000000", strconv.Itoa(limit), "1", "", "1", "1"}
+	outp, err := exec.CommandContext(ctx, bin, args...).Output()
+	if err != nil {
+		return Row{}, fmt.Errorf("redis-benchmark: %w", err)
+	}
+	recs, err := csv.NewReader(strings.NewReader(string(outp))).ReadAll()
+	if err != nil || len(recs) < 2 {
+		return Row{}, fmt.Errorf("redis-benchmark output %q: %v", outp, err)
+	}
+	col := func(name string) float64 {
+		i := slices.Index(recs[0], name)
+		if i < 0 || i >= len(recs[1]) {
+			return 0
+		}
+		v, _ := strconv.ParseFloat(recs[1][i], 64)
+		return v
+	}
+	row := Row{Name: "ceiling/redis-benchmark-P" + strconv.Itoa(depth), Goroutines: conns,
+		DecisionsPerS: round(col("rps")), P50us: round(col("p50_latency_ms") * 1000), P99us: round(col("p99_latency_ms") * 1000)}
+	fmt.Printf("%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", row.Name, conns, row.DecisionsPerS, row.P50us, row.P99us)
+	return row, nil
+}
+
+// fallbackRows measures the local decision of an instance whose Redis is
+// out, and the journal's append of a grant (memory only and to a file).
+func fallbackRows(logger *slog.Logger) []Row {
+	var rows []Row
+	bench := func(name string, fn func(b *testing.B)) {
+		r := testing.Benchmark(fn)
+		rows = append(rows, Row{Name: name, Goroutines: 1, NsPerOp: round(float64(r.NsPerOp())), AllocsPerOp: r.AllocsPerOp(),
+			DecisionsPerS: round(float64(r.N) / r.T.Seconds())})
+		fmt.Printf("%-28s %10d ns/op %4d allocs/op\n", name, r.NsPerOp(), r.AllocsPerOp())
+	}
+	bench("fallback/decision", func(b *testing.B) {
+		lim, err := resilient.New(downStore{}, resilient.Config{Instance: "bench-fallback", Logger: logger, ExpectedInstances: 4})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer lim.Close(context.Background())
+		p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 1 << 30, Window: time.Second}
+		for lim.State() != resilient.Open {
+			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
+			time.Sleep(time.Millisecond)
+		}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := 0; b.Loop(); i++ {
+			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k" + strconv.Itoa(i%1000)})
+		}
+	})
+	for _, dir := range []string{"", "file"} {
+		name := "fallback/journal-append-memory"
+		if dir != "" {
+			name = "fallback/journal-append-file"
+		}
+		bench(name, func(b *testing.B) {
+			d := ""
+			if dir != "" {
+				d = b.TempDir()
+			}
+			j, err := journal.Open(d, "bench", 1<<30, logger)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer j.Close()
+			p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Second}
+			id := ratelimit.IdentityOf("k")
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				_ = j.Append(p, id, ratelimit.Grant{At: int64(i), Cost: 1})
+			}
+		})
+	}
+	return rows
+}
+
+// downStore is a Store whose every call fails at once: the fallback decides.
+type downStore struct{}
+
+var errDown = fmt.Errorf("%w: bench: down", ratelimit.ErrUnavailable)
+
+func (downStore) Decide(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
+	return ratelimit.Decision{}, errDown
+}
+func (downStore) Ping(context.Context) error { return errDown }
+func (downStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (ratelimit.Fleet, error) {
+	return ratelimit.Fleet{}, errDown
+}
+func (downStore) Generation(context.Context) (string, error) { return "", errDown }
+func (downStore) Leave(context.Context, string, time.Duration, time.Duration) error {
+	return errDown
+}
+func (downStore) Replay(_ context.Context, b []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+	errs := make([]error, len(b))
+	for i := range errs {
+		errs[i] = errDown
+	}
+	return make([]ratelimit.ReplayResult, len(b)), errs
+}
+
+func find(res Results, name string, g int) *Row {
+	for i, r := range res.Rows {
+		if r.Name == name && (g == 0 || r.Goroutines == g) {
+			return &res.Rows[i]
+		}
+	}
+	return nil
+}
+
+// ratios compares rows of this run.
+func ratios(res *Results) {
+	ours, peer := find(*res, "ours/gcra", 64), find(*res, "peer/redis_rate", 64)
+	if ours != nil && peer != nil && peer.DecisionsPerS > 0 {
+		res.Ratios["ours_vs_redis_rate_at_64"] = round(ours.DecisionsPerS/peer.DecisionsPerS*100) / 100
+	}
+	ours1, peer1 := find(*res, "ours/gcra", 1), find(*res, "peer/redis_rate", 1)
+	if ours1 != nil && peer1 != nil && peer1.P50us > 0 {
+		res.Ratios["ours_p50_vs_redis_rate_at_1"] = round(ours1.P50us/peer1.P50us*100) / 100
+	}
+	if c := find(*res, "ceiling/redis-benchmark-P16", 0); c != nil && c.DecisionsPerS > 0 {
+		best := 0.0
+		for _, r := range res.Rows {
+			if r.Name == "ours/gcra" {
+				best = max(best, r.DecisionsPerS)
+			}
+		}
+		res.Ratios["ours_gcra_best_vs_ceiling_P16"] = round(best/c.DecisionsPerS*100) / 100
+	}
+}
+
+func write(out, md string, res Results) error {
+	for _, p := range []string{out, md} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+	}
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(out, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (scripts/bench.sh, loadtest/cmd/bench) on %s; %s; %d keys, %s per row, every row against the same fresh redis-server in one run. The raw figures are in `bench-out/results.json`.\n\n",
+		time.Now().UTC().Format("2006-01-02"), res.Machine, res.Keys, res.CellTime)
+	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout), `peer/*` the peer libraries; every side on one go-redis client of %d connections, `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant. The load generator and Redis share the machine's cores.\n\n", res.Pool)
+	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, r := range res.Rows {
+		ns, allocs := "", ""
+		if r.NsPerOp > 0 {
+			ns, allocs = fmt.Sprint(r.NsPerOp), fmt.Sprint(r.AllocsPerOp)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.1f | %.1f | %s | %s |\n", r.Name, r.Goroutines, r.DecisionsPerS, r.P50us, r.P99us, ns, allocs)
+	}
+	b.WriteString("\n## Ratios, same run\n\n| ratio | value |\n| --- | ---: |\n")
+	keys := make([]string, 0, len(res.Ratios))
+	for k := range res.Ratios {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "| %s | %.2f |\n", k, res.Ratios[k])
+	}
+	b.WriteString("\nReproduce: `make bench` (it starts its own redis-server on a free port; `BENCH_ARGS=\"-cell 5s\"` passes flags to loadtest/cmd/bench).\n")
+	return os.WriteFile(md, []byte(b.String()), 0o644)
+}
+
+func redisVersion(ctx context.Context, c redis.UniversalClient) string {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return "unknown"
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(line, "redis_version:"); ok {
+			return "redis " + strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
