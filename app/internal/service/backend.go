@@ -83,6 +83,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 	store := redisstore.New(client,
 		redisstore.WithReplayClient(replayClient),
 		redisstore.WithTimeout(cfg.RedisTimeout),
+		redisstore.WithCoalescing(cfg.RedisPipelines),
 		redisstore.WithHooks(redisstore.Hooks{
 			OnDecision: func(_ ratelimit.Request, _ ratelimit.Decision, latency time.Duration) {
 				m.observeRedis(nil, latency)
@@ -113,7 +114,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 		return nil, &ConfigError{Var: "RL_JOURNAL_DIR", Err: err}
 	}
 	log.Info("limiter ready", slog.String("mode", string(ratelimit.ModeRedis)),
-		slog.Duration("redis_timeout", cfg.RedisTimeout), slog.Int("redis_pool_size", cfg.RedisPoolSize),
+		slog.Duration("redis_timeout", cfg.RedisTimeout), slog.Int("redis_pool_size", cfg.RedisPoolSize), slog.Int("redis_pipelines", cfg.RedisPipelines),
 		slog.String("journal_dir", cfg.JournalDir))
 	return &backend{
 		limiter: rl,

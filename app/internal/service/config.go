@@ -36,6 +36,10 @@ type Config struct {
 	RedisPassword   string        `env:"RL_REDIS_PASSWORD"`
 	RedisTimeout    time.Duration `env:"RL_REDIS_TIMEOUT" envDefault:"50ms"`
 	RedisPoolSize   int           `env:"RL_REDIS_POOL_SIZE" envDefault:"64"`
+	// RedisPipelines is how many pipelines of concurrent decisions may be
+	// in flight at once; decisions that arrive meanwhile wait for the next
+	// one (redisstore.WithCoalescing). 0: one round trip per decision.
+	RedisPipelines int `env:"RL_REDIS_PIPELINES" envDefault:"4"`
 	// ReplayTimeout bounds one replay or restore pipeline, on a client of
 	// its own (the decisions' timeout would cut a pipeline of 1000 keys).
 	ReplayTimeout time.Duration `env:"RL_REPLAY_TIMEOUT" envDefault:"2s"`
@@ -185,6 +189,9 @@ func (c *Config) validate() error {
 	}
 	if c.RedisPoolSize < 1 {
 		return configErr("RL_REDIS_POOL_SIZE", "must be at least 1, got %d", c.RedisPoolSize)
+	}
+	if c.RedisPipelines < 0 || c.RedisPipelines > c.RedisPoolSize {
+		return configErr("RL_REDIS_PIPELINES", "must be between 0 (off) and RL_REDIS_POOL_SIZE (%d), got %d", c.RedisPoolSize, c.RedisPipelines)
 	}
 	if c.ExpectedInstances < 1 {
 		return configErr("RL_EXPECTED_INSTANCES", "must be at least 1, got %d", c.ExpectedInstances)

@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -82,6 +81,7 @@ type Limiter struct {
 	now          func() time.Time // tests only; nil: Redis TIME
 	idBase       string
 	seq          atomic.Uint64
+	co           *coalescer // nil: every call its own round trip
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -121,6 +121,12 @@ func New(client redis.Scripter, opts ...Option) *Limiter {
 	for _, o := range opts {
 		o(l)
 	}
+	if l.co != nil {
+		l.co.timeout = l.timeout // whatever order the options came in
+		if _, ok := client.(redis.Cmdable); !ok {
+			l.co = nil // no pipelines to share
+		}
+	}
 	return l
 }
 
@@ -148,8 +154,13 @@ func (l *Limiter) keyWith(name, fingerprint string, id ratelimit.Identity) strin
 	return l.tag(id) + ":" + name + ":" + fingerprint + ":" + base64.RawURLEncoding.EncodeToString(id[:16])
 }
 
-// Decide makes one decision in one round trip.
+// Decide makes one decision in one round trip (with WithCoalescing, in a
+// pipeline shared with the concurrent calls).
 func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	if l.co != nil {
+		ds, errs := l.DecideBatch(ctx, []ratelimit.Request{req})
+		return ds[0], errs[0]
+	}
 	if err := req.Validate(); err != nil {
 		return ratelimit.Decision{}, err
 	}
@@ -261,16 +272,52 @@ func isNetError(err error) bool {
 // that failed for it are sent again, so nothing is counted twice.
 func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
-	pl, ok := l.client.(redis.Cmdable)
-	if !ok || len(reqs) == 1 {
+	_, pipelines := l.client.(redis.Cmdable)
+	if !pipelines || (len(reqs) == 1 && l.co == nil) {
 		for i, r := range reqs {
 			ds[i], errs[i] = l.Decide(ctx, r)
 		}
 		return ds, errs
 	}
-	reqs = slices.Clone(reqs) // IDs are filled in below
-	callCtx, cancel := l.callContext(ctx)
-	defer cancel()
+	valid := make([]ratelimit.Request, 0, len(reqs))
+	at := make([]int, 0, len(reqs))
+	for i, r := range reqs {
+		if errs[i] = r.Validate(); errs[i] != nil {
+			continue
+		}
+		if r.ID == "" {
+			r.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+		}
+		valid, at = append(valid, r), append(at, i)
+	}
+	if len(valid) == 0 {
+		return ds, errs
+	}
+	var vds []ratelimit.Decision
+	var verrs []error
+	if l.co != nil {
+		vds, verrs = l.co.do(ctx, valid)
+	} else {
+		callCtx, cancel := l.callContext(ctx)
+		vds, verrs = l.pipeline(callCtx, valid)
+		cancel()
+	}
+	for j, i := range at {
+		ds[i], errs[i] = vds[j], verrs[j]
+		if errs[i] != nil && ctx.Err() != nil {
+			errs[i] = fmt.Errorf("redisstore: %w", ctx.Err())
+		}
+	}
+	return ds, errs
+}
+
+// pipeline sends valid requests (with IDs) in one pipeline of EVALSHA calls
+// (on a Cluster, one per node). A script Redis does not have cached (after a
+// restart or a SCRIPT FLUSH) is loaded and only the calls that failed for it
+// are sent again, so nothing is counted twice.
+func (l *Limiter) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
+	pl := l.client.(redis.Cmdable)
 	var now int64
 	if l.now != nil {
 		now = l.now().UnixMicro()
@@ -281,31 +328,23 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		for _, i := range which {
 			r := reqs[i]
 			p := r.Policy
-			cmds[i] = scripts[p.Algorithm].EvalSha(callCtx, pipe, []string{l.Key(p, r.Key)},
+			cmds[i] = scripts[p.Algorithm].EvalSha(ctx, pipe, []string{l.Key(p, r.Key)},
 				now, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), r.ID, r.Weight.Num, r.Weight.Den)
 		}
-		_, _ = pipe.Exec(callCtx)
+		_, _ = pipe.Exec(ctx)
 	}
-	pending := make([]int, 0, len(reqs))
-	for i := range reqs {
-		if errs[i] = reqs[i].Validate(); errs[i] != nil {
-			continue
-		}
-		if reqs[i].ID == "" {
-			reqs[i].ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
-		}
-		pending = append(pending, i)
+	all := make([]int, len(reqs))
+	for i := range all {
+		all[i] = i
 	}
 	start := time.Now()
-	if len(pending) > 0 {
-		send(pending)
-	}
+	send(all)
 	// NOSCRIPT: the script never ran, so sending the call again counts it
 	// once.
 	var again []int
-	for _, i := range pending {
+	for _, i := range all {
 		if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			if lerr := scripts[reqs[i].Policy.Algorithm].Load(callCtx, l.client).Err(); lerr == nil {
+			if lerr := scripts[reqs[i].Policy.Algorithm].Load(ctx, l.client).Err(); lerr == nil {
 				again = append(again, i)
 			}
 		}
@@ -314,8 +353,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		send(again)
 	}
 	latency := time.Since(start)
-	for _, i := range pending {
-		req := reqs[i]
+	for i, req := range reqs {
 		res, err := cmds[i].Slice()
 		var d ratelimit.Decision
 		if err == nil {

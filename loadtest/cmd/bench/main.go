@@ -89,6 +89,8 @@ func run(ctx context.Context, args []string) error {
 	keys := fs.Int("keys", 10_000, "distinct keys")
 	levels := fs.String("goroutines", "1,16,64,256", "concurrency levels")
 	pool := fs.Int("pool", 300, "go-redis pool size, on every side")
+	coalesce := fs.Int("coalesce", 4, "our pipelines in flight at once (RL_REDIS_PIPELINES; 0: a round trip per decision)")
+	only := fs.String("only", "", "measure only the rows whose name starts with this")
 	out := fs.String("out", "bench-out/results.json", "results file")
 	md := fs.String("md", "docs/BENCHMARKS.md", "the table, rendered")
 	if err := fs.Parse(args); err != nil {
@@ -119,9 +121,15 @@ func run(ctx context.Context, args []string) error {
 		names[i] = "k" + strconv.Itoa(i)
 	}
 
+	add := func(name string, g int, d decider) {
+		if strings.HasPrefix(name, *only) {
+			res.Rows = append(res.Rows, measure(ctx, name, g, *cell, names, d))
+		}
+	}
+
 	// Ours, as deployed: resilient over redisstore, the service's settings.
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	store := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond))
+	store := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(*coalesce))
 	lim, err := resilient.New(store, resilient.Config{Instance: "bench", Logger: quiet})
 	if err != nil {
 		return err
@@ -134,7 +142,7 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 		for _, g := range gs {
-			res.Rows = append(res.Rows, measure(ctx, "ours/"+string(alg), g, *cell, names, d))
+			add("ours/"+string(alg), g, d)
 		}
 	}
 	if s := lim.Status(); s.LocalDecisions > 0 {
@@ -144,10 +152,10 @@ func run(ctx context.Context, args []string) error {
 	// The peers, on a client with the same settings.
 	rr := redis_rate.NewLimiter(client)
 	for _, g := range gs {
-		res.Rows = append(res.Rows, measure(ctx, "peer/redis_rate", g, *cell, names, func(ctx context.Context, key string) error {
+		add("peer/redis_rate", g, func(ctx context.Context, key string) error {
 			_, err := rr.Allow(ctx, key, redis_rate.PerSecond(limit))
 			return err
-		}))
+		})
 	}
 	ustore, err := ululeredis.NewStoreWithOptions(client, ulule.StoreOptions{Prefix: "ulule", MaxRetry: 1})
 	if err != nil {
@@ -155,14 +163,17 @@ func run(ctx context.Context, args []string) error {
 	}
 	ul := ulule.New(ustore, ulule.Rate{Period: time.Second, Limit: limit})
 	for _, g := range gs {
-		res.Rows = append(res.Rows, measure(ctx, "peer/ulule_limiter", g, *cell, names, func(ctx context.Context, key string) error {
+		add("peer/ulule_limiter", g, func(ctx context.Context, key string) error {
 			_, err := ul.Get(ctx, key)
 			return err
-		}))
+		})
 	}
 
 	// The ceiling: our GCRA script by redis-benchmark, 64 connections.
 	for _, depth := range []int{1, 16} {
+		if !strings.HasPrefix("ceiling/", *only) && !strings.HasPrefix(*only, "ceiling/") {
+			break
+		}
 		r, err := ceiling(ctx, client, *addr, depth, *keys)
 		if err != nil {
 			return err
@@ -171,7 +182,9 @@ func run(ctx context.Context, args []string) error {
 	}
 
 	// The fallback's decision and the journal's append, in memory.
-	res.Rows = append(res.Rows, fallbackRows(quiet)...)
+	if strings.HasPrefix("fallback/", *only) || strings.HasPrefix(*only, "fallback/") {
+		res.Rows = append(res.Rows, fallbackRows(quiet)...)
+	}
 
 	ratios(&res)
 	if err := write(*out, *md, res); err != nil {

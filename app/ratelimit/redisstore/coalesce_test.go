@@ -1,0 +1,114 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/app/internal/conformance"
+	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+)
+
+// roundTrips counts the commands and pipelines a client sends.
+type roundTrips struct{ cmds, pipelines atomic.Int64 }
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { r.cmds.Add(1); return next(ctx, cmd) }
+}
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { r.pipelines.Add(1); return next(ctx, cmds) }
+}
+
+// TestCoalescedConformance: with coalescing on, every algorithm gives the
+// answers it gives alone.
+func TestCoalescedConformance(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	conformance.Run(t, ratelimit.ModeRedis, func(t *testing.T) ratelimit.Limiter {
+		return redisstore.New(newClient(t, srv.Addr()), redisstore.WithCoalescing(2))
+	})
+}
+
+// TestCoalescing: 64 goroutines deciding at once share pipelines (far fewer
+// round trips than calls), and the admissions stay exact: exactly the limit
+// of a key is admitted, whichever pipeline carried each call. Four
+// instances share only Redis.
+func TestCoalescing(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	for _, alg := range ratelimit.Algorithms {
+		t.Run(string(alg), func(t *testing.T) {
+			p := ratelimit.Policy{Name: "co", Algorithm: alg, Limit: 500, Window: time.Hour}
+			var rt roundTrips
+			var ls []*redisstore.Limiter
+			for range 4 {
+				c := newClient(t, srv.Addr())
+				c.AddHook(&rt)
+				ls = append(ls, redisstore.New(c, redisstore.WithCoalescing(2), redisstore.WithTimeout(5*time.Second)))
+			}
+			const calls = 2000
+			var admitted atomic.Int64
+			var wg sync.WaitGroup
+			for g := range 64 {
+				wg.Go(func() {
+					for i := range calls / 64 {
+						d, err := ls[g%4].Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint(g, "-", i)})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if d.Allowed {
+							admitted.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if got := admitted.Load(); got != p.Limit {
+				t.Fatalf("%d admitted, want exactly %d", got, p.Limit)
+			}
+			n := calls / 64 * 64
+			if trips := rt.pipelines.Load() + rt.cmds.Load(); trips >= int64(n)*3/4 {
+				t.Fatalf("%d round trips for %d calls: they were not coalesced", trips, n)
+			}
+			t.Logf("%d calls in %d pipelines and %d single commands", n, rt.pipelines.Load(), rt.cmds.Load())
+		})
+	}
+}
+
+// TestCoalescingLoneCaller: a caller alone sends at once, one pipeline per
+// call, and a cancelled call is not sent.
+func TestCoalescingLoneCaller(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	var rt roundTrips
+	c := newClient(t, srv.Addr())
+	c.AddHook(&rt)
+	l := redisstore.New(c, redisstore.WithCoalescing(2))
+	p := ratelimit.Policy{Name: "lone", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}
+	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"}); err != nil {
+		t.Fatal(err) // loads the script
+	}
+	base := rt.pipelines.Load()
+	for i := range 5 {
+		if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"}); err != nil {
+			t.Fatal(err)
+		}
+		if got := rt.pipelines.Load() - base; got != int64(i+1) {
+			t.Fatalf("call %d: %d pipelines, want one per call", i, got)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"}); err == nil {
+		t.Fatal("a cancelled call was answered")
+	}
+	if got := rt.pipelines.Load() - base; got != 5 {
+		t.Fatalf("%d pipelines: the cancelled call was sent", got)
+	}
+}
