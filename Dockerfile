@@ -20,7 +20,7 @@ ENV GOPROXY=${GOPROXY} \
 
 WORKDIR /src
 
-# The repository is a go.work workspace (app, and later chaos/ and loadtest/), but the
+# The repository is a go.work workspace (app, chaos and loadtest), but the
 # service is the `app` module alone: build inside app/ with the workspace off, so the
 # image does not need the other modules (which .dockerignore keeps out of the context).
 # Dependencies first, in their own layer, so a code change does not download them again.

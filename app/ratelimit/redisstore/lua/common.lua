@@ -26,6 +26,16 @@ local function cdiv(a, b)
   return fdiv(a + b - 1, b)
 end
 
+-- The token bucket's tokens at time at, from t0 at last: refilled at limit
+-- per µs, capped at cap. Shared by the decision and the replay (twin of
+-- ratelimit.tokenBucketFill).
+local function refill(t0, last, at, cap, limit)
+  local elapsed = at - last
+  if elapsed <= 0 then return math.min(t0, cap) end
+  if t0 >= cap or elapsed >= cdiv(cap - t0, limit) then return cap end
+  return t0 + elapsed * limit
+end
+
 -- Integers as exact decimal strings (redis would format numbers with %.17g).
 local function str(x) return string.format('%.0f', x) end
 

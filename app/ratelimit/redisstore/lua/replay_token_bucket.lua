@@ -9,13 +9,7 @@ local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, 
   for i = 1, n do
     if last == 0 then tokens, last = cap, at[i] end
     if at[i] > last then
-      local elapsed = at[i] - last
-      if tokens >= cap or elapsed >= cdiv(cap - tokens, limit) then
-        tokens = cap
-      else
-        tokens = tokens + elapsed * limit
-      end
-      last = at[i]
+      tokens, last = refill(tokens, last, at[i], cap, limit), at[i]
     end
     tokens = tokens - cost[i] * window
     replayed = replayed + cost[i]

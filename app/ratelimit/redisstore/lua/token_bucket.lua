@@ -5,15 +5,7 @@ local cap = capacity * window
 local st = redis.call('HMGET', key, 't', 'l')
 local tokens = cap
 if st[2] then
-  local t0, last = num(st[1], 't'), num(st[2], 'l')
-  local elapsed = now - last
-  if elapsed <= 0 then
-    tokens = math.min(t0, cap)
-  elseif t0 >= cap or elapsed >= cdiv(cap - t0, limit) then
-    tokens = cap
-  else
-    tokens = t0 + elapsed * limit
-  end
+  tokens = refill(num(st[1], 't'), num(st[2], 'l'), now, cap, limit)
 end
 local allowed, retry = 0, 0
 local need = wscale(cost * window)
