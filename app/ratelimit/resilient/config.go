@@ -1,0 +1,118 @@
+// Configuration of a Limiter: every field, its default, and what it trades.
+
+package resilient
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// Config configures a Limiter. Zero fields take the defaults shown.
+type Config struct {
+	// Instance names this instance in heartbeats and logs. Required.
+	Instance string
+	// Timeout bounds each store call (50 ms).
+	Timeout time.Duration
+	// FailureThreshold is the number of consecutive failures that opens
+	// the breaker (3). Errors open it at once; timeouts only when nothing
+	// has succeeded for SlowWindow as well.
+	FailureThreshold int
+	// SlowWindow tells a slow store from a dead one (250 ms): calls that
+	// time out open the breaker only if no call or heartbeat has succeeded
+	// for this long. Until then each timed-out call is decided locally and
+	// the breaker stays closed. It adds to the time an unanswering store
+	// takes to open the breaker, not to any request's latency.
+	SlowWindow time.Duration
+	// ProbeInterval is how often an open breaker pings the store (1 s)
+	// while the pings time out. A ping refused at once (Redis' process
+	// down, or loading) is repeated every HeartbeatInterval instead: it
+	// costs the store nothing, and a restarted Redis is seen within 100 ms.
+	ProbeInterval time.Duration
+	// HeartbeatInterval is how often a closed breaker heartbeats (100 ms).
+	HeartbeatInterval time.Duration
+	// HeartbeatTTL is how long after its last heartbeat an instance counts
+	// as missing (300 ms). Until then, plus one interval, the others do not
+	// hold its share back, so a cut-off instance's fallback share does not
+	// count capacity that frees up in that time: shorter is better for
+	// goodput during an outage, as long as heartbeats are not missed.
+	HeartbeatTTL time.Duration
+	// LeaseGrace is how long a missing instance may keep granting its
+	// fallback share, and so how long the others hold it back (30 s).
+	LeaseGrace time.Duration
+	// ExpectedInstances is the fleet size assumed until the first heartbeat
+	// reply (1).
+	ExpectedInstances int
+	// KeyCapacity bounds the keys remembered locally (100 000); the least
+	// recently used is evicted and, if needed again during an outage,
+	// starts from a fresh share.
+	KeyCapacity int
+	// Logger receives transitions and replays (slog.Default()); add the
+	// instance name with Logger.With if the log is shared.
+	Logger *slog.Logger
+	// Now is the local clock (time.Now). Decisions use the store's clock,
+	// estimated from the local one and the offset seen in replies.
+	Now func() time.Time
+	// OnTransition, if set, is called on every breaker transition, with
+	// the breaker's lock held: keep it short.
+	OnTransition func(from, to State)
+	// JournalDir holds the journal of local grants ("": memory only, lost
+	// with the process).
+	JournalDir string
+	// JournalMax bounds the grants journaled (1 000 000); beyond it local
+	// grants are counted as overflow and logged.
+	JournalMax int
+	// ReplayBatch is how many keys one replay pipeline carries (1000).
+	ReplayBatch int
+	// ReplayTimeout bounds one replay or restore pipeline (2 s), in place
+	// of Timeout: a pipeline of ReplayBatch keys takes Redis tens of ms.
+	// Give the store a client whose own timeouts allow it
+	// (redisstore.WithReplayClient), or the client's read timeout cuts it.
+	ReplayTimeout time.Duration
+	// RecoveryWait bounds how long a recovered instance keeps deciding
+	// locally while other instances are still missing (2 × ProbeInterval).
+	// Until every instance has replayed its journal, the store
+	// undercounts; an instance that decided in the store then could spend
+	// refill that the others already used.
+	RecoveryWait time.Duration
+}
+
+func (c *Config) setDefaults() error {
+	if err := ratelimit.ValidateKey(c.Instance); err != nil {
+		return fmt.Errorf("resilient: instance name: %w", err)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.Timeout, 50*time.Millisecond)
+	def(&c.ProbeInterval, time.Second)
+	def(&c.HeartbeatInterval, 100*time.Millisecond)
+	def(&c.HeartbeatTTL, 300*time.Millisecond)
+	def(&c.LeaseGrace, 30*time.Second)
+	def(&c.SlowWindow, 250*time.Millisecond)
+	def(&c.ReplayTimeout, 2*time.Second)
+	if c.FailureThreshold <= 0 {
+		c.FailureThreshold = 3
+	}
+	if c.ExpectedInstances <= 0 {
+		c.ExpectedInstances = 1
+	}
+	if c.KeyCapacity <= 0 {
+		c.KeyCapacity = 100_000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.ReplayBatch <= 0 {
+		c.ReplayBatch = 1000
+	}
+	def(&c.RecoveryWait, 2*c.ProbeInterval)
+	return nil
+}

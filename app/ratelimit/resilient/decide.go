@@ -1,0 +1,251 @@
+// Decisions: in the store while the breaker is closed, locally (from the
+// key's share of what the store last said was left) otherwise, and what the
+// store's replies teach the limiter (snapshots, clock offset).
+
+package resilient
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+)
+
+// Decide decides in the store while the breaker is closed, and locally
+// otherwise (or when this call fails). It returns an error only for an
+// invalid request or a cancelled context.
+func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	if err := l.prepare(&req); err != nil {
+		return ratelimit.Decision{}, err
+	}
+	id := ratelimit.IdentityOf(req.Key)
+	if l.br.State() == Closed {
+		if ok, probe := l.br.admit(); ok {
+			r := req
+			r.Weight = l.weight()
+			callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+			sent := l.cfg.Now()
+			d, err := l.store.Decide(callCtx, r)
+			cancel()
+			if probe {
+				l.br.done()
+			}
+			if d, local, err := l.settle(ctx, req, id, d, err, sent, true); !local {
+				return d, err
+			}
+		}
+	}
+	return l.decideLocal(l.keyOfIdentity(req.Policy, id), id, req), nil
+}
+
+// DecideBatch decides several requests as Decide does each, in one round
+// trip when the store is a ratelimit.BatchLimiter (redisstore is). A store
+// failure counts once against the breaker, however many requests it failed.
+func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
+	reqs = slices.Clone(reqs)
+	ids := make([]ratelimit.Identity, len(reqs))
+	pending := make([]int, 0, len(reqs))
+	for i := range reqs {
+		if errs[i] = l.prepare(&reqs[i]); errs[i] == nil {
+			ids[i] = ratelimit.IdentityOf(reqs[i].Key)
+			pending = append(pending, i)
+		}
+	}
+	ok, probe := false, false
+	if len(pending) > 0 && l.br.State() == Closed {
+		ok, probe = l.br.admit()
+	}
+	if ok {
+		sent := make([]ratelimit.Request, len(pending))
+		w := l.weight()
+		for j, i := range pending {
+			sent[j] = reqs[i]
+			sent[j].Weight = w
+		}
+		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+		at := l.cfg.Now()
+		sds, serrs := ratelimit.DecideAll(callCtx, l.store, sent)
+		cancel()
+		if probe {
+			l.br.done()
+		}
+		local := make([]int, 0, len(pending))
+		counted := false
+		for j, i := range pending {
+			d, fallback, err := l.settle(ctx, reqs[i], ids[i], sds[j], serrs[j], at, !counted)
+			if fallback {
+				counted = true
+				local = append(local, i)
+				continue
+			}
+			ds[i], errs[i] = d, err
+		}
+		pending = local
+	}
+	for _, i := range pending {
+		ds[i] = l.decideLocal(l.keyOfIdentity(reqs[i].Policy, ids[i]), ids[i], reqs[i])
+	}
+	return ds, errs
+}
+
+// prepare validates req and gives it an id when it has none: one id for the
+// store call and, if it fails, the local grant, so the sliding window log
+// counts the request once even if the call still ran.
+func (l *Limiter) prepare(req *ratelimit.Request) error {
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	if req.ID == "" {
+		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+	}
+	return nil
+}
+
+// settle takes the store's answer (d, err) to req, sent at sent: a decision
+// is remembered and returned, an invalid request or a cancelled caller
+// returned as an error, and any other failure counted (against the breaker
+// too when countFailure is set) and reported as local: decide it locally.
+func (l *Limiter) settle(ctx context.Context, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, err error, sent time.Time, countFailure bool) (_ ratelimit.Decision, local bool, _ error) {
+	switch {
+	case err == nil:
+		l.br.success()
+		l.stats.storeDecisions.Add(1)
+		l.remember(l.keyOfIdentity(req.Policy, id), req.Policy, id, d, sent, l.cfg.Now())
+		return d, false, nil
+	case errors.Is(err, ratelimit.ErrInvalidRequest) || errors.Is(err, ratelimit.ErrInvalidPolicy):
+		return ratelimit.Decision{}, false, err
+	case ctx.Err() != nil:
+		return ratelimit.Decision{}, false, ctx.Err()
+	}
+	l.stats.failures.Add(1)
+	l.stats.failedDecisions.Add(1)
+	if countFailure && !errors.Is(err, ratelimit.ErrBadReply) { // one odd key is no outage
+		l.br.failure(err.Error(), isTimeout(err))
+	}
+	return ratelimit.Decision{}, true, nil
+}
+
+func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Request) ratelimit.Decision {
+	l.stats.localDecisions.Add(1)
+	p := req.Policy
+	now := l.storeNow()
+	var d ratelimit.Decision
+	switch p.Mode() {
+	case ratelimit.FailOpen:
+		d = ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}
+	case ratelimit.FailClosed:
+		return ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
+	default:
+		sh := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
+		l.mu.Lock()
+		e := l.entry(k)
+		d = e.decideLocal(p, now, req.Units(), sh)
+		if d.Allowed && !e.journaled {
+			// What this share started from, before its first grant, so a
+			// restart rebuilds it.
+			e.journaled = true
+			_ = l.journal.AppendSnapshot(journal.Snapshot{Policy: p, Identity: id, State: e.snap, Valid: e.snapValid, N: e.n, Confirmed: e.confirmed})
+		}
+		l.mu.Unlock()
+	}
+	if d.Allowed {
+		// Journaled before the response is sent; a full journal or a
+		// failed write is counted and logged by the journal itself.
+		_ = l.journal.Append(p, id, ratelimit.Grant{At: now, Cost: req.Units(), ID: req.ID})
+	}
+	return d
+}
+
+// remember keeps the store's reply as the key's snapshot and updates the
+// clock offset (the reply's time is taken as the middle of the round trip).
+func (l *Limiter) remember(k key, p ratelimit.Policy, id ratelimit.Identity, d ratelimit.Decision, sent, recv time.Time) {
+	l.learnOffset(d.State.Now, sent, recv)
+	l.mu.Lock()
+	e := l.entry(k)
+	e.snap, e.snapValid = d.State, true
+	if e.policy == nil || *e.policy != p {
+		e.policy = l.policyRef(p)
+	}
+	e.identity = id
+	e.version++
+	l.mu.Unlock()
+}
+
+// maxPolicies bounds how many distinct policies the limiter shares among
+// its keys; policies beyond it get a copy per key.
+const maxPolicies = 1024
+
+// policyRef returns the limiter's one copy of p (l.mu held), so that keys
+// of one policy do not each hold it.
+func (l *Limiter) policyRef(p ratelimit.Policy) *ratelimit.Policy {
+	if r, ok := l.policies[p]; ok {
+		return r
+	}
+	r := &p
+	if len(l.policies) < maxPolicies {
+		l.policies[p] = r
+	}
+	return r
+}
+
+// learnOffset records the store's clock, read at storeNow between sent and
+// recv: the reply's time is taken as the middle of the round trip. Both
+// decisions and heartbeats teach it, so the offset is known from the first
+// heartbeat and follows a local clock that steps.
+func (l *Limiter) learnOffset(storeNow int64, sent, recv time.Time) {
+	if storeNow <= 0 {
+		return
+	}
+	mid := sent.UnixMicro() + recv.Sub(sent).Microseconds()/2
+	l.offset.Store(storeNow - mid)
+}
+
+func (l *Limiter) entry(k key) *entry {
+	e, ok := l.keys.Get(k)
+	if !ok {
+		e = &entry{}
+		l.keys.Add(k, e)
+	}
+	return e
+}
+
+func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) key {
+	return l.seeds.Key(p, id)
+}
+
+// confirmedAt is when (store µs) the other instances can know this one is
+// missing: they count it as missing HeartbeatTTL after its last heartbeat,
+// and learn so at their next heartbeat.
+func (l *Limiter) confirmedAt() int64 {
+	beat := l.lastBeat.Load()
+	if beat == 0 {
+		return 0 // never in the fleet's view: nobody decides unaware of it
+	}
+	return beat + l.offset.Load() + (l.cfg.HeartbeatTTL + l.cfg.HeartbeatInterval).Microseconds()
+}
+
+// storeNow estimates the store's clock in µs.
+func (l *Limiter) storeNow() int64 { return l.cfg.Now().UnixMicro() + l.offset.Load() }
+
+// fleetSize is the number of instances that may be granting: live and
+// suspect, as the last heartbeat said; ExpectedInstances before the first.
+func (l *Limiter) fleetSize() int64 {
+	if !l.fleetSeen.Load() {
+		return int64(l.cfg.ExpectedInstances)
+	}
+	return max(1, l.live.Load()+l.suspect.Load())
+}
+
+// weight holds back the shares of suspect instances in store decisions.
+func (l *Limiter) weight() ratelimit.Weight {
+	live, suspect := l.live.Load(), l.suspect.Load()
+	if suspect <= 0 || live <= 0 {
+		return ratelimit.Weight{}
+	}
+	return ratelimit.Weight{Num: min(live+suspect, 1024), Den: min(live, 1024)}
+}

@@ -1,0 +1,73 @@
+// Status: what /status and the metrics read.
+
+package resilient
+
+import (
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+)
+
+// Status is a snapshot of the limiter's state, for /status and metrics.
+type Status struct {
+	Instance       string `json:"instance"`
+	Breaker        string `json:"breaker"`
+	Opens          uint64 `json:"breaker_opens"`
+	Live           int64  `json:"live_instances"`
+	Suspect        int64  `json:"suspect_instances"`
+	FleetSize      int64  `json:"fleet_size"`
+	StoreDecisions uint64 `json:"store_decisions"`
+	LocalDecisions uint64 `json:"local_decisions"`
+	LocalGrants    uint64 `json:"local_grants"`
+	StoreFailures  uint64 `json:"store_failures"`
+	// FailedDecisions are decisions whose store call failed or timed out
+	// and that were decided locally instead. A timed-out call may still
+	// have run in the store: for the token bucket, GCRA and the counter
+	// each such request can be charged twice (the sliding window log
+	// dedups by request id), so this bounds that overcharge.
+	FailedDecisions uint64     `json:"failed_decisions"`
+	Keys            int        `json:"keys"`
+	Evictions       uint64     `json:"evictions"`
+	LastRecovery    *time.Time `json:"last_recovery,omitempty"`
+	ClockOffsetUS   int64      `json:"clock_offset_us"`
+	// Restores counts the times Redis came back without its data and this
+	// instance put back the usage its snapshots knew.
+	Restores uint64 `json:"restores"`
+	// Journal reconciles local grants: Granted + Reloaded = Replayed +
+	// Present + Dropped + DuplicateUnits + Pending.
+	Journal journal.Stats `json:"journal"`
+}
+
+// Status returns the current status.
+func (l *Limiter) Status() Status {
+	l.mu.Lock()
+	n := l.keys.Len()
+	l.mu.Unlock()
+	// local_grants comes from the journal's counters, read at one instant:
+	// read apart, a grant made between two reads was in one and not the
+	// other, and a killed instance's last status then disagreed with its
+	// journal file.
+	js := l.journal.Stats()
+	return Status{
+		Instance:        l.cfg.Instance,
+		Breaker:         l.br.State().String(),
+		Opens:           l.br.opens.Load(),
+		Live:            l.live.Load(),
+		Suspect:         l.suspect.Load(),
+		FleetSize:       l.fleetSize(),
+		StoreDecisions:  l.stats.storeDecisions.Load(),
+		LocalDecisions:  l.stats.localDecisions.Load(),
+		LocalGrants:     js.Granted + js.Overflow,
+		StoreFailures:   l.stats.failures.Load(),
+		FailedDecisions: l.stats.failedDecisions.Load(),
+		Keys:            n,
+		Evictions:       l.stats.evictions.Load(),
+		LastRecovery:    l.lastRecovery.Load(),
+		ClockOffsetUS:   l.offset.Load(),
+		Restores:        l.restores.Load(),
+		Journal:         js,
+	}
+}
+
+// State returns the breaker's state.
+func (l *Limiter) State() State { return l.br.State() }
