@@ -4,16 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -25,9 +22,6 @@ import (
 // Processes are restarted with scripts/local-service.sh, which starts a
 // service with the settings local-up.sh used and keeps .run/pids/ and
 // .run/stack.json current, so `make local-down` still stops everything.
-// Without that script, a killed process is started again from what
-// /proc/<pid> said before the kill (command line, environment, working
-// directory), and Down stops such processes itself.
 //
 // Local is not safe for concurrent use.
 type Local struct {
@@ -35,19 +29,6 @@ type Local struct {
 	r     runner
 	built bool
 	info  Info
-
-	mu      sync.Mutex
-	saved   map[string]procSpec // by service, captured before a kill
-	spawned []*exec.Cmd         // fallback restarts, stopped by Down
-}
-
-// procSpec is how to start a process again.
-type procSpec struct {
-	args []string
-	env  []string
-	dir  string
-	// redis only: where its data files are, for a wipe.
-	dataFiles []string
 }
 
 // NewLocal returns the native stack of the repository at root; command
@@ -56,7 +37,6 @@ func NewLocal(root string, log io.Writer) *Local {
 	return &Local{
 		httpAPI: newHTTPAPI(),
 		r:       runner{root: root, log: log},
-		saved:   map[string]procSpec{},
 	}
 }
 
@@ -115,27 +95,8 @@ func (l *Local) readInfo() (Info, error) {
 	return info, nil
 }
 
-// Down implements Stack: stops the processes the fallback started, then
-// make local-down. Safe to call twice.
+// Down implements Stack: make local-down. Safe to call twice.
 func (l *Local) Down(ctx context.Context) error {
-	l.mu.Lock()
-	spawned := l.spawned
-	l.spawned = nil
-	l.mu.Unlock()
-	for _, c := range spawned {
-		_ = c.Process.Signal(syscall.SIGCONT)
-		_ = c.Process.Signal(syscall.SIGTERM)
-	}
-	for _, c := range spawned {
-		done := make(chan struct{})
-		go func() { _ = c.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = c.Process.Kill()
-			<-done
-		}
-	}
 	// Not ctx: the stack must stop even when the run was interrupted.
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
@@ -167,84 +128,6 @@ func (l *Local) pidOf(service string) (int, error) {
 		return 0, fmt.Errorf("%s: pid %d is not %s", service, pid, want)
 	}
 	return pid, nil
-}
-
-// capture records how to start pid again, for the fallback restart (only
-// needed without scripts/local-service.sh).
-func (l *Local) capture(service string, pid int) {
-	if isFile(l.serviceScript()) {
-		return
-	}
-	spec, err := readProc(pid)
-	if err != nil {
-		fmt.Fprintf(l.r.log, "chaos: reading /proc/%d of %s: %v (restart will need scripts/local-service.sh)\n", pid, service, err)
-		return
-	}
-	if service == "redis" {
-		spec.dataFiles = l.redisDataFiles(spec)
-	}
-	l.mu.Lock()
-	l.saved[service] = spec
-	l.mu.Unlock()
-}
-
-func readProc(pid int) (procSpec, error) {
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return procSpec{}, err
-	}
-	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-	if err != nil {
-		return procSpec{}, err
-	}
-	cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
-	if err != nil {
-		return procSpec{}, err
-	}
-	split := func(b []byte) []string {
-		var out []string
-		for s := range strings.SplitSeq(strings.TrimRight(string(b), "\x00"), "\x00") {
-			if s != "" {
-				out = append(out, s)
-			}
-		}
-		return out
-	}
-	spec := procSpec{args: split(cmdline), env: split(environ), dir: cwd}
-	if len(spec.args) == 0 {
-		return procSpec{}, fmt.Errorf("pid %d: empty command line", pid)
-	}
-	return spec, nil
-}
-
-// redisDataFiles asks Redis where its AOF directory and RDB file are
-// (CONFIG GET dir, appenddirname, dbfilename).
-func (l *Local) redisDataFiles(spec procSpec) []string {
-	rdb := redis.NewClient(&redis.Options{
-		Addr: l.info.RedisAddr, Password: RedisPassword(l.r.root, spec.args),
-		DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1,
-	})
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	get := func(name string) string {
-		m, err := rdb.ConfigGet(ctx, name).Result()
-		if err != nil {
-			return ""
-		}
-		return m[name]
-	}
-	dir := get("dir")
-	if dir == "" {
-		return nil
-	}
-	var out []string
-	for _, name := range []string{get("appenddirname"), get("dbfilename")} {
-		if name != "" && !strings.Contains(name, "/") {
-			out = append(out, filepath.Join(dir, name))
-		}
-	}
-	return out
 }
 
 // RedisPassword is the demo Redis' password: $REDIS_PASSWORD, else the
@@ -287,15 +170,26 @@ func flush(ctx context.Context, rdb *redis.Client) error {
 	return nil
 }
 
+// cmdline returns the command line of pid (nil if it cannot be read).
+func cmdline(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for s := range strings.SplitSeq(strings.TrimRight(string(b), "\x00"), "\x00") {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // RedisClient returns a client of the stack's Redis (for the checks after
 // settle).
 func (l *Local) RedisClient() *redis.Client {
-	var args []string
-	if spec, err := readProc(l.info.RedisPID); err == nil {
-		args = spec.args
-	}
 	return redis.NewClient(&redis.Options{
-		Addr: l.info.RedisAddr, Password: RedisPassword(l.r.root, args),
+		Addr: l.info.RedisAddr, Password: RedisPassword(l.r.root, cmdline(l.info.RedisPID)),
 		DialTimeout: time.Second, ReadTimeout: 2 * time.Second, MaxRetries: -1,
 	})
 }
@@ -317,7 +211,6 @@ func (l *Local) KillRedis(context.Context) error {
 	if err != nil {
 		return err
 	}
-	l.capture("redis", pid)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("kill redis (pid %d): %w", pid, err)
 	}
@@ -336,106 +229,33 @@ func (l *Local) KillApp(_ context.Context, app string) error {
 	if err != nil {
 		return err
 	}
-	l.capture(app, pid)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("kill %s (pid %d): %w", app, pid, err)
 	}
 	return nil
 }
 
-// StartRedis implements Stack.
+// StartRedis implements Stack: scripts/local-service.sh start redis
+// (--wipe: without its data).
 func (l *Local) StartRedis(ctx context.Context, wipe bool) error {
-	if isFile(l.serviceScript()) {
-		args := []string{"start", "redis"}
-		if wipe {
-			args = append(args, "--wipe")
-		}
-		if err := l.r.run(ctx, l.serviceScript(), args...); err != nil {
-			return err
-		}
-		_, err := l.readInfo()
-		return err
-	}
-	spec, ok := l.savedSpec("redis")
-	if !ok {
-		return errors.New("start redis: no scripts/local-service.sh and no saved command line")
-	}
+	args := []string{"start", "redis"}
 	if wipe {
-		for _, f := range spec.dataFiles {
-			if err := os.RemoveAll(f); err != nil {
-				return fmt.Errorf("wipe redis data: %w", err)
-			}
-		}
+		args = append(args, "--wipe")
 	}
-	if err := l.spawn("redis", spec); err != nil {
+	if err := l.r.run(ctx, l.serviceScript(), args...); err != nil {
 		return err
 	}
-	return waitFor(ctx, 30*time.Second, func(ctx context.Context) error {
-		rdb := l.RedisClient()
-		defer rdb.Close()
-		return rdb.Ping(ctx).Err()
-	})
+	_, err := l.readInfo()
+	return err
 }
 
-// StartApp implements Stack.
+// StartApp implements Stack: scripts/local-service.sh start <app>.
 func (l *Local) StartApp(ctx context.Context, app string) error {
-	if isFile(l.serviceScript()) {
-		if err := l.r.run(ctx, l.serviceScript(), "start", app); err != nil {
-			return err
-		}
-		_, err := l.readInfo()
+	if err := l.r.run(ctx, l.serviceScript(), "start", app); err != nil {
 		return err
 	}
-	spec, ok := l.savedSpec(app)
-	if !ok {
-		return fmt.Errorf("start %s: no scripts/local-service.sh and no saved command line", app)
-	}
-	if err := l.spawn(app, spec); err != nil {
-		return err
-	}
-	return l.waitReady(ctx, l.info, app, 30*time.Second)
-}
-
-func (l *Local) savedSpec(service string) (procSpec, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s, ok := l.saved[service]
-	return s, ok
-}
-
-// spawn starts a process from its spec in its own session, output appended
-// to .run/<service>.log.
-func (l *Local) spawn(service string, spec procSpec) error {
-	logf, err := os.OpenFile(filepath.Join(l.r.root, ".run", service+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(spec.args[0], spec.args[1:]...)
-	cmd.Env, cmd.Dir = spec.env, spec.dir
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", service, err)
-	}
-	fmt.Fprintf(l.r.log, "chaos: started %s again from its /proc command line (pid %d)\n", service, cmd.Process.Pid)
-	l.mu.Lock()
-	l.spawned = append(l.spawned, cmd)
-	l.mu.Unlock()
-	l.setPID(service, cmd.Process.Pid)
-	return nil
-}
-
-func (l *Local) setPID(service string, pid int) {
-	if service == "redis" {
-		l.info.RedisPID = pid
-		return
-	}
-	for i := range l.info.Apps {
-		if l.info.Apps[i].Name == service {
-			l.info.Apps[i].PID = pid
-		}
-	}
+	_, err := l.readInfo()
+	return err
 }
 
 // Partition implements Stack: disables (on) or enables the app's toxiproxy
