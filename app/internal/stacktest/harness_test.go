@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 )
 
 // installHint is how to get the programs the native stack needs.
@@ -508,31 +509,9 @@ type appStatus struct {
 	Mode     string `json:"mode"`
 	Breaker  string `json:"breaker"`
 	Limiter  *struct {
-		Breaker string       `json:"breaker"`
-		Journal journalStats `json:"journal"`
+		Breaker string        `json:"breaker"`
+		Journal journal.Stats `json:"journal"`
 	} `json:"limiter"`
-}
-
-type journalStats struct {
-	Granted        uint64 `json:"granted"`
-	Reloaded       uint64 `json:"reloaded"`
-	Overflow       uint64 `json:"overflow"`
-	Replayed       uint64 `json:"replayed"`
-	Present        uint64 `json:"present"`
-	Dropped        uint64 `json:"dropped"`
-	DuplicateUnits uint64 `json:"duplicate_units"`
-	Pending        uint64 `json:"pending"`
-}
-
-// reconciled checks granted + reloaded = replayed + present + dropped +
-// duplicate_units + pending.
-func (j journalStats) reconciled() error {
-	in, out := j.Granted+j.Reloaded, j.Replayed+j.Present+j.Dropped+j.DuplicateUnits+j.Pending
-	if in != out {
-		return fmt.Errorf("journal does not reconcile: granted %d + reloaded %d = %d, but replayed %d + present %d + dropped %d + duplicate_units %d + pending %d = %d",
-			j.Granted, j.Reloaded, in, j.Replayed, j.Present, j.Dropped, j.DuplicateUnits, j.Pending, out)
-	}
-	return nil
 }
 
 func (s *stack) status(app appInfo) (appStatus, error) {

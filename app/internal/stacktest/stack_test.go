@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -572,9 +573,9 @@ func checkRedisOutage(t *testing.T, s *stack, run string) {
 	t.Logf("recovery: local-service.sh start redis took %v; first redis answer %v after Redis was ready, all four %v",
 		up.Sub(restart).Round(time.Millisecond), first, all)
 
-	var stats map[string]journalStats
+	var stats map[string]journal.Stats
 	d, err := waitFor(reconcileDeadline, func() error {
-		stats = map[string]journalStats{}
+		stats = map[string]journal.Stats{}
 		for _, a := range s.info.Apps {
 			st, err := s.status(a)
 			if err != nil {
@@ -585,7 +586,7 @@ func checkRedisOutage(t *testing.T, s *stack, run string) {
 			if st.Breaker != "closed" || st.Mode != "redis" {
 				return fmt.Errorf("%s /status: breaker %q mode %q, want closed and redis", a.Name, st.Breaker, st.Mode)
 			}
-			if err := j.reconciled(); err != nil {
+			if err := j.Reconcile(); err != nil {
 				return fmt.Errorf("%s: %w", a.Name, err)
 			}
 			if j.Pending != 0 {

@@ -141,6 +141,18 @@ type Stats struct {
 	Epoch          uint64 `json:"epoch"`
 }
 
+// Reconcile checks the journal's books: every grant given or reloaded was
+// replayed, found present, dropped as expired, refused as a duplicate, or is
+// still pending.
+func (s Stats) Reconcile() error {
+	in, out := s.Granted+s.Reloaded, s.Replayed+s.Present+s.Dropped+s.DuplicateUnits+s.Pending
+	if in != out {
+		return fmt.Errorf("journal does not reconcile: granted %d + reloaded %d = %d, but replayed %d + present %d + dropped %d + duplicate_units %d + pending %d = %d",
+			s.Granted, s.Reloaded, in, s.Replayed, s.Present, s.Dropped, s.DuplicateUnits, s.Pending, out)
+	}
+	return nil
+}
+
 const journalFile = "journal.log"
 
 // Open opens (or creates) the journal in dir, reloading the grants it

@@ -100,5 +100,8 @@ func FuzzLoad(f *testing.F) {
 		if s := j.Stats(); s.Pending != units || s.Reloaded != units {
 			t.Fatalf("stats pending %d, reloaded %d; the batches hold %d", s.Pending, s.Reloaded, units)
 		}
+		if err := j.Stats().Reconcile(); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
