@@ -162,6 +162,7 @@ func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- duplicateBatchesDesc
 	ch <- evictionsDesc
 	ch <- suspectDesc
+	ch <- cachedRefusalsDesc
 }
 
 func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
@@ -185,6 +186,7 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(duplicateBatchesDesc, prometheus.CounterValue, float64(j.Duplicates))
 		ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(r.Evictions))
 		ch <- prometheus.MustNewConstMetric(suspectDesc, prometheus.GaugeValue, float64(r.Suspect))
+		ch <- prometheus.MustNewConstMetric(cachedRefusalsDesc, prometheus.CounterValue, float64(r.CachedRefusals))
 	}
 }
 
@@ -195,6 +197,8 @@ var (
 		"Replay batches Redis refused because their idempotency marker was set.", nil, nil)
 	evictionsDesc = prometheus.NewDesc("ratelimit_fallback_evictions_total",
 		"Keys evicted from the local fallback state to stay within RL_KEY_CAPACITY.", nil, nil)
+	cachedRefusalsDesc = prometheus.NewDesc("ratelimit_cached_refusals_total",
+		"Requests refused without a Redis round trip: Redis had refused their key until a time not yet reached (token bucket, GCRA, sliding window log).", nil, nil)
 	suspectDesc = prometheus.NewDesc("ratelimit_suspect_instances",
 		"Instances whose heartbeat is missing but whose fallback lease may still run; their share is held back.", nil, nil)
 )

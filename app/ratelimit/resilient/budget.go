@@ -18,6 +18,14 @@ type entry struct {
 	identity  ratelimit.Identity
 	version   uint64 // bumped by every reply
 
+	// A refusal the store answered: until refusedUntil (store µs) no
+	// request of at least refusedCost units, at a weight at least as strict,
+	// can be admitted by any instance (only more use can happen), so such a
+	// request is refused without a round trip. 0: none.
+	refusedUntil int64
+	refusedCost  int64
+	refusedW     ratelimit.Weight
+
 	// Local state; valid while localVersion == version.
 	localVersion uint64
 	localInit    bool

@@ -24,9 +24,12 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 	}
 	id := ratelimit.IdentityOf(req.Key)
 	if l.br.State() == Closed {
+		r := req
+		r.Weight = l.weight()
+		if d, ok := l.cachedRefusal(l.keyOfIdentity(req.Policy, id), r, r.Weight); ok {
+			return d, nil
+		}
 		if ok, probe := l.br.admit(); ok {
-			r := req
-			r.Weight = l.weight()
 			callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 			sent := l.cfg.Now()
 			d, err := l.store.Decide(callCtx, r)
@@ -34,7 +37,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 			if probe {
 				l.br.done()
 			}
-			if d, local, err := l.settle(ctx, req, id, d, err, sent, true); !local {
+			if d, local, err := l.settle(ctx, r, id, d, err, sent, true); !local {
 				return d, err
 			}
 		}
@@ -57,12 +60,25 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		}
 	}
 	ok, probe := false, false
+	w := l.weight()
 	if len(pending) > 0 && l.br.State() == Closed {
-		ok, probe = l.br.admit()
+		asked := pending[:0]
+		for _, i := range pending {
+			r := reqs[i]
+			r.Weight = w
+			if d, cached := l.cachedRefusal(l.keyOfIdentity(r.Policy, ids[i]), r, w); cached {
+				ds[i] = d
+				continue
+			}
+			asked = append(asked, i)
+		}
+		pending = asked
+		if len(pending) > 0 {
+			ok, probe = l.br.admit()
+		}
 	}
 	if ok {
 		sent := make([]ratelimit.Request, len(pending))
-		w := l.weight()
 		for j, i := range pending {
 			sent[j] = reqs[i]
 			sent[j].Weight = w
@@ -77,7 +93,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		local := make([]int, 0, len(pending))
 		counted := false
 		for j, i := range pending {
-			d, fallback, err := l.settle(ctx, reqs[i], ids[i], sds[j], serrs[j], at, !counted)
+			d, fallback, err := l.settle(ctx, sent[j], ids[i], sds[j], serrs[j], at, !counted)
 			if fallback {
 				counted = true
 				local = append(local, i)
@@ -115,7 +131,7 @@ func (l *Limiter) settle(ctx context.Context, req ratelimit.Request, id ratelimi
 	case err == nil:
 		l.br.success()
 		l.stats.storeDecisions.Add(1)
-		l.remember(l.keyOfIdentity(req.Policy, id), req.Policy, id, d, sent, l.cfg.Now())
+		l.remember(l.keyOfIdentity(req.Policy, id), req, id, d, sent, l.cfg.Now())
 		return d, false, nil
 	case errors.Is(err, ratelimit.ErrInvalidRequest) || errors.Is(err, ratelimit.ErrInvalidPolicy):
 		return ratelimit.Decision{}, false, err
@@ -163,17 +179,67 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 
 // remember keeps the store's reply as the key's snapshot and updates the
 // clock offset (the reply's time is taken as the middle of the round trip).
-func (l *Limiter) remember(k key, p ratelimit.Policy, id ratelimit.Identity, d ratelimit.Decision, sent, recv time.Time) {
+func (l *Limiter) remember(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, sent, recv time.Time) {
+	p := req.Policy
 	l.learnOffset(d.State.Now, sent, recv)
 	l.mu.Lock()
 	e := l.entry(k)
 	e.snap, e.snapValid = d.State, true
+	e.refusedUntil = 0
+	if !d.Allowed && d.RetryAfter > 0 && exactRetry(p.Algorithm) {
+		e.refusedUntil = d.State.Now + d.RetryAfter.Microseconds()
+		e.refusedCost, e.refusedW = req.Units(), req.Weight
+	}
 	if e.policy == nil || *e.policy != p {
 		e.policy = l.policyRef(p)
 	}
 	e.identity = id
 	e.version++
 	l.mu.Unlock()
+}
+
+// exactRetry reports whether an algorithm's RetryAfter is exact: no request
+// of the same cost can be admitted before it by any instance, because only
+// more use can happen meanwhile (the token bucket and GCRA refill at a fixed
+// rate; the log's oldest entry expires at a fixed time).
+func exactRetry(a ratelimit.Algorithm) bool {
+	return a == ratelimit.TokenBucket || a == ratelimit.GCRA || a == ratelimit.SlidingWindowLog
+}
+
+// refusalMargin is how much earlier than the store said a cached refusal
+// ends: the store's clock is estimated from the local one (within half a
+// round trip), and a request the store would admit must not be refused.
+const refusalMargin = 2 * time.Millisecond
+
+// cachedRefusal answers req from the store's last refusal of its key, when
+// that refusal still holds exactly (see entry.refusedUntil): same policy, at
+// least the refused cost, a weight at least as strict (w, the weight the
+// store call would carry), and the retry time not yet reached.
+func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight) (ratelimit.Decision, bool) {
+	now := l.storeNow()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.keys.Peek(k)
+	if !ok || e.refusedUntil == 0 || e.policy == nil || *e.policy != req.Policy || req.Units() < e.refusedCost ||
+		!atLeastAsStrict(w, e.refusedW) {
+		return ratelimit.Decision{}, false
+	}
+	left := e.refusedUntil - now - refusalMargin.Microseconds()
+	if left <= 0 {
+		return ratelimit.Decision{}, false
+	}
+	l.stats.cachedRefusals.Add(1)
+	reset := max(time.Duration(left)*time.Microsecond, time.Duration(e.snap.Now-now)*time.Microsecond)
+	return ratelimit.Decision{Limit: req.Policy.Capacity(), RetryAfter: time.Duration(left+refusalMargin.Microseconds()) * time.Microsecond,
+		ResetAfter: reset, State: e.snap, Mode: ratelimit.ModeRedis}, true
+}
+
+// atLeastAsStrict reports whether weight w holds back at least as much as
+// was (a zero Weight is 1/1).
+func atLeastAsStrict(w, was ratelimit.Weight) bool {
+	num, den := max(w.Num, 1), max(w.Den, 1)
+	wnum, wden := max(was.Num, 1), max(was.Den, 1)
+	return num*wden >= wnum*den
 }
 
 // maxPolicies bounds how many distinct policies the limiter shares among

@@ -81,8 +81,8 @@ type Limiter struct {
 	policies map[ratelimit.Policy]*ratelimit.Policy // see policyRef
 
 	stats struct {
-		storeDecisions, localDecisions       atomic.Uint64
-		failures, failedDecisions, evictions atomic.Uint64
+		storeDecisions, localDecisions, cachedRefusals atomic.Uint64
+		failures, failedDecisions, evictions           atomic.Uint64
 	}
 	lastRecovery atomic.Pointer[time.Time]
 	recoverStart time.Time // owned by the loop goroutine

@@ -702,3 +702,63 @@ func TestRefusedStoreIsProbedOften(t *testing.T) {
 		}
 	})
 }
+
+// TestRefusalAnsweredLocally: a key the store refused until T is refused
+// without a round trip until T, for requests at least as costly; a cheaper
+// request still asks the store (it might fit), and after T the store is
+// asked again and admits. No admission changes: only refusals are cached.
+func TestRefusalAnsweredLocally(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		f.live.Store(1)
+		l := newLimiter(t, f, resilient.Config{})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.TokenBucket, Limit: 6, Window: time.Minute} // a token every 10 s
+		ctx := context.Background()
+		decide := func(cost int64) ratelimit.Decision {
+			t.Helper()
+			d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", Cost: cost})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}
+		for range 5 {
+			if !decide(1).Allowed {
+				t.Fatal("refused within the burst")
+			}
+		}
+		// One token left: a cost of 3 is refused by the store (20 s to wait).
+		calls := len(f.DecideCalls())
+		if d := decide(3); d.Allowed || d.Mode != ratelimit.ModeRedis {
+			t.Fatalf("cost 3: %+v, want the store's refusal", d)
+		}
+		if got := len(f.DecideCalls()) - calls; got != 1 {
+			t.Fatalf("%d store calls, want 1", got)
+		}
+		// The same cost again, and a larger one: no round trip.
+		for _, cost := range []int64{3, 4} {
+			if d := decide(cost); d.Allowed || d.RetryAfter <= 0 {
+				t.Fatalf("cost %d: %+v, want a refusal with a retry time", cost, d)
+			}
+		}
+		if got := len(f.DecideCalls()) - calls; got != 1 {
+			t.Fatalf("%d store calls for three refusals of the same key, want 1", got)
+		}
+		// A cheaper request may fit: the store is asked, and admits it.
+		if d := decide(1); !d.Allowed {
+			t.Fatalf("cost 1 with a token left: %+v, want admitted", d)
+		}
+		if got := len(f.DecideCalls()) - calls; got != 2 {
+			t.Fatalf("%d store calls, want the cheaper request asked", got)
+		}
+		if s := l.Status(); s.CachedRefusals != 2 {
+			t.Fatalf("cached_refusals %d, want 2", s.CachedRefusals)
+		}
+		// Past the retry time the store is asked again.
+		decide(1) // refused by the store: empty
+		time.Sleep(31 * time.Second)
+		if d := decide(3); !d.Allowed {
+			t.Fatalf("after 31 s (3 tokens back): %+v, want admitted", d)
+		}
+	})
+}

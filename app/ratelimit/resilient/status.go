@@ -18,6 +18,10 @@ type Status struct {
 	FleetSize      int64  `json:"fleet_size"`
 	StoreDecisions uint64 `json:"store_decisions"`
 	LocalDecisions uint64 `json:"local_decisions"`
+	// CachedRefusals are requests refused without a round trip: the store
+	// had refused their key until a time not yet reached (token bucket,
+	// GCRA and the log, whose retry times are exact).
+	CachedRefusals uint64 `json:"cached_refusals"`
 	LocalGrants    uint64 `json:"local_grants"`
 	StoreFailures  uint64 `json:"store_failures"`
 	// FailedDecisions are decisions whose store call failed or timed out
@@ -57,6 +61,7 @@ func (l *Limiter) Status() Status {
 		FleetSize:       l.fleetSize(),
 		StoreDecisions:  l.stats.storeDecisions.Load(),
 		LocalDecisions:  l.stats.localDecisions.Load(),
+		CachedRefusals:  l.stats.cachedRefusals.Load(),
 		LocalGrants:     js.Granted + js.Overflow,
 		StoreFailures:   l.stats.failures.Load(),
 		FailedDecisions: l.stats.failedDecisions.Load(),
