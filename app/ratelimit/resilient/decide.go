@@ -207,8 +207,9 @@ func exactRetry(a ratelimit.Algorithm) bool {
 }
 
 // refusalMargin is how much earlier than the store said a cached refusal
-// ends: the store's clock is estimated from the local one (within half a
-// round trip), and a request the store would admit must not be refused.
+// ends, on top of the error of the estimate of the store's clock (half the
+// round trip it was learned from): a request the store would admit must not
+// be refused.
 const refusalMargin = 2 * time.Millisecond
 
 // cachedRefusal answers req from the store's last refusal of its key, when
@@ -224,13 +225,14 @@ func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight
 		!atLeastAsStrict(w, e.refusedW) {
 		return ratelimit.Decision{}, false
 	}
-	left := e.refusedUntil - now - refusalMargin.Microseconds()
+	margin := refusalMargin.Microseconds() + l.offsetErr.Load()
+	left := e.refusedUntil - now - margin
 	if left <= 0 {
 		return ratelimit.Decision{}, false
 	}
 	l.stats.cachedRefusals.Add(1)
 	reset := max(time.Duration(left)*time.Microsecond, time.Duration(e.snap.Now-now)*time.Microsecond)
-	return ratelimit.Decision{Limit: req.Policy.Capacity(), RetryAfter: time.Duration(left+refusalMargin.Microseconds()) * time.Microsecond,
+	return ratelimit.Decision{Limit: req.Policy.Capacity(), RetryAfter: time.Duration(left+margin) * time.Microsecond,
 		ResetAfter: reset, State: e.snap, Mode: ratelimit.ModeRedis}, true
 }
 
@@ -269,6 +271,7 @@ func (l *Limiter) learnOffset(storeNow int64, sent, recv time.Time) {
 	}
 	mid := sent.UnixMicro() + recv.Sub(sent).Microseconds()/2
 	l.offset.Store(storeNow - mid)
+	l.offsetErr.Store(recv.Sub(sent).Microseconds()/2 + 1)
 }
 
 func (l *Limiter) entry(k key) *entry {

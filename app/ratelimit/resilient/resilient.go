@@ -65,6 +65,7 @@ type Limiter struct {
 	replay  sync.Mutex // one replay at a time
 
 	offset    atomic.Int64 // store clock minus local clock, µs
+	offsetErr atomic.Int64 // how far off offset may be, µs (half the round trip it came from)
 	live      atomic.Int64
 	suspect   atomic.Int64
 	fleetSeen atomic.Bool
