@@ -421,14 +421,14 @@ func write(out, md string, res Results) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (scripts/bench.sh, loadtest/cmd/bench) on %s; %s; %d keys, %s per row, every row against the same fresh redis-server in one run. The raw figures are in `bench-out/results.json`.\n\n",
 		time.Now().UTC().Format("2006-01-02"), res.Machine, res.Keys, res.CellTime)
-	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout), `peer/*` the peer libraries; every side on one go-redis client of %d connections, `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant. The load generator and Redis share the machine's cores.\n\n", res.Pool)
+	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant. The load generator and Redis share the machine's cores.\n\n", res.Pool)
 	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range res.Rows {
-		ns, allocs := "", ""
-		if r.NsPerOp > 0 {
-			ns, allocs = fmt.Sprint(r.NsPerOp), fmt.Sprint(r.AllocsPerOp)
+		p50, p99, ns, allocs := fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.1f", r.P99us), "", ""
+		if r.NsPerOp > 0 { // a Go benchmark: ns/op, not a latency distribution
+			p50, p99, ns, allocs = "", "", fmt.Sprint(r.NsPerOp), fmt.Sprint(r.AllocsPerOp)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.1f | %.1f | %s | %s |\n", r.Name, r.Goroutines, r.DecisionsPerS, r.P50us, r.P99us, ns, allocs)
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s |\n", r.Name, r.Goroutines, r.DecisionsPerS, p50, p99, ns, allocs)
 	}
 	b.WriteString("\n## Ratios, same run\n\n| ratio | value |\n| --- | ---: |\n")
 	keys := make([]string, 0, len(res.Ratios))
