@@ -169,6 +169,13 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
+	return l.decideOne(callCtx, req)
+}
+
+// decideOne sends one valid request (with an ID) as a single EVALSHA
+// (EVAL after a NOSCRIPT), within ctx.
+func (l *Limiter) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	callCtx := ctx
 	var now int64
 	if l.now != nil {
 		now = l.now().UnixMicro()
@@ -241,8 +248,13 @@ var unavailablePrefixes = []string{"NOSCRIPT", "LOADING", "READONLY", "CLUSTERDO
 // answered, but not with a decision). A cancelled caller context is returned
 // as is.
 func classify(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("redisstore: %w", ctx.Err())
+	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(cerr, context.DeadlineExceeded) {
+			// The call outlived its deadline: the store did not answer
+			// in time, which is unavailability (and still a deadline).
+			return fmt.Errorf("%w: redisstore: %w", ratelimit.ErrUnavailable, cerr)
+		}
+		return fmt.Errorf("redisstore: %w", cerr)
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) && !isNetError(err) {
@@ -317,6 +329,10 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 // are sent again, so nothing is counted twice.
 func (l *Limiter) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
+	if len(reqs) == 1 { // a lone call: a plain command costs less than a pipeline
+		ds[0], errs[0] = l.decideOne(ctx, reqs[0])
+		return ds, errs
+	}
 	pl := l.client.(redis.Cmdable)
 	var now int64
 	if l.now != nil {
