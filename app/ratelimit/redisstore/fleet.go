@@ -43,15 +43,40 @@ func (l *Limiter) Ping(ctx context.Context) error {
 // for less than grace: possibly cut off and granting locally), Redis' data
 // generation (see Generation) and Redis' clock.
 func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (ratelimit.Fleet, error) {
-	return l.fleet(ctx, instance, "beat", ttl, grace)
+	f, err := l.fleet(ctx, instance, "beat", ttl, grace)
+	if err != nil {
+		return f, err
+	}
+	return f, l.shardGeneration(ctx, &f.Generation)
+}
+
+// shardGeneration replaces *gen with the per-range generations on a Cluster
+// (shards.go).
+func (l *Limiter) shardGeneration(ctx context.Context, gen *string) error {
+	callCtx, cancel := l.callContext(ctx)
+	defer cancel()
+	g, cluster, err := l.clusterGeneration(callCtx)
+	if err != nil {
+		return err
+	}
+	if cluster {
+		*gen = g
+	}
+	return nil
 }
 
 // Generation returns Redis' data generation: a random string stored once
 // (without expiry) under the fleet's tag. It changes when Redis loses its
 // data (restarted without its AOF, flushed), which tells a recovering
-// instance that Redis forgot what was granted before the outage.
+// instance that Redis forgot what was granted before the outage. On a
+// Cluster it is one generation per slot range, so that a master that loses
+// its data alone is noticed too (shards.go).
 func (l *Limiter) Generation(ctx context.Context) (string, error) {
 	f, err := l.fleet(ctx, "-", "peek", time.Second, time.Second)
+	if err != nil {
+		return "", err
+	}
+	err = l.shardGeneration(ctx, &f.Generation)
 	return f.Generation, err
 }
 

@@ -81,7 +81,8 @@ type Limiter struct {
 	now          func() time.Time // tests only; nil: Redis TIME
 	idBase       string
 	seq          atomic.Uint64
-	co           *coalescer // nil: every call its own round trip
+	co           *coalescer  // nil: every call its own round trip
+	shards       shardLayout // a Cluster's slot ranges (shards.go)
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)

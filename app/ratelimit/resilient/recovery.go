@@ -76,7 +76,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 		// breaker to notice: put back what the snapshots knew. Until that
 		// succeeds the new generation is not recorded, so the next
 		// heartbeat (or probe) tries again.
-		if err := l.restore(ctx, gen); err != nil {
+		if err := l.restore(ctx, *l.gen.Load(), gen); err != nil {
 			l.br.failure("restore: "+err.Error(), isTimeout(err))
 		} else {
 			l.gen.Store(&gen)
@@ -119,7 +119,7 @@ func (l *Limiter) probe(ctx context.Context) (refused bool) {
 		// go on top of it.
 		// Not recorded until the restore succeeded: a failed one is tried
 		// again at the next probe.
-		if err := l.restore(ctx, gen); err != nil {
+		if err := l.restore(ctx, *l.gen.Load(), gen); err != nil {
 			l.br.set(Recovering, Open, "restore failed: "+err.Error())
 			return false
 		}

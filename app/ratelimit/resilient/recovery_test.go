@@ -23,6 +23,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+	"github.com/redis/go-redis/v9"
 )
 
 // These tests check what Redis holds after an outage and a replay: the
@@ -647,4 +648,66 @@ func TestRecoveryDoesNotBounceOnASlowHeartbeat(t *testing.T) {
 			t.Fatalf("breaker %s after %d openings, %d pending: want closed, opened once, journal empty", st.Breaker, st.Opens, st.Journal.Pending)
 		}
 	})
+}
+
+// TestClusterShardWipeIsRestored: on a 3-master Cluster, a master that does
+// not hold the fleet's keys loses its data. The per-range generations notice
+// it, and the usage the snapshots knew is put back for the keys of that
+// master only: keys on the other masters are not charged twice.
+func TestClusterShardWipeIsRestored(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	client := redis.NewClusterClient(cl.ClusterOptions())
+	t.Cleanup(func() { _ = client.Close() })
+	store := redisstore.New(client, redisstore.WithTimeout(time.Second))
+	l, err := resilient.New(store, resilient.Config{Instance: "shard", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	p := ratelimit.Policy{Name: "shard", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: time.Hour}
+	var keys []string
+	for i := range 60 {
+		k := fmt.Sprint("client-", i)
+		keys = append(keys, k)
+		for range 5 {
+			if d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: k}); err != nil || !d.Allowed || d.Mode != ratelimit.ModeRedis {
+				t.Fatalf("%s: %+v %v", k, d, err)
+			}
+		}
+	}
+	fleetMaster := cl.MasterFor(store.FleetKey())
+	var wiped *redistest.Server
+	onWiped := 0
+	for _, k := range keys {
+		if m := cl.MasterFor(store.Key(p, k)); m != fleetMaster {
+			if wiped == nil {
+				wiped = m
+			}
+			if m == wiped {
+				onWiped++
+			}
+		}
+	}
+	if wiped == nil || onWiped == 0 {
+		t.Fatal("no key on a master other than the fleet's")
+	}
+	time.Sleep(300 * time.Millisecond) // a few heartbeats: the generations are known
+	if err := wiped.Client().FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a restore", 5*time.Second, func() bool { return l.Status().Restores >= 1 })
+	for _, k := range keys {
+		d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: k})
+		if err != nil || d.Mode != ratelimit.ModeRedis {
+			t.Fatalf("%s: %+v %v", k, d, err)
+		}
+		where := "another master"
+		if cl.MasterFor(store.Key(p, k)) == wiped {
+			where = "the wiped master"
+		}
+		if d.Remaining != 4 {
+			t.Errorf("%s (on %s): %d left after 6 requests, want 4: the usage before the wipe must count once", k, where, d.Remaining)
+		}
+	}
 }

@@ -5,6 +5,8 @@ package resilient
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
@@ -18,13 +20,18 @@ import (
 // generation and not the instance, so the first instance to restore a key
 // wins and the others' batches are refused: the usage is put back once,
 // from the most recent snapshot that reached the store first.
-func (l *Limiter) restore(ctx context.Context, gen string) error {
+func (l *Limiter) restore(ctx context.Context, old, gen string) error {
 	now := l.storeNow()
-	marker := "restore-" + gen
+	sum := sha256.Sum256([]byte(gen))
+	marker := "restore-" + hex.EncodeToString(sum[:8])
+	inScope := func(ratelimit.Policy, ratelimit.Identity) bool { return true }
+	if s, ok := l.store.(scoped); ok {
+		inScope = s.RestoreScope(old, gen)
+	}
 	var batches []ratelimit.ReplayBatch
 	l.mu.Lock()
 	for _, e := range l.keys.Values() {
-		if !e.snapValid || e.policy == nil || e.snap.Now < now-2*e.policy.WindowMicros() {
+		if !e.snapValid || e.policy == nil || e.snap.Now < now-2*e.policy.WindowMicros() || !inScope(*e.policy, e.identity) {
 			continue
 		}
 		if g := restoreGrants(*e.policy, e.snap, marker); len(g) > 0 {
@@ -38,6 +45,13 @@ func (l *Limiter) restore(ctx context.Context, gen string) error {
 	}
 	l.restores.Add(1)
 	return nil
+}
+
+// scoped is a Store whose data can be lost in parts (a Cluster's masters):
+// RestoreScope says which keys a change of generation from old to new lost.
+// redisstore.Limiter is one.
+type scoped interface {
+	RestoreScope(old, new string) func(ratelimit.Policy, ratelimit.Identity) bool
 }
 
 // restoreGrants turns a snapshot into the grants that rebuild its usage.

@@ -1,0 +1,194 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// On a Cluster, each master can lose its data on its own (a master restarted
+// empty, with no replica to fail over to). One generation key would notice
+// only its own master's loss, so the generation is one key per slot range,
+// each hashed into that range, and Generation (and Heartbeat) return them
+// all: "<first slot>-<last slot>=<generation>,...". A restore after a change
+// puts back only the keys whose slots lie in a range whose generation
+// changed (RestoreScope): the other masters still hold their usage.
+
+var shardGenScript = redis.NewScript(`local g = redis.call('GET', KEYS[1])
+if not g then
+  redis.call('SET', KEYS[1], ARGV[1])
+  g = ARGV[1]
+end
+return g`)
+
+// slotCount is the number of Cluster hash slots.
+const slotCount = 16384
+
+// shardLayout is the Cluster's slot ranges and, for each, a generation key
+// hashed into it; refreshed every layoutTTL.
+type shardLayout struct {
+	mu     sync.Mutex
+	at     time.Time
+	ranges []slotRange
+}
+
+type slotRange struct {
+	first, last int
+	key         string
+}
+
+const layoutTTL = 5 * time.Second
+
+// clusterGeneration returns the per-range generations of a Cluster, and
+// false for a client that is not one.
+func (l *Limiter) clusterGeneration(ctx context.Context) (string, bool, error) {
+	cc, ok := l.client.(*redis.ClusterClient)
+	if !ok {
+		return "", false, nil
+	}
+	ranges, err := l.slotRanges(ctx, cc)
+	if err != nil {
+		return "", true, err
+	}
+	pipe := cc.Pipeline()
+	cmds := make([]*redis.Cmd, len(ranges))
+	for i, r := range ranges {
+		var g [12]byte
+		_, _ = rand.Read(g[:])
+		cmds[i] = shardGenScript.EvalSha(ctx, pipe, []string{r.key}, hex.EncodeToString(g[:]))
+	}
+	_, _ = pipe.Exec(ctx)
+	var b strings.Builder
+	for i, r := range ranges {
+		g, err := cmds[i].Text()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			var gb [12]byte
+			_, _ = rand.Read(gb[:])
+			g, err = shardGenScript.Run(ctx, cc, []string{r.key}, hex.EncodeToString(gb[:])).Text()
+		}
+		if err != nil {
+			l.shards.mu.Lock()
+			l.shards.at = time.Time{} // the layout may have moved: read it again
+			l.shards.mu.Unlock()
+			return "", true, classify(ctx, err)
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%d-%d=%s", r.first, r.last, g)
+	}
+	return b.String(), true, nil
+}
+
+// slotRanges returns the Cluster's slot ranges with their generation keys,
+// from CLUSTER SLOTS at most every layoutTTL.
+func (l *Limiter) slotRanges(ctx context.Context, cc *redis.ClusterClient) ([]slotRange, error) {
+	l.shards.mu.Lock()
+	defer l.shards.mu.Unlock()
+	if l.shards.ranges != nil && time.Since(l.shards.at) < layoutTTL {
+		return l.shards.ranges, nil
+	}
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		return nil, classify(ctx, err)
+	}
+	ranges := make([]slotRange, 0, len(slots))
+	for _, s := range slots {
+		tag, ok := tagIn(l.prefix, int(s.Start), int(s.End))
+		if !ok {
+			return nil, fmt.Errorf("%w: no generation key for slots %d-%d", ratelimit.ErrBadReply, s.Start, s.End)
+		}
+		ranges = append(ranges, slotRange{first: int(s.Start), last: int(s.End), key: "{" + tag + "}:generation"})
+	}
+	slices.SortFunc(ranges, func(a, b slotRange) int { return a.first - b.first })
+	l.shards.ranges, l.shards.at = ranges, time.Now()
+	return ranges, nil
+}
+
+// tagIn finds a hash tag "<prefix>:gen:<n>" whose slot lies in [first, last].
+func tagIn(prefix string, first, last int) (string, bool) {
+	for n := range 1 << 20 {
+		tag := prefix + ":gen:" + strconv.Itoa(n)
+		if s := slot(tag); s >= first && s <= last {
+			return tag, true
+		}
+	}
+	return "", false
+}
+
+// slot is the Cluster hash slot of a hash tag's content: CRC16 (XMODEM)
+// modulo 16384.
+func slot(tag string) int {
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % slotCount
+}
+
+// RestoreScope says which keys a restore after a change of generation from
+// old to new must put back: on a Cluster, the keys whose slots lie in a
+// range whose generation changed (the other masters kept their data); on a
+// single Redis, or when the generations cannot be compared range by range,
+// every key.
+func (l *Limiter) RestoreScope(old, new string) func(p ratelimit.Policy, id ratelimit.Identity) bool {
+	all := func(ratelimit.Policy, ratelimit.Identity) bool { return true }
+	before, ok1 := parseShards(old)
+	after, ok2 := parseShards(new)
+	if !ok1 || !ok2 {
+		return all
+	}
+	var changed [][2]int
+	for r, g := range after {
+		if before[r] != g {
+			changed = append(changed, r)
+		}
+	}
+	return func(_ ratelimit.Policy, id ratelimit.Identity) bool {
+		tag := l.tag(id)
+		s := slot(tag[1 : len(tag)-1])
+		for _, r := range changed {
+			if s >= r[0] && s <= r[1] {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// parseShards reads "<first>-<last>=<generation>,..." (false for a single
+// Redis' plain generation).
+func parseShards(gen string) (map[[2]int]string, bool) {
+	if !strings.Contains(gen, "=") {
+		return nil, false
+	}
+	out := map[[2]int]string{}
+	for part := range strings.SplitSeq(gen, ",") {
+		rng, g, ok := strings.Cut(part, "=")
+		a, b, ok2 := strings.Cut(rng, "-")
+		first, err1 := strconv.Atoi(a)
+		last, err2 := strconv.Atoi(b)
+		if !ok || !ok2 || err1 != nil || err2 != nil {
+			return nil, false
+		}
+		out[[2]int{first, last}] = g
+	}
+	return out, true
+}
