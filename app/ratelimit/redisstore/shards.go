@@ -145,7 +145,8 @@ func slot(tag string) int {
 
 // RestoreScope says which keys a restore after a change of generation from
 // old to new must put back: on a Cluster, the keys whose slots lie in a
-// range whose generation changed (the other masters kept their data); on a
+// range whose generation changed (the other masters kept their data; a
+// range that did not exist before, after a resharding, is not restored); on a
 // single Redis, or when the generations cannot be compared range by range,
 // every key.
 func (l *Limiter) RestoreScope(old, new string) func(p ratelimit.Policy, id ratelimit.Identity) bool {
@@ -155,9 +156,12 @@ func (l *Limiter) RestoreScope(old, new string) func(p ratelimit.Policy, id rate
 	if !ok1 || !ok2 {
 		return all
 	}
+	// A range that is new (the slots were resharded) is not taken as lost:
+	// putting its keys' usage back on top of what they hold would charge
+	// them twice.
 	var changed [][2]int
 	for r, g := range after {
-		if before[r] != g {
+		if was, ok := before[r]; ok && was != g {
 			changed = append(changed, r)
 		}
 	}

@@ -38,6 +38,12 @@ func TestRestoreScope(t *testing.T) {
 	if in == 0 || out == 0 {
 		t.Fatalf("%d keys in the changed range and %d outside: the test covers nothing", in, out)
 	}
+	resharded := l.RestoreScope(old, "0-8000=a,8001-16383=z")
+	for i := range 300 {
+		if resharded(ratelimit.Policy{}, [32]byte{byte(i), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i), byte(i * 7)}) {
+			t.Fatal("after a resharding, a new range was taken as lost")
+		}
+	}
 	if !New(nil).RestoreScope("gen-1", "gen-2")(ratelimit.Policy{}, [32]byte{}) {
 		t.Fatal("a single Redis' new generation must put back every key")
 	}
