@@ -163,6 +163,7 @@ func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- evictionsDesc
 	ch <- suspectDesc
 	ch <- cachedRefusalsDesc
+	ch <- journalDamageDesc
 }
 
 func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
@@ -187,6 +188,8 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(evictionsDesc, prometheus.CounterValue, float64(r.Evictions))
 		ch <- prometheus.MustNewConstMetric(suspectDesc, prometheus.GaugeValue, float64(r.Suspect))
 		ch <- prometheus.MustNewConstMetric(cachedRefusalsDesc, prometheus.CounterValue, float64(r.CachedRefusals))
+		ch <- prometheus.MustNewConstMetric(journalDamageDesc, prometheus.CounterValue, float64(j.Corrupt), "corrupt_line")
+		ch <- prometheus.MustNewConstMetric(journalDamageDesc, prometheus.CounterValue, float64(j.WriteErrors), "write_error")
 	}
 }
 
@@ -197,6 +200,8 @@ var (
 		"Replay batches Redis refused because their idempotency marker was set.", nil, nil)
 	evictionsDesc = prometheus.NewDesc("ratelimit_fallback_evictions_total",
 		"Keys evicted from the local fallback state to stay within RL_KEY_CAPACITY.", nil, nil)
+	journalDamageDesc = prometheus.NewDesc("ratelimit_journal_problems_total",
+		"Journal lines skipped at start as torn or corrupt (corrupt_line), and journal writes that failed (write_error: grants handed out without a durable record).", []string{"what"}, nil)
 	cachedRefusalsDesc = prometheus.NewDesc("ratelimit_cached_refusals_total",
 		"Requests refused without a Redis round trip: Redis had refused their key until a time not yet reached (token bucket, GCRA, sliding window log).", nil, nil)
 	suspectDesc = prometheus.NewDesc("ratelimit_suspect_instances",

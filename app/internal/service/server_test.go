@@ -344,7 +344,7 @@ func TestRedisUnreachable(t *testing.T) {
 		}
 	}
 	_, body = get(t, "http://"+s.AdminAddr()+"/metrics")
-	for _, want := range []string{`ratelimit_breaker_transitions_total{from="closed",to="open"} 1`, `ratelimit_journal_units_total{what="granted"} 55`, `ratelimit_decisions_total{mode="local",policy="gcra",result="allowed"} 25`} {
+	for _, want := range []string{`ratelimit_breaker_transitions_total{from="closed",to="open"} 1`, `ratelimit_journal_units_total{what="granted"} 55`, `ratelimit_journal_problems_total{what="corrupt_line"} 0`, `ratelimit_cached_refusals_total `, `ratelimit_decisions_total{mode="local",policy="gcra",result="allowed"} 25`} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("/metrics lacks %s:\n%s", want, grep(body, "ratelimit_"))
 		}
