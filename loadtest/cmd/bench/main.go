@@ -58,6 +58,8 @@ type Row struct {
 	P99us         float64 `json:"p99_us"`
 	NsPerOp       float64 `json:"ns_per_op,omitempty"`
 	AllocsPerOp   int64   `json:"allocs_per_op,omitempty"`
+	HeapBytes     int64   `json:"heap_bytes,omitempty"`
+	KeysHeld      int64   `json:"keys_held,omitempty"`
 }
 
 // Results is results.json.
@@ -325,6 +327,35 @@ func fallbackRows(logger *slog.Logger) []Row {
 			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k" + strconv.Itoa(i%1000)})
 		}
 	})
+	// The fallback's memory with 1M distinct keys: bounded by its key
+	// capacity (the service's default, 100 000), not by the keys seen.
+	{
+		lim, err := resilient.New(downStore{}, resilient.Config{Instance: "bench-memory", Logger: logger, ExpectedInstances: 4, JournalMax: 1})
+		if err == nil {
+			p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Second}
+			for lim.State() != resilient.Open {
+				_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
+				time.Sleep(time.Millisecond)
+			}
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			const keys = 1_000_000
+			start := time.Now()
+			for i := range keys {
+				_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "m" + strconv.Itoa(i)})
+			}
+			elapsed := time.Since(start)
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			st := lim.Status()
+			_ = lim.Close(context.Background())
+			heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			rows = append(rows, Row{Name: "fallback/memory-1M-keys", Goroutines: 1, DecisionsPerS: round(keys / elapsed.Seconds()),
+				HeapBytes: heap, KeysHeld: int64(st.Keys)})
+			fmt.Printf("%-28s %10d keys held of 1M, heap +%d MiB\n", "fallback/memory-1M-keys", st.Keys, heap>>20)
+		}
+	}
 	for _, dir := range []string{"", "file"} {
 		name := "fallback/journal-append-memory"
 		if dir != "" {
@@ -422,13 +453,21 @@ func write(out, md string, res Results) error {
 	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (scripts/bench.sh, loadtest/cmd/bench) on %s; %s; %d keys, %s per row, every row against the same fresh redis-server in one run. The raw figures are in `bench-out/results.json`.\n\n",
 		time.Now().UTC().Format("2006-01-02"), res.Machine, res.Keys, res.CellTime)
 	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant. The load generator and Redis share the machine's cores.\n\n", res.Pool)
+	var mem strings.Builder
 	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range res.Rows {
 		p50, p99, ns, allocs := fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.1f", r.P99us), "", ""
 		if r.NsPerOp > 0 { // a Go benchmark: ns/op, not a latency distribution
 			p50, p99, ns, allocs = "", "", fmt.Sprint(r.NsPerOp), fmt.Sprint(r.AllocsPerOp)
 		}
+		if r.HeapBytes != 0 {
+			p50, p99 = "", ""
+			fmt.Fprintf(&mem, "- `%s`: %d keys held locally (the key capacity) after 1 000 000 distinct keys were decided; the heap grew by %.0f MiB.\n", r.Name, r.KeysHeld, float64(r.HeapBytes)/(1<<20))
+		}
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s |\n", r.Name, r.Goroutines, r.DecisionsPerS, p50, p99, ns, allocs)
+	}
+	if mem.Len() > 0 {
+		b.WriteString("\nThe fallback's memory:\n\n" + mem.String())
 	}
 	b.WriteString("\n## Ratios, same run\n\n| ratio | value |\n| --- | ---: |\n")
 	keys := make([]string, 0, len(res.Ratios))
