@@ -12,10 +12,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/conformance"
 	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/conformance"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 )
 

@@ -1,6 +1,14 @@
 // Package conformance is the suite every ratelimit.Limiter implementation
 // runs: validation, admission up to the capacity and not beyond, the
 // numbers a decision reports, key and policy isolation, and concurrency.
+// memstore and redisstore run it; a third-party Limiter (another store, a
+// wrapper) runs it from its own tests:
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Run(t, ratelimit.ModeRedis, func(t *testing.T) ratelimit.Limiter {
+//			return mystore.New(...)
+//		})
+//	}
 //
 // It uses long windows (an hour) so that refill during a test is far below
 // one unit: no clock control is needed, and any backend (including one whose
