@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
@@ -128,20 +129,30 @@ func (p Policy) Factor() float64 {
 	return p.FallbackFactor
 }
 
+// ValidateName reports whether s can name a policy (or an instance): 1 to 64
+// bytes of [A-Za-z0-9_.-], safe in a Redis key, a header, a log line and a
+// file name.
+func ValidateName(s string) error {
+	if s == "" || len(s) > maxNameBytes {
+		return fmt.Errorf("must be 1 to %d bytes, got %d", maxNameBytes, len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return errors.New("may hold only letters, digits, '_', '-' and '.'")
+		}
+	}
+	return nil
+}
+
 // Validate reports the first invalid field as a *FieldError wrapping
 // ErrInvalidPolicy.
 func (p Policy) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &FieldError{Policy: p.Name, Field: field, Reason: fmt.Sprintf(format, args...)}
 	}
-	if p.Name == "" || len(p.Name) > maxNameBytes {
-		return bad("name", "must be 1 to %d bytes", maxNameBytes)
-	}
-	for i := 0; i < len(p.Name); i++ {
-		c := p.Name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return bad("name", "may hold only letters, digits, '_', '-' and '.'")
-		}
+	if err := ValidateName(p.Name); err != nil {
+		return bad("name", "%v", err)
 	}
 	switch p.Algorithm {
 	case TokenBucket, SlidingWindowLog, SlidingWindowCounter, GCRA:

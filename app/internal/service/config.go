@@ -14,6 +14,7 @@ import (
 	"github.com/caarlos0/env/v11"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 )
 
@@ -155,7 +156,7 @@ func (c *Config) validate() error {
 		}
 		c.Instance = host
 	}
-	if err := validName(c.Instance); err != nil {
+	if err := ratelimit.ValidateName(c.Instance); err != nil {
 		return configErr("RL_INSTANCE", "%w", err)
 	}
 	if c.ListenAddr == c.AdminAddr && !strings.HasSuffix(c.ListenAddr, ":0") {
@@ -228,21 +229,6 @@ func (c *Config) validate() error {
 			return configErr("RL_API_KEY_SECRET", "%w (comma-separated secrets of at least %d bytes each)", err, apikey.MinSecretBytes)
 		}
 		c.APIKeys = v
-	}
-	return nil
-}
-
-// validName accepts an instance name: 1 to 64 bytes of [A-Za-z0-9_.-], so it
-// is safe in a header, a log line and a file name.
-func validName(s string) error {
-	if s == "" || len(s) > 64 {
-		return fmt.Errorf("must be 1 to 64 bytes, got %d", len(s))
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return fmt.Errorf("%q may hold only letters, digits, '_', '-' and '.'", s)
-		}
 	}
 	return nil
 }

@@ -82,7 +82,7 @@ func TestLoadConfigValues(t *testing.T) {
 
 func TestLoadConfigHostnameDefault(t *testing.T) {
 	host, err := os.Hostname()
-	if err != nil || validName(host) != nil {
+	if err != nil || ratelimit.ValidateName(host) != nil {
 		t.Skip("hostname unusable as an instance name")
 	}
 	cfg, err := LoadConfig(envOf(nil))
