@@ -6,10 +6,13 @@
 #   scripts/bench.sh [flags for loadtest/cmd/bench]   (make bench BENCH_ARGS="-cell 5s")
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PATH=$PATH:/usr/sbin:/sbin
-for bin in redis-server redis-benchmark; do
-    command -v "$bin" >/dev/null || { echo "bench: $bin not found (apt-get install redis-server)" >&2; exit 1; }
+# shellcheck source=scripts/lib/find-bin.sh
+. scripts/lib/find-bin.sh
+for bin in redis-server redis-cli redis-benchmark; do
+    path=$(find_bin "$bin") || { echo "bench: $bin not found (apt-get install redis-server)" >&2; exit 1; }
+    PATH=$PATH:$(dirname "$path")
 done
+export PATH
 go build -o bin/bench ./loadtest/cmd/bench
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 dir=$(mktemp -d)

@@ -26,14 +26,8 @@ missing() {
     fi
 }
 
-find_bin() {
-    command -v "$1" 2>/dev/null && return 0
-    local d
-    for d in /usr/sbin /usr/local/sbin /sbin; do
-        [[ -x $d/$1 ]] && { echo "$d/$1"; return 0; }
-    done
-    return 1
-}
+# shellcheck source=scripts/lib/find-bin.sh
+. scripts/lib/find-bin.sh
 
 # 1. shell syntax
 scripts=(scripts/*.sh scripts/lib/*.sh)

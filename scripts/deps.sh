@@ -8,9 +8,9 @@
 # this prints exactly what to install and exits 1.
 set -euo pipefail
 
-have() {
-    command -v "$1" >/dev/null 2>&1 || [[ -x /usr/sbin/$1 || -x /sbin/$1 || -x /usr/local/sbin/$1 ]]
-}
+# shellcheck source=scripts/lib/find-bin.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/find-bin.sh"
+have() { find_bin "$1" >/dev/null; }
 
 pkgs=()
 have redis-server || pkgs+=(redis-server)

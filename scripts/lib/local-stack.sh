@@ -125,21 +125,9 @@ ls_port_busy() {
 
 # ---- binaries -----------------------------------------------------------------------
 
-# Find a program in PATH or in the sbin directories an ordinary user's PATH lacks.
-ls_find_bin() {
-    local name=$1 d
-    if command -v "$name" >/dev/null 2>&1; then
-        command -v "$name"
-        return 0
-    fi
-    for d in /usr/sbin /usr/local/sbin /sbin /usr/bin /usr/local/bin; do
-        if [[ -x $d/$name ]]; then
-            echo "$d/$name"
-            return 0
-        fi
-    done
-    return 1
-}
+# shellcheck source=scripts/lib/find-bin.sh
+. "$(dirname "${BASH_SOURCE[0]}")/find-bin.sh"
+ls_find_bin() { find_bin "$@"; }
 
 ls_require_tools() {
     local missing=() pkgs=()
