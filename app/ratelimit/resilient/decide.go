@@ -24,6 +24,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 	}
 	id := ratelimit.IdentityOf(req.Key)
 	if l.br.State() == Closed {
+		req = l.withID(req)
 		r := req
 		r.Weight = l.weight()
 		if d, ok := l.cachedRefusal(l.keyOfIdentity(req.Policy, id), r, r.Weight); ok {
@@ -64,6 +65,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	if len(pending) > 0 && l.br.State() == Closed {
 		asked := pending[:0]
 		for _, i := range pending {
+			reqs[i] = l.withID(reqs[i])
 			r := reqs[i]
 			r.Weight = w
 			if d, cached := l.cachedRefusal(l.keyOfIdentity(r.Policy, ids[i]), r, w); cached {
@@ -109,17 +111,22 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	return ds, errs
 }
 
-// prepare validates req and gives it an id when it has none: one id for the
-// store call and, if it fails, the local grant, so the sliding window log
-// counts the request once even if the call still ran.
+// prepare validates req.
 func (l *Limiter) prepare(req *ratelimit.Request) error {
-	if err := req.Validate(); err != nil {
-		return err
-	}
+	return req.Validate()
+}
+
+// withID gives req an id when it has none, before it goes to the store: one
+// id for the store call and, if the call fails, the local grant, so the
+// sliding window log counts the request once even if the call still ran
+// (and the other algorithms answer a resent request once, lua/once.lua). A
+// decision made only locally needs one for the sliding window log alone,
+// whose journal keeps it as the member to replay.
+func (l *Limiter) withID(req ratelimit.Request) ratelimit.Request {
 	if req.ID == "" {
 		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
 	}
-	return nil
+	return req
 }
 
 // settle takes the store's answer (d, err) to req, sent at sent: a decision
@@ -149,6 +156,9 @@ func (l *Limiter) settle(ctx context.Context, req ratelimit.Request, id ratelimi
 func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Request) ratelimit.Decision {
 	l.stats.localDecisions.Add(1)
 	p := req.Policy
+	if p.Algorithm == ratelimit.SlidingWindowLog {
+		req = l.withID(req)
+	}
 	now := l.storeNow()
 	var d ratelimit.Decision
 	switch p.Mode() {
