@@ -4,6 +4,7 @@
 //
 //   - ours/<algorithm>: each algorithm through the limiter as deployed (the
 //     resilient layer over redisstore, the service's client settings);
+//   - ours-raw/gcra: GCRA on redisstore alone (what the resilient layer costs);
 //   - peer/redis_rate: go-redis/redis_rate v10's GCRA;
 //   - peer/ulule_limiter: ulule/limiter v3's fixed window on Redis;
 //   - ceiling/redis-benchmark-P1 and -P16: redis-benchmark running our own
@@ -158,6 +159,17 @@ func run(ctx context.Context, args []string) error {
 		}
 		for _, g := range gs {
 			add("ours/"+string(alg), g, d)
+		}
+	}
+	// Our GCRA on redisstore alone, without the fault-tolerance layer: what
+	// that layer costs.
+	{
+		p := ratelimit.Policy{Name: "bench-raw", Algorithm: ratelimit.GCRA, Limit: limit, Window: time.Second}
+		for _, g := range gs {
+			add("ours-raw/gcra", g, func(ctx context.Context, key string) error {
+				_, err := store.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
+				return err
+			})
 		}
 	}
 	if s := lim.Status(); s.LocalDecisions > 0 {
