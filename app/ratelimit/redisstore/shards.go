@@ -91,24 +91,39 @@ func (l *Limiter) clusterGeneration(ctx context.Context) (string, bool, error) {
 }
 
 // slotRanges returns the Cluster's slot ranges with their generation keys,
-// from CLUSTER SLOTS at most every layoutTTL.
+// from CLUSTER SHARDS (CLUSTER SLOTS before Redis 7) at most every
+// layoutTTL.
 func (l *Limiter) slotRanges(ctx context.Context, cc *redis.ClusterClient) ([]slotRange, error) {
 	l.shards.mu.Lock()
 	defer l.shards.mu.Unlock()
 	if l.shards.ranges != nil && time.Since(l.shards.at) < layoutTTL {
 		return l.shards.ranges, nil
 	}
-	slots, err := cc.ClusterSlots(ctx).Result()
-	if err != nil {
-		return nil, classify(ctx, err)
-	}
-	ranges := make([]slotRange, 0, len(slots))
-	for _, s := range slots {
-		tag, ok := tagIn(l.prefix, int(s.Start), int(s.End))
-		if !ok {
-			return nil, fmt.Errorf("%w: no generation key for slots %d-%d", ratelimit.ErrBadReply, s.Start, s.End)
+	var spans [][2]int
+	if shards, err := cc.ClusterShards(ctx).Result(); err == nil {
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				spans = append(spans, [2]int{int(r.Start), int(r.End)})
+			}
 		}
-		ranges = append(ranges, slotRange{first: int(s.Start), last: int(s.End), key: "{" + tag + "}:generation"})
+	} else {
+		// Redis before 7.0 has no CLUSTER SHARDS.
+		//lint:ignore SA1019 the fallback for servers without CLUSTER SHARDS
+		slots, err := cc.ClusterSlots(ctx).Result()
+		if err != nil {
+			return nil, classify(ctx, err)
+		}
+		for _, s := range slots {
+			spans = append(spans, [2]int{int(s.Start), int(s.End)})
+		}
+	}
+	ranges := make([]slotRange, 0, len(spans))
+	for _, sp := range spans {
+		tag, ok := tagIn(l.prefix, sp[0], sp[1])
+		if !ok {
+			return nil, fmt.Errorf("%w: no generation key for slots %d-%d", ratelimit.ErrBadReply, sp[0], sp[1])
+		}
+		ranges = append(ranges, slotRange{first: sp[0], last: sp[1], key: "{" + tag + "}:generation"})
 	}
 	slices.SortFunc(ranges, func(a, b slotRange) int { return a.first - b.first })
 	l.shards.ranges, l.shards.at = ranges, time.Now()
