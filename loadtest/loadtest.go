@@ -112,6 +112,15 @@ type Record struct {
 	Error     string  `json:"error,omitempty"`
 }
 
+// Admitted reports whether the fleet admitted the request (a 2xx answer).
+func (r Record) Admitted() bool { return r.Status >= 200 && r.Status < 300 }
+
+// Limited reports whether the request was refused (429).
+func (r Record) Limited() bool { return r.Status == 429 }
+
+// Failed reports whether the request got no answer or a 5xx.
+func (r Record) Failed() bool { return r.Status == 0 || r.Status >= 500 }
+
 // UnixMS converts t to Unix milliseconds, keeping microseconds.
 func UnixMS(t time.Time) float64 { return float64(t.UnixMicro()) / 1000 }
 

@@ -27,7 +27,7 @@ func bruteForce(reqs []Request, valid func(sub []Request) bool) []int {
 		}
 		last := int64(math.MinInt64)
 		for _, r := range sub {
-			last = max(last, r.recv())
+			last = max(last, recvUS(r))
 		}
 		if k := phaseOf(ps, last); k >= 0 {
 			best[k] = max(best[k], bits.OnesCount(mask))
@@ -39,7 +39,7 @@ func bruteForce(reqs []Request, valid func(sub []Request) bool) []int {
 func span(sub []Request) (minSend, maxRecv int64) {
 	minSend, maxRecv = math.MaxInt64, math.MinInt64
 	for _, r := range sub {
-		minSend, maxRecv = min(minSend, r.send()), max(maxRecv, r.recv())
+		minSend, maxRecv = min(minSend, sendUS(r)), max(maxRecv, recvUS(r))
 	}
 	return minSend, maxRecv
 }

@@ -98,7 +98,7 @@ func Check(in Input) []Row {
 			row := Row{Name: PoliteLimited, Route: route, Phase: name, Bound: bound}
 			var polite, limited int
 			for _, r := range byRoute[route] {
-				if r.Class == "polite" && phaseOf(ps, r.recv()) == pi {
+				if r.Class == "polite" && phaseOf(ps, recvUS(r)) == pi {
 					polite++
 					if r.Limited() {
 						limited++
@@ -140,7 +140,7 @@ func Check(in Input) []Row {
 		for _, pi := range judged {
 			n := 0
 			for _, r := range byRoute[route] {
-				if r.Failed() && phaseOf(ps, r.recv()) == pi {
+				if r.Failed() && phaseOf(ps, recvUS(r)) == pi {
 					n++
 				}
 			}
@@ -159,7 +159,7 @@ func Check(in Input) []Row {
 			row := Row{Name: LatencyP99, Route: route, Phase: name, Bound: bound}
 			var lat []float64
 			for _, r := range byRoute[route] {
-				if phaseOf(ps, r.recv()) == pi {
+				if phaseOf(ps, recvUS(r)) == pi {
 					lat = append(lat, r.LatencyMS)
 				}
 			}
@@ -183,7 +183,7 @@ func Check(in Input) []Row {
 
 func hasRequests(reqs []Request, ps []phaseSpan, pi int) bool {
 	for _, r := range reqs {
-		if phaseOf(ps, r.recv()) == pi {
+		if phaseOf(ps, recvUS(r)) == pi {
 			return true
 		}
 	}
@@ -240,17 +240,17 @@ func KeyGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
 	}
 	sorted := slices.Clone(reqs)
 	slices.SortStableFunc(sorted, func(a, b Request) int {
-		if c := cmp.Compare(a.send(), b.send()); c != 0 {
+		if c := cmp.Compare(sendUS(a), sendUS(b)); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.recv(), b.recv())
+		return cmp.Compare(recvUS(a), recvUS(b))
 	})
 	ps := spans(phases)
 	actual := make([]int, len(ps))
 	want := make([]int, len(ps))
 	for _, r := range sorted {
-		allowed := lim.Allow(r.send())
-		k := phaseOf(ps, r.recv())
+		allowed := lim.Allow(sendUS(r))
+		k := phaseOf(ps, recvUS(r))
 		if k < 0 {
 			continue
 		}
@@ -337,7 +337,7 @@ func Failover(reqs []Request, phases []Phase, affected []string) (out []Instance
 			if r.Instance != inst {
 				continue
 			}
-			t := r.recv()
+			t := recvUS(r)
 			switch {
 			case r.Mode == "local" && t >= start && t < end:
 				firstLocal = min(firstLocal, t)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/chaos/ideal"
+	"github.com/fleetlimit/fleetlimit/loadtest"
 )
 
 // base is a Unix time in ms aligned to 10 s windows: the hand-made logs
@@ -39,9 +40,9 @@ func pol(alg string, limit int64) Policy {
 
 // rq is a request of key k, sent and received at the given ms after base.
 func rq(k string, send, recv float64, status int) Request {
-	class := "abusive"
+	class := loadtest.Abusive
 	if strings.HasPrefix(k, "polite") {
-		class = "polite"
+		class = loadtest.Polite
 	}
 	return Request{Key: k, Class: class, Route: "/r", TSendMS: base + send, TRecvMS: base + recv, Status: status, LatencyMS: recv - send}
 }

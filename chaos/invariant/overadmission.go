@@ -16,7 +16,7 @@ func brackets(reqs []Request) []bracket {
 	out := make([]bracket, 0, len(reqs))
 	for _, r := range reqs {
 		if r.Admitted() {
-			out = append(out, bracket{send: r.send(), recv: r.recv()})
+			out = append(out, bracket{send: sendUS(r), recv: recvUS(r)})
 		}
 	}
 	slices.SortFunc(out, func(a, b bracket) int {

@@ -39,7 +39,7 @@ func ComputeTotals(reqs []Request, phases []Phase) Totals {
 		c := t.ByRoute[r.Route]
 		c.add(r)
 		t.ByRoute[r.Route] = c
-		if i := phaseOf(ps, r.recv()); i >= 0 {
+		if i := phaseOf(ps, recvUS(r)); i >= 0 {
 			c := t.ByPhase[ps[i].name]
 			c.add(r)
 			t.ByPhase[ps[i].name] = c

@@ -14,6 +14,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/fleetlimit/fleetlimit/loadtest"
+
 	"github.com/fleetlimit/fleetlimit/chaos/ideal"
 )
 
@@ -47,32 +49,13 @@ const (
 // AllRoutes is the route of rows about the whole fleet.
 const AllRoutes = "*"
 
-// Request is one line of requests.jsonl.
-type Request struct {
-	TSendMS   float64 `json:"t_send_ms"`
-	TRecvMS   float64 `json:"t_recv_ms"`
-	Route     string  `json:"route"`
-	Key       string  `json:"key"`
-	Class     string  `json:"class"`
-	Status    int     `json:"status"`
-	RequestID string  `json:"request_id"`
-	Instance  string  `json:"instance"`
-	Mode      string  `json:"mode"`
-	LatencyMS float64 `json:"latency_ms"`
-	Error     string  `json:"error,omitempty"`
-}
+// Request is one line of requests.jsonl: the load generator's record of a
+// request, read as it wrote it.
+type Request = loadtest.Record
 
-// Admitted reports whether the fleet admitted the request (a 2xx answer).
-func (r Request) Admitted() bool { return r.Status >= 200 && r.Status < 300 }
-
-// Limited reports whether the request was refused (429).
-func (r Request) Limited() bool { return r.Status == 429 }
-
-// Failed reports a 5xx answer or a transport error.
-func (r Request) Failed() bool { return r.Status == 0 || r.Status >= 500 }
-
-func (r Request) send() int64 { return msToUS(r.TSendMS) }
-func (r Request) recv() int64 { return msToUS(r.TRecvMS) }
+// sendUS and recvUS are a request's send and receive times in µs.
+func sendUS(r Request) int64 { return msToUS(r.TSendMS) }
+func recvUS(r Request) int64 { return msToUS(r.TRecvMS) }
 
 // Event is one line of events.jsonl.
 type Event struct {
