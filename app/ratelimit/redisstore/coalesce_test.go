@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -112,5 +114,57 @@ func TestCoalescingLoneCaller(t *testing.T) {
 	}
 	if got := trips() - base; got != 5 {
 		t.Fatalf("%d round trips: the cancelled call was sent", got)
+	}
+}
+
+// TestBatchAfterScriptFlushLoadsOnce: after Redis lost its script cache (a
+// restart), a pipeline of 50 decisions loads each missing script once, not
+// once per decision (which held the shared pipeline for a round trip per
+// call right when Redis came back), and every decision still counts once.
+func TestBatchAfterScriptFlushLoadsOnce(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	l := redisstore.New(c)
+	ctx := context.Background()
+	p := ratelimit.Policy{Name: "flush", Algorithm: ratelimit.GCRA, Limit: 30, Window: time.Hour}
+	if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]ratelimit.Request, 50)
+	for i := range reqs {
+		reqs[i] = ratelimit.Request{Policy: p, Key: "k"}
+	}
+	scriptLoads := func() int64 {
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(line, "cmdstat_script|load:calls="); ok {
+				n, _ := strconv.ParseInt(v[:strings.IndexByte(v, ',')], 10, 64)
+				return n
+			}
+		}
+		return 0
+	}
+	before := scriptLoads()
+	ds, errs := l.DecideBatch(ctx, reqs)
+	admitted := 0
+	for i := range ds {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if ds[i].Allowed {
+			admitted++
+		}
+	}
+	if admitted != 30 {
+		t.Fatalf("%d admitted, want exactly 30", admitted)
+	}
+	if loads := scriptLoads() - before; loads != 1 {
+		t.Fatalf("%d SCRIPT LOADs for one pipeline, want 1", loads)
 	}
 }

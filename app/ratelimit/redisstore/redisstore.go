@@ -357,11 +357,20 @@ func (l *Limiter) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]rat
 	start := time.Now()
 	send(all)
 	// NOSCRIPT: the script never ran, so sending the call again counts it
-	// once.
+	// once. Each missing script is loaded once, however many calls of the
+	// pipeline needed it (after a Redis restart, all of them do: a load per
+	// call, one round trip each, held a shared pipeline for hundreds of ms).
 	var again []int
+	loaded := map[ratelimit.Algorithm]bool{}
 	for _, i := range all {
 		if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			if lerr := scripts[reqs[i].Policy.Algorithm].Load(ctx, l.client).Err(); lerr == nil {
+			alg := reqs[i].Policy.Algorithm
+			ok, tried := loaded[alg]
+			if !tried {
+				ok = scripts[alg].Load(ctx, l.client).Err() == nil
+				loaded[alg] = ok
+			}
+			if ok {
 				again = append(again, i)
 			}
 		}
