@@ -39,8 +39,12 @@ type Config struct {
 	RedisPoolSize   int           `env:"RL_REDIS_POOL_SIZE" envDefault:"64"`
 	// RedisPipelines is how many pipelines of concurrent decisions may be
 	// in flight at once; decisions that arrive meanwhile wait for the next
-	// one (redisstore.WithCoalescing). 0: one round trip per decision.
-	RedisPipelines int `env:"RL_REDIS_PIPELINES" envDefault:"4"`
+	// one (redisstore.WithCoalescing). 0, the default: one round trip per
+	// decision. A queued decision's pipeline takes the earliest deadline of
+	// the calls it carries, so with a slower network (the compose stack) a
+	// few decisions wait out the Redis timeout and are decided locally: off
+	// until that is fixed.
+	RedisPipelines int `env:"RL_REDIS_PIPELINES" envDefault:"0"`
 	// ReplayTimeout bounds one replay or restore pipeline, on a client of
 	// its own (the decisions' timeout would cut a pipeline of 1000 keys).
 	ReplayTimeout time.Duration `env:"RL_REPLAY_TIMEOUT" envDefault:"2s"`

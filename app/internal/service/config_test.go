@@ -30,7 +30,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		AdminAddr:         ":9090",
 		RedisTimeout:      50 * time.Millisecond,
 		RedisPoolSize:     64,
-		RedisPipelines:    4,
+		RedisPipelines:    0,
 		ReplayTimeout:     2 * time.Second,
 		ExpectedInstances: 1,
 		TrustedProxies:    []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")},

@@ -69,6 +69,7 @@ type Results struct {
 	Redis    string             `json:"redis"`
 	Keys     int                `json:"keys"`
 	Pool     int                `json:"pool"`
+	Coalesce int                `json:"coalesce"`
 	CellTime string             `json:"cell_time"`
 	Rows     []Row              `json:"rows"`
 	Ratios   map[string]float64 `json:"ratios"`
@@ -131,7 +132,7 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("redis %s: %w", *addr, err)
 	}
 	res := Results{Machine: fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
-		Redis: redisVersion(ctx, client), Keys: *keys, Pool: *pool, CellTime: cell.String(), Ratios: map[string]float64{}}
+		Redis: redisVersion(ctx, client), Keys: *keys, Pool: *pool, Coalesce: *coalesce, CellTime: cell.String(), Ratios: map[string]float64{}}
 	names := make([]string, *keys)
 	for i := range names {
 		names[i] = "k" + strconv.Itoa(i)
@@ -464,7 +465,7 @@ func write(out, md string, res Results) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (scripts/bench.sh, loadtest/cmd/bench) on %s; %s; %d keys, %s per row, every row against the same fresh redis-server in one run. The raw figures are in `bench-out/results.json`.\n\n",
 		time.Now().UTC().Format("2006-01-02"), res.Machine, res.Keys, res.CellTime)
-	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant. The load generator and Redis share the machine's cores.\n\n", res.Pool)
+	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant. The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
 	var mem strings.Builder
 	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range res.Rows {
