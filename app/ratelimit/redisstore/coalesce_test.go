@@ -168,3 +168,25 @@ func TestBatchAfterScriptFlushLoadsOnce(t *testing.T) {
 		t.Fatalf("%d SCRIPT LOADs for one pipeline, want 1", loads)
 	}
 }
+
+// TestPingLoadsScripts: a successful Ping (the breaker's probe) leaves the
+// decision scripts loaded, so the first decisions after a Redis restart do
+// not each pay NOSCRIPT and an EVAL of the whole script.
+func TestPingLoadsScripts(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	l := redisstore.New(c)
+	ctx := context.Background()
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, alg := range ratelimit.Algorithms {
+		ok, err := c.ScriptExists(ctx, redisstore.Script(alg).Hash()).Result()
+		if err != nil || len(ok) != 1 || !ok[0] {
+			t.Fatalf("%s: script not loaded after Ping (%v %v)", alg, ok, err)
+		}
+	}
+}

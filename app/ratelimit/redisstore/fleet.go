@@ -22,7 +22,11 @@ var fleetScript = redis.NewScript(fleetLua)
 // own, so in a Cluster it lives on one slot.
 func (l *Limiter) FleetKey() string { return "{" + l.prefix + ":fleet}:instances" }
 
-// Ping checks that Redis answers, within the limiter's timeout.
+// Ping checks that Redis answers, within the limiter's timeout. When it
+// does, the decision scripts are loaded too: a Redis that was restarted has
+// an empty script cache, and without this every decision after the outage
+// paid EVALSHA, NOSCRIPT and EVAL of the whole script at once, a burst of
+// latency right when the fleet came back (CI's redis-flap and redis-wipe).
 func (l *Limiter) Ping(ctx context.Context) error {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
@@ -34,6 +38,11 @@ func (l *Limiter) Ping(ctx context.Context) error {
 	}
 	if err != nil {
 		return classify(ctx, err)
+	}
+	for _, s := range scripts {
+		if err := s.Load(callCtx, l.client).Err(); err != nil {
+			return classify(ctx, err)
+		}
 	}
 	return nil
 }
