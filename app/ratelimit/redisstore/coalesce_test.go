@@ -3,8 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -137,19 +135,7 @@ func TestBatchAfterScriptFlushLoadsOnce(t *testing.T) {
 	for i := range reqs {
 		reqs[i] = ratelimit.Request{Policy: p, Key: "k"}
 	}
-	scriptLoads := func() int64 {
-		info, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.Lines(info) {
-			if v, ok := strings.CutPrefix(line, "cmdstat_script|load:calls="); ok {
-				n, _ := strconv.ParseInt(v[:strings.IndexByte(v, ',')], 10, 64)
-				return n
-			}
-		}
-		return 0
-	}
+	scriptLoads := func() int64 { return commandCalls(t, c, "script|load") }
 	before := scriptLoads()
 	ds, errs := l.DecideBatch(ctx, reqs)
 	admitted := 0

@@ -165,19 +165,7 @@ func TestReplayBoundsWorkPerCall(t *testing.T) {
 	}
 	batch := ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf("hot"), Marker: "i1:7", Grants: grants}
 	ctx := context.Background()
-	calls := func() int64 {
-		info, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.Lines(info) {
-			if v, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
-				n, _ := strconv.ParseInt(v[:strings.IndexByte(v, ',')], 10, 64)
-				return n
-			}
-		}
-		return 0
-	}
+	calls := func() int64 { return commandCalls(t, c, "evalsha") }
 	before := calls()
 	res, errs := l.Replay(ctx, []ratelimit.ReplayBatch{batch})
 	if errs[0] != nil {
@@ -252,3 +240,20 @@ func TestReplayHasItsOwnClient(t *testing.T) {
 }
 
 func second[A, B any](_ A, b B) B { return b }
+
+// commandCalls returns how many times Redis ran command (as INFO
+// commandstats names it: "evalsha", "script|load").
+func commandCalls(t *testing.T, c *redis.Client, command string) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(line, "cmdstat_"+command+":calls="); ok {
+			n, _ := strconv.ParseInt(v[:strings.IndexByte(v, ',')], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
