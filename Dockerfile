@@ -20,11 +20,13 @@ ENV GOPROXY=${GOPROXY} \
 
 WORKDIR /src
 
-# The repository is a go.work workspace (app, chaos and loadtest), but the
-# service is the `app` module alone: build inside app/ with the workspace off, so the
-# image does not need the other modules (which .dockerignore keeps out of the context).
-# Dependencies first, in their own layer, so a code change does not download them again.
+# The repository is a go.work workspace (app, app/ratelimit, chaos and loadtest), but
+# the service needs only the `app` module and the library it replaces in from
+# ./ratelimit: build inside app/ with the workspace off, so the image does not need the
+# other modules (which .dockerignore keeps out of the context). Dependencies first, in
+# their own layer, so a code change does not download them again.
 COPY app/go.mod app/go.sum ./app/
+COPY app/ratelimit/go.mod app/ratelimit/go.sum ./app/ratelimit/
 RUN cd app && GOWORK=off go mod download
 
 COPY app/ ./app/

@@ -3,7 +3,7 @@ module github.com/fleetlimit/fleetlimit/loadtest
 go 1.26.8
 
 require (
-	github.com/fleetlimit/fleetlimit/app v0.0.0-00010101000000-000000000000
+	github.com/fleetlimit/fleetlimit/app/ratelimit v0.0.0-00010101000000-000000000000
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/ulule/limiter/v3 v3.11.2
@@ -17,4 +17,4 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 )
 
-replace github.com/fleetlimit/fleetlimit/app => ../app
+replace github.com/fleetlimit/fleetlimit/app/ratelimit => ../app/ratelimit

@@ -10,6 +10,11 @@
 // connects to loopback addresses.
 package loadtest
 
+// The file is one piece: the load's plan (routes, keys, rates), the senders
+// that carry it out and the Record they write are one path from
+// configuration to requests.jsonl; policies and the loopback guard are in
+// their own files.
+
 import (
 	"context"
 	"errors"

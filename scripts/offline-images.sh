@@ -51,7 +51,7 @@ ca=/etc/ssl/certs/ca-certificates.crt
 goroot=$("$go" env GOROOT)
 gover=$("$go" env GOVERSION)
 gover=${gover#go}
-toxi_version=$(cd app && "$go" list -m -f '{{.Version}}' github.com/Shopify/toxiproxy/v2)
+toxi_version=$(cd chaos && "$go" list -m -f '{{.Version}}' github.com/Shopify/toxiproxy/v2)
 toxi_version=${toxi_version#v}
 
 # ---- image names (also what .env gets) -------------------------------------------------
@@ -222,7 +222,7 @@ else
 fi
 
 # ---- 6. toxiproxy (official: ghcr.io/shopify/toxiproxy; the compose chaos override) -----
-# The server built from its Go module (the version app/go.mod already requires), static,
+# The server built from its Go module (the version chaos/go.mod requires as a tool), static,
 # at /toxiproxy as in the official image.
 toxi_hash=$(inputs_hash "$toxi_version" "$gover" toxiproxy-v1)
 if fresh "$TOXIPROXY_IMAGE" "$toxi_hash"; then
@@ -230,7 +230,7 @@ if fresh "$TOXIPROXY_IMAGE" "$toxi_hash"; then
 else
     log "building $TOXIPROXY_IMAGE (toxiproxy v$toxi_version from the module proxy)"
     d=$(mktemp -d)
-    (cd app && CGO_ENABLED=0 "$go" build -trimpath -o "$d/toxiproxy" github.com/Shopify/toxiproxy/v2/cmd/server)
+    (cd chaos && CGO_ENABLED=0 "$go" build -trimpath -o "$d/toxiproxy" github.com/Shopify/toxiproxy/v2/cmd/server)
     tar -C "$d" --numeric-owner --owner=0 --group=0 -cf "$d.tar" toxiproxy
     docker import --change "LABEL fleetlimit.offline.inputs=$toxi_hash" \
         --change 'ENTRYPOINT ["/toxiproxy"]' --change 'CMD ["-host=0.0.0.0"]' \

@@ -113,8 +113,8 @@ func (p Policy) Capacity() int64 {
 // WindowMicros is the window in microseconds.
 func (p Policy) WindowMicros() int64 { return p.Window.Microseconds() }
 
-// Mode returns the policy's failure mode, with the default filled in.
-func (p Policy) Mode() FailureMode {
+// OnFailure returns the policy's failure mode, with the default filled in.
+func (p Policy) OnFailure() FailureMode {
 	if p.FailureMode == "" {
 		return FailFallback
 	}

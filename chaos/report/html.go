@@ -1,3 +1,7 @@
+// The HTML report is one page rendered from one template: the data the
+// template needs (charts, tables) is computed here beside it, so a change to
+// the page is a change to one file.
+
 package report
 
 import (

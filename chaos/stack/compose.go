@@ -1,3 +1,7 @@
+// The compose stack: one implementation of Stack, method for method (up,
+// down, each fault, status). It is one piece as local.go is for the native
+// stack; what both share is in stack.go and http.go.
+
 package stack
 
 import (

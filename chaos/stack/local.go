@@ -3,7 +3,6 @@ package stack
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -83,13 +82,9 @@ func (l *Local) Up(ctx context.Context, _ string) (Info, error) {
 // readInfo reads .run/stack.json (local-service.sh rewrites it after each
 // restart, with the new pids).
 func (l *Local) readInfo() (Info, error) {
-	b, err := os.ReadFile(l.stackJSON())
+	info, err := ReadInfo(l.stackJSON())
 	if err != nil {
-		return Info{}, fmt.Errorf("stack.json: %w", err)
-	}
-	var info Info
-	if err := json.Unmarshal(b, &info); err != nil {
-		return Info{}, fmt.Errorf("stack.json: %w", err)
+		return Info{}, err
 	}
 	l.info = info
 	return info, nil

@@ -7,6 +7,7 @@ package stack
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +36,20 @@ type Info struct {
 	RedisPID  int    `json:"redis_pid"`
 	ProxyAPI  string `json:"proxy_api"`
 	Apps      []App  `json:"apps"`
+}
+
+// ReadInfo reads a stack file (.run/stack.json, as scripts/local-up.sh
+// writes it).
+func ReadInfo(path string) (Info, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Info{}, fmt.Errorf("stack.json: %w", err)
+	}
+	var info Info
+	if err := json.Unmarshal(b, &info); err != nil {
+		return Info{}, fmt.Errorf("stack.json %s: %w", path, err)
+	}
+	return info, nil
 }
 
 // AppNames lists the instances' names.

@@ -4,6 +4,10 @@
 // reports.
 package suite
 
+// The file is one piece: a scenario's run is one sequence (stack up, load,
+// phases, fault, recovery, checks, reports) whose steps share the run's
+// state; the scenarios themselves are in scenarios.go.
+
 import (
 	"bufio"
 	"context"

@@ -70,23 +70,12 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
-	st := s.backend.status()
-	out := Status{
-		Instance:          s.cfg.Instance,
-		Mode:              string(st.Mode),
-		Breaker:           st.Breaker,
-		LiveInstances:     st.LiveInstances,
-		ExpectedInstances: s.cfg.ExpectedInstances,
-		JournalSize:       st.JournalSize,
-		Ready:             s.ready.Load(),
-		RedisTimeoutMS:    redisTimeoutMS(s.cfg),
-		Limiter:           st.Resilient,
-		StartedAt:         s.started.UTC().Truncate(time.Second),
-	}
-	if !st.LastReconciliation.IsZero() {
-		t := st.LastReconciliation.UTC()
-		out.LastReconciliation = &t
-	}
+	out := s.backend.status()
+	out.Instance = s.cfg.Instance
+	out.ExpectedInstances = s.cfg.ExpectedInstances
+	out.Ready = s.ready.Load()
+	out.RedisTimeoutMS = redisTimeoutMS(s.cfg)
+	out.StartedAt = s.started.UTC().Truncate(time.Second)
 	writeJSON(w, http.StatusOK, out)
 }
 

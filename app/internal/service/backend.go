@@ -13,31 +13,13 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
-// LimiterStatus is what the limiter layer reports about itself for /status
-// and the gauges of /metrics. A layer leaves what it does not know at zero.
-type LimiterStatus struct {
-	// Mode is what decides right now: memory, redis, local.
-	Mode ratelimit.Mode
-	// Breaker is the circuit breaker's state (closed, open, recovering); ""
-	// without a breaker.
-	Breaker string
-	// LiveInstances is the fleet size the fallback budget divides by.
-	LiveInstances int
-	// JournalSize is the number of locally granted decisions not yet
-	// reconciled with Redis.
-	JournalSize int64
-	// LastReconciliation is when the journal was last replayed; zero: never.
-	LastReconciliation time.Time
-	// Resilient is the resilient limiter's full status (breaker, fleet,
-	// journal reconciliation); nil in memory mode.
-	Resilient *resilient.Status
-}
-
 // backend is the limiter the service decides with, how it reports its
 // status, and how to release it.
 type backend struct {
 	limiter ratelimit.Limiter
-	status  func() LimiterStatus
+	// status fills in what the limiter layer knows of /status: Mode,
+	// Breaker, LiveInstances, JournalSize, LastReconciliation and Limiter.
+	status func() Status
 	// close releases the limiter at shutdown, within ctx's deadline.
 	close func(ctx context.Context) error
 }
@@ -55,7 +37,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 		log.Info("limiter ready", slog.String("mode", string(ratelimit.ModeMemory)), slog.Int("key_capacity", cfg.KeyCapacity))
 		return &backend{
 			limiter: mem,
-			status:  func() LimiterStatus { return LimiterStatus{Mode: ratelimit.ModeMemory, LiveInstances: 1} },
+			status:  func() Status { return Status{Mode: string(ratelimit.ModeMemory), LiveInstances: 1} },
 			close:   func(context.Context) error { return nil },
 		}, nil
 	}
@@ -118,18 +100,19 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 		slog.String("journal_dir", cfg.JournalDir))
 	return &backend{
 		limiter: rl,
-		status: func() LimiterStatus {
+		status: func() Status {
 			st := rl.Status()
 			mode := ratelimit.ModeRedis
 			if st.Breaker != resilient.Closed.String() {
 				mode = ratelimit.ModeLocal
 			}
-			out := LimiterStatus{
-				Mode: mode, Breaker: st.Breaker, LiveInstances: int(st.FleetSize),
-				JournalSize: int64(st.Journal.Pending), Resilient: &st,
+			out := Status{
+				Mode: string(mode), Breaker: st.Breaker, LiveInstances: int(st.FleetSize),
+				JournalSize: int64(st.Journal.Pending), Limiter: &st,
 			}
 			if st.LastRecovery != nil {
-				out.LastReconciliation = *st.LastRecovery
+				t := st.LastRecovery.UTC()
+				out.LastReconciliation = &t
 			}
 			return out
 		},

@@ -102,13 +102,13 @@ func (m *metrics) observeRedis(err error, latency time.Duration) {
 }
 
 // observeTransition counts breaker transitions.
-func (m *metrics) observeTransition(from, to resilient.State) {
+func (m *metrics) observeTransition(from, to resilient.BreakerState) {
 	m.transitions.WithLabelValues(from.String(), to.String()).Inc()
 }
 
 // watchStatus exports the limiter layer's status as gauges: live instances,
 // journal size, breaker state.
-func (m *metrics) watchStatus(status func() LimiterStatus) {
+func (m *metrics) watchStatus(status func() Status) {
 	m.reg.MustRegister(&statusCollector{status: status})
 }
 
@@ -149,9 +149,10 @@ var (
 		"1 for the circuit breaker's current state (closed, open, recovering); absent without a breaker.", []string{"state"}, nil)
 )
 
-// statusCollector turns LimiterStatus into gauges at scrape time.
+// statusCollector turns the limiter layer's part of Status into gauges at
+// scrape time.
 type statusCollector struct {
-	status func() LimiterStatus
+	status func() Status
 }
 
 func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -173,7 +174,7 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 	if st.Breaker != "" {
 		ch <- prometheus.MustNewConstMetric(breakerDesc, prometheus.GaugeValue, 1, st.Breaker)
 	}
-	if r := st.Resilient; r != nil {
+	if r := st.Limiter; r != nil {
 		j := r.Journal
 		for _, c := range []struct {
 			what string

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/mocks"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/mocks"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 )
 

@@ -5,6 +5,11 @@
 // the journal (Pending, Ack) when the store is back.
 package journal
 
+// The file is one piece: the journal's memory and its file change together
+// under one lock (append, epoch, pending, ack, reload), and the invariant
+// that binds them is easier to check in one place. The record codec is in
+// record.go.
+
 import (
 	"bufio"
 	"cmp"

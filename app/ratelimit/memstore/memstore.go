@@ -16,6 +16,8 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 )
 
 // DefaultCapacity is the number of keys held when no capacity is set.
@@ -27,7 +29,7 @@ const DefaultCapacity = 100_000
 // not usable.
 type Limiter struct {
 	now       func() time.Time
-	seeds     ratelimit.StateKeySeeds
+	seeds     statekey.Seeds
 	evictions atomic.Uint64
 
 	mu   sync.Mutex
@@ -37,15 +39,15 @@ type Limiter struct {
 var _ ratelimit.Limiter = (*Limiter)(nil)
 
 // Key identifies one policy's state for one client identity (see
-// ratelimit.StateKey).
-type Key = ratelimit.StateKey
+// statekey.Key).
+type Key = statekey.Key
 
 // entry is one key's state; only the policy's algorithm's field is used.
 type entry struct {
-	tb      ratelimit.TokenBucketState
-	gc      ratelimit.GCRAState
-	wc      ratelimit.WindowCounterState
-	log     ratelimit.WindowLog
+	tb      algorithm.TokenBucketState
+	gc      algorithm.GCRAState
+	wc      algorithm.WindowCounterState
+	log     algorithm.WindowLog
 	markers []string // replay batches applied to this key
 }
 
@@ -73,7 +75,7 @@ func WithClock(now func() time.Time) Option {
 // New returns an in-memory limiter. It panics only on an invalid capacity
 // (n <= 0), which is a programming error.
 func New(opts ...Option) *Limiter {
-	l := &Limiter{now: time.Now, seeds: ratelimit.NewStateKeySeeds()}
+	l := &Limiter{now: time.Now, seeds: statekey.NewSeeds()}
 	for _, o := range append([]Option{WithCapacity(DefaultCapacity)}, opts...) {
 		if err := o(l); err != nil {
 			panic("memstore: " + err.Error())
@@ -112,13 +114,13 @@ func (l *Limiter) decideAt(key Key, p ratelimit.Policy, now, cost int64, wt rate
 	var d ratelimit.Decision
 	switch p.Algorithm {
 	case ratelimit.TokenBucket:
-		e.tb, d = ratelimit.TokenBucketDecide(p, e.tb, now, cost, wt)
+		e.tb, d = algorithm.TokenBucketDecide(p, e.tb, now, cost, wt)
 	case ratelimit.GCRA:
-		e.gc, d = ratelimit.GCRADecide(p, e.gc, now, cost, wt)
+		e.gc, d = algorithm.GCRADecide(p, e.gc, now, cost, wt)
 	case ratelimit.SlidingWindowCounter:
-		e.wc, d = ratelimit.WindowCounterDecide(p, e.wc, now, cost, wt)
+		e.wc, d = algorithm.WindowCounterDecide(p, e.wc, now, cost, wt)
 	case ratelimit.SlidingWindowLog:
-		d = ratelimit.WindowLogDecide(p, &e.log, now, cost, wt)
+		d = algorithm.WindowLogDecide(p, &e.log, now, cost, wt)
 	}
 	d.Mode = ratelimit.ModeMemory
 	return d
@@ -169,16 +171,16 @@ func (l *Limiter) Replay(_ context.Context, batches []ratelimit.ReplayBatch) ([]
 			e.markers = e.markers[1:]
 		}
 		grants := slices.Clone(b.Grants)
-		ratelimit.SortGrants(grants)
+		algorithm.SortGrants(grants)
 		switch p := b.Policy; p.Algorithm {
 		case ratelimit.TokenBucket:
-			e.tb, results[i] = ratelimit.TokenBucketReplay(p, e.tb, now, grants)
+			e.tb, results[i] = algorithm.TokenBucketReplay(p, e.tb, now, grants)
 		case ratelimit.GCRA:
-			e.gc, results[i] = ratelimit.GCRAReplay(p, e.gc, now, grants)
+			e.gc, results[i] = algorithm.GCRAReplay(p, e.gc, now, grants)
 		case ratelimit.SlidingWindowCounter:
-			e.wc, results[i] = ratelimit.WindowCounterReplay(p, e.wc, now, grants)
+			e.wc, results[i] = algorithm.WindowCounterReplay(p, e.wc, now, grants)
 		case ratelimit.SlidingWindowLog:
-			results[i] = ratelimit.WindowLogReplay(p, &e.log, now, grants)
+			results[i] = algorithm.WindowLogReplay(p, &e.log, now, grants)
 		}
 	}
 	return results, errs

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/conformance"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 )
 

@@ -15,7 +15,9 @@ import (
 // whatever calls are queued: a lone caller waits for nothing. Otherwise it
 // queues, and the next pipeline to finish sends the whole queue. Each call
 // keeps its own deadline (a call whose context ended before its pipeline
-// left is not sent) and gets the answers it would get alone. n <= 0 turns
+// left is not sent; one that ends while its pipeline is out returns then,
+// and the pipeline goes on for the others) and gets the answers it would
+// get alone. n <= 0 turns
 // coalescing off (the default: one round trip per call). On a Cluster,
 // go-redis splits each pipeline per node.
 func WithCoalescing(n int) Option {
@@ -55,9 +57,17 @@ func (c *coalescer) do(ctx context.Context, reqs []ratelimit.Request) ([]ratelim
 		batch := c.queue
 		c.queue = nil
 		c.mu.Unlock()
-		c.flush(batch) // cl is in it: answered when this returns
-		if next := c.next(); next != nil {
-			go c.drain(next)
+		if len(batch) == 1 {
+			// Alone: the pipeline's deadline is this call's own, so it
+			// can be sent from here without a goroutine.
+			c.flush(batch)
+			if next := c.next(); next != nil {
+				go c.drain(next)
+			}
+		} else {
+			// Shared: the pipeline may outlive this call's deadline (it
+			// takes the latest of its calls'), and this call must not.
+			go c.drain(batch)
 		}
 	} else {
 		c.mu.Unlock()
@@ -96,11 +106,15 @@ func (c *coalescer) drain(batch []*call) {
 	}
 }
 
-// flush sends the calls of batch still wanted in one pipeline, bounded by
-// the earliest of their deadlines, and answers each.
+// flush sends the calls of batch still wanted in one pipeline and answers
+// each. The pipeline is bounded by the latest of their deadlines (and the
+// store's own timeout): each caller stops waiting at its own deadline, so
+// no call is cut short by another's, and none waits longer than it would
+// alone.
 func (c *coalescer) flush(batch []*call) {
 	var reqs []ratelimit.Request
 	var deadline time.Time
+	unbounded := false // a call without a deadline
 	live := batch[:0:0]
 	for _, cl := range batch {
 		if err := cl.ctx.Err(); err != nil {
@@ -112,7 +126,11 @@ func (c *coalescer) flush(batch []*call) {
 			close(cl.done)
 			continue
 		}
-		if d, ok := cl.ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+		d, ok := cl.ctx.Deadline()
+		switch {
+		case !ok:
+			unbounded = true
+		case d.After(deadline):
 			deadline = d
 		}
 		reqs = append(reqs, cl.reqs...)
@@ -122,6 +140,9 @@ func (c *coalescer) flush(batch []*call) {
 		return
 	}
 	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	if unbounded {
+		deadline = time.Time{}
+	}
 	if c.timeout > 0 {
 		if d := time.Now().Add(c.timeout); deadline.IsZero() || d.Before(deadline) {
 			deadline = d

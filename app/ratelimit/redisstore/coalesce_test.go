@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,9 +11,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/conformance"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 )
 
@@ -174,5 +175,53 @@ func TestPingLoadsScripts(t *testing.T) {
 		if err != nil || len(ok) != 1 || !ok[0] {
 			t.Fatalf("%s: script not loaded after Ping (%v %v)", alg, ok, err)
 		}
+	}
+}
+
+// TestCoalescedCallKeepsItsDeadline: two calls share a pipeline, one with a
+// deadline that ends while the pipeline is out. That call fails at its
+// deadline; the other, whose deadline is later, still gets its decision (a
+// pipeline bounded by the earliest deadline of its calls failed both).
+func TestCoalescedCallKeepsItsDeadline(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	px := redistest.StartProxy(t, srv.Addr())
+	o := srv.Options()
+	o.Addr = px.Addr()
+	o.ReadTimeout = 5 * time.Second
+	c := redis.NewClient(o)
+	t.Cleanup(func() { _ = c.Close() })
+	// One pipeline in flight at a time: calls made meanwhile queue for the
+	// next one.
+	l := redisstore.New(c, redisstore.WithCoalescing(1), redisstore.WithTimeout(5*time.Second))
+	p := ratelimit.Policy{Name: "deadline", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Second}
+	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
+		t.Fatal(err) // loads the script
+	}
+	px.Latency(300 * time.Millisecond)
+
+	var wg sync.WaitGroup
+	decide := func(key string, timeout time.Duration, err *error) {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			_, *err = l.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
+		})
+	}
+	var first, short, long error
+	decide("first", 5*time.Second, &first) // out for 300 ms
+	time.Sleep(20 * time.Millisecond)
+	decide("short", 400*time.Millisecond, &short) // its pipeline leaves at ~300 ms, back at ~600 ms
+	decide("long", 5*time.Second, &long)
+	wg.Wait()
+	if first != nil {
+		t.Fatalf("first call: %v", first)
+	}
+	if short == nil {
+		t.Errorf("the call whose deadline ended while its pipeline was out was answered")
+	} else if !errors.Is(short, context.DeadlineExceeded) {
+		t.Errorf("short call: %v, want its deadline", short)
+	}
+	if long != nil {
+		t.Errorf("the call with the later deadline failed with the shorter one's: %v", long)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 )
 
 // TestDialerSurvivesDNS: once a name has resolved, a lookup that hangs or

@@ -9,6 +9,11 @@
 // fixed whatever the client sends.
 package redisstore
 
+// The file is one piece because it is what a decision touches: the store
+// and its options, key naming, the script call and the parsing of its reply.
+// Fleet heartbeats, replay, pipelines and Cluster shards have their own
+// files.
+
 import (
 	"context"
 	"crypto/rand"
@@ -188,7 +193,7 @@ func (l *Limiter) decideOne(ctx context.Context, req ratelimit.Request) (ratelim
 	latency := time.Since(start)
 	var d ratelimit.Decision
 	if err == nil {
-		d, err = parseReply(res)
+		d, err = parseReply(p.Algorithm, res)
 	}
 	if err != nil {
 		err = classify(ctx, err)
@@ -205,15 +210,34 @@ func (l *Limiter) decideOne(ctx context.Context, req ratelimit.Request) (ratelim
 	return d, nil
 }
 
-// replyLen is the length of every decision script's reply.
-const replyLen = 11 + ratelimit.AgeBuckets
+// replyHead is the length of the part of a decision script's reply that is
+// the same for every algorithm: allowed, remaining, reset, retry, now.
+const replyHead = 5
 
-// parseReply turns a script reply into a decision, checking every element.
-func parseReply(res []any) (ratelimit.Decision, error) {
-	if len(res) != replyLen {
-		return ratelimit.Decision{}, fmt.Errorf("%w: %d elements, want %d", ratelimit.ErrBadReply, len(res), replyLen)
+// replyLen is the length of algorithm a's decision reply: the head, then
+// only the state the fallback continues from (see lua/decide.lua).
+func replyLen(a ratelimit.Algorithm) int {
+	switch a {
+	case ratelimit.TokenBucket:
+		return replyHead + 1
+	case ratelimit.GCRA:
+		return replyHead + 2
+	case ratelimit.SlidingWindowCounter:
+		return replyHead + 3
+	case ratelimit.SlidingWindowLog:
+		return replyHead + ratelimit.AgeBuckets
 	}
-	var v [replyLen]int64
+	return -1
+}
+
+// parseReply turns algorithm a's script reply into a decision, checking
+// every element.
+func parseReply(a ratelimit.Algorithm, res []any) (ratelimit.Decision, error) {
+	n := replyLen(a)
+	if len(res) != n {
+		return ratelimit.Decision{}, fmt.Errorf("%w: %d elements, want %d", ratelimit.ErrBadReply, len(res), n)
+	}
+	var v [replyHead + ratelimit.AgeBuckets]int64
 	for i, x := range res {
 		n, ok := x.(int64)
 		if !ok {
@@ -222,18 +246,26 @@ func parseReply(res []any) (ratelimit.Decision, error) {
 		v[i] = n
 	}
 	if v[0] != 0 && v[0] != 1 || v[1] < 0 || v[2] < 0 || v[3] < 0 || v[4] <= 0 {
-		return ratelimit.Decision{}, fmt.Errorf("%w: out-of-range values %v", ratelimit.ErrBadReply, v[:5])
+		return ratelimit.Decision{}, fmt.Errorf("%w: out-of-range values %v", ratelimit.ErrBadReply, v[:replyHead])
 	}
 	d := ratelimit.Decision{
 		Allowed:    v[0] == 1,
 		Remaining:  v[1],
 		ResetAfter: time.Duration(v[2]) * time.Microsecond,
 		RetryAfter: time.Duration(v[3]) * time.Microsecond,
-		State: ratelimit.State{
-			Now: v[4], Tokens: v[5], TAT: v[6], TATRem: v[7], WindowStart: v[8], Current: v[9], Previous: v[10],
-		},
+		State:      ratelimit.State{Now: v[4]},
 	}
-	copy(d.State.Ages[:], v[11:])
+	st, s := &d.State, v[replyHead:]
+	switch a {
+	case ratelimit.TokenBucket:
+		st.Tokens = s[0]
+	case ratelimit.GCRA:
+		st.TAT, st.TATRem = s[0], s[1]
+	case ratelimit.SlidingWindowCounter:
+		st.WindowStart, st.Current, st.Previous = s[0], s[1], s[2]
+	case ratelimit.SlidingWindowLog:
+		copy(st.Ages[:], s)
+	}
 	return d, nil
 }
 
@@ -383,7 +415,7 @@ func (l *Limiter) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]rat
 		res, err := cmds[i].Slice()
 		var d ratelimit.Decision
 		if err == nil {
-			d, err = parseReply(res)
+			d, err = parseReply(req.Policy.Algorithm, res)
 		}
 		if err != nil {
 			errs[i] = classify(ctx, err)

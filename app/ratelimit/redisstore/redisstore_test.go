@@ -7,15 +7,16 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
-	"github.com/fleetlimit/fleetlimit/app/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/conformance"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 )
 
@@ -417,6 +418,37 @@ func BenchmarkDecide(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "client-1"}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkDecideConcurrent is 64 goroutines deciding GCRA on distinct keys,
+// each call a round trip (coalesce=0) or sharing pipelines with the calls
+// made meanwhile (coalesce=4): compare the two with
+// benchstat -col /coalesce.
+func BenchmarkDecideConcurrent(b *testing.B) {
+	srv := redistest.StartServer(b, redistest.ServerOptions{})
+	for _, n := range []int{0, 4} {
+		b.Run(fmt.Sprint("coalesce=", n), func(b *testing.B) {
+			o := srv.Options()
+			o.PoolSize = 128
+			c := redis.NewClient(o)
+			defer c.Close()
+			l := redisstore.New(c, redisstore.WithCoalescing(n), redisstore.WithTimeout(time.Second))
+			p := ratelimit.Policy{Name: "bench", Algorithm: ratelimit.GCRA, Limit: 1_000_000, Window: time.Second}
+			ctx := context.Background()
+			var next atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(32) // 64 goroutines on 2 CPUs
+			b.RunParallel(func(pb *testing.PB) {
+				key := fmt.Sprint("client-", next.Add(1))
+				for pb.Next() {
+					if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: key}); err != nil {
 						b.Error(err)
 						return
 					}

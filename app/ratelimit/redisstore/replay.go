@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
 )
 
 var (
@@ -131,7 +132,7 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 			errs[i] = err
 			continue
 		}
-		ratelimit.SortGrants(b.Grants)
+		algorithm.SortGrants(b.Grants)
 		grp := group{alg: b.Policy.Algorithm}
 		if !oneNode {
 			grp.tag = l.tag(b.Identity)

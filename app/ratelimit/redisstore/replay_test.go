@@ -10,9 +10,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
-	"github.com/fleetlimit/fleetlimit/app/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 )
 
@@ -177,7 +178,7 @@ func TestReplayBoundsWorkPerCall(t *testing.T) {
 	if got, want := calls()-before, int64((n+redisstore.MaxReplayGrants-1)/redisstore.MaxReplayGrants); got != want {
 		t.Errorf("%d script calls for %d grants, want %d (at most %d grants each)", got, n, want, redisstore.MaxReplayGrants)
 	}
-	twin, _ := ratelimit.TokenBucketReplay(p, ratelimit.TokenBucketState{}, now, grants)
+	twin, _ := algorithm.TokenBucketReplay(p, algorithm.TokenBucketState{}, now, grants)
 	st, err := c.HMGet(ctx, l.Key(p, "hot"), "t", "l").Result()
 	if err != nil {
 		t.Fatal(err)

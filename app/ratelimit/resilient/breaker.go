@@ -6,13 +6,13 @@ import (
 	"time"
 )
 
-// State is the circuit breaker's state.
-type State int32
+// BreakerState is the circuit breaker's state.
+type BreakerState int32
 
 // The breaker states.
 const (
 	// Closed: decisions go to the shared store.
-	Closed State = iota
+	Closed BreakerState = iota
 	// Open: the store is failing; decisions are local and a prober checks
 	// the store in the background.
 	Open
@@ -21,7 +21,7 @@ const (
 	Recovering
 )
 
-func (s State) String() string {
+func (s BreakerState) String() string {
 	switch s {
 	case Closed:
 		return "closed"
@@ -53,7 +53,7 @@ type breaker struct {
 	threshold  int
 	slowWindow time.Duration
 	now        func() time.Time
-	onChange   func(from, to State, reason string)
+	onChange   func(from, to BreakerState, reason string)
 
 	failures    atomic.Int64
 	lastSuccess atomic.Int64 // local Unix µs of the last success while closed
@@ -64,7 +64,7 @@ type breaker struct {
 	opens atomic.Uint64
 }
 
-func (b *breaker) State() State { return State(b.state.Load()) }
+func (b *breaker) State() BreakerState { return BreakerState(b.state.Load()) }
 
 // success records that the store answered, and resets the failure count of
 // a closed breaker.
@@ -132,7 +132,7 @@ func (b *breaker) failure(reason string, timeout bool) {
 }
 
 // set moves the breaker to state to, if it is in state from.
-func (b *breaker) set(from, to State, reason string) bool {
+func (b *breaker) set(from, to BreakerState, reason string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.State() != from {
@@ -142,7 +142,7 @@ func (b *breaker) set(from, to State, reason string) bool {
 	return true
 }
 
-func (b *breaker) setLocked(to State, reason string) {
+func (b *breaker) setLocked(to BreakerState, reason string) {
 	from := b.State()
 	if from == to {
 		return

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
 )
 
 // entry is what one instance knows of one key: the last decision the store
@@ -34,8 +35,8 @@ type entry struct {
 	confirmed    int64   // share.confirmed when the local state began (see share)
 	n            float64 // share.n when the local state began
 	journaled    bool    // the start of the local state is in the journal
-	log          ratelimit.WindowLog
-	wc           ratelimit.WindowCounterState
+	log          algorithm.WindowLog
+	wc           algorithm.WindowCounterState
 }
 
 // share is this instance's part of the fleet's remaining quota.
@@ -89,9 +90,9 @@ func (e *entry) charge(p ratelimit.Policy, g ratelimit.Grant, sh share) {
 		e.bucket(p, g.At, 0, sh) // refill up to the grant's time
 		e.level -= float64(g.Cost)
 	case ratelimit.SlidingWindowLog:
-		ratelimit.WindowLogReplay(p, &e.log, g.At, []ratelimit.Grant{g})
+		algorithm.WindowLogReplay(p, &e.log, g.At, []ratelimit.Grant{g})
 	case ratelimit.SlidingWindowCounter:
-		e.wc, _ = ratelimit.WindowCounterReplay(p, e.wc, g.At, []ratelimit.Grant{g})
+		e.wc, _ = algorithm.WindowCounterReplay(p, e.wc, g.At, []ratelimit.Grant{g})
 	}
 }
 
@@ -99,8 +100,8 @@ func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
 	e.localInit, e.localVersion = true, e.version
 	// Fixed for this outage: a heartbeat during recovery must not move it.
 	e.confirmed, e.n, e.journaled = sh.confirmed, sh.n, false
-	e.log = ratelimit.WindowLog{}
-	e.wc = ratelimit.WindowCounterState{}
+	e.log = algorithm.WindowLog{}
+	e.wc = algorithm.WindowCounterState{}
 	w := float64(p.WindowMicros())
 	e.level, e.at = sh.of(float64(p.Capacity())), now
 	if !e.snapValid {
@@ -160,7 +161,7 @@ func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) ratelim
 	}
 	local := p
 	local.Limit = int64(math.Floor(sh.of(float64(max(0, p.Limit-pre))) + 1e-9))
-	return ratelimit.WindowLogDecide(local, &e.log, now, cost, ratelimit.Weight{})
+	return algorithm.WindowLogDecide(local, &e.log, now, cost, ratelimit.Weight{})
 }
 
 // windowCounter is the sliding window counter share: the counts the last
@@ -172,7 +173,7 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) rat
 	elapsed := now - start
 	var kc, kp int64
 	if e.snapValid {
-		known := ratelimit.WindowCounterState{WindowStart: e.snap.WindowStart, Current: e.snap.Current, Previous: e.snap.Previous}
+		known := algorithm.WindowCounterState{WindowStart: e.snap.WindowStart, Current: e.snap.Current, Previous: e.snap.Previous}
 		kc, kp = known.Shift(start, w)
 	}
 	lc, lp := e.wc.Shift(start, w)
@@ -187,7 +188,7 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) rat
 	} else {
 		d.RetryAfter = time.Duration(w-elapsed) * time.Microsecond
 	}
-	e.wc = ratelimit.WindowCounterState{WindowStart: start, Current: lc, Previous: lp}
+	e.wc = algorithm.WindowCounterState{WindowStart: start, Current: lc, Previous: lp}
 	d.Remaining = max(0, int64(math.Floor((room-used)/float64(w)+1e-9)))
 	if lc > 0 || kc > 0 {
 		d.ResetAfter = time.Duration(2*w-elapsed) * time.Microsecond

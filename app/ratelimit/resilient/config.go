@@ -45,9 +45,10 @@ type Config struct {
 	// ExpectedInstances is the fleet size assumed until the first heartbeat
 	// reply (1).
 	ExpectedInstances int
-	// KeyCapacity bounds the keys remembered locally (100 000); the least
-	// recently used is evicted and, if needed again during an outage,
-	// starts from a fresh share.
+	// KeyCapacity bounds the keys remembered locally (100 000). They are
+	// held in up to 64 shards of equal capacity, each with its own lock;
+	// a full shard evicts its least recently used key, which, if needed
+	// again during an outage, starts from a fresh share.
 	KeyCapacity int
 	// Logger receives transitions and replays (slog.Default()); add the
 	// instance name with Logger.With if the log is shared.
@@ -57,7 +58,7 @@ type Config struct {
 	Now func() time.Time
 	// OnTransition, if set, is called on every breaker transition, with
 	// the breaker's lock held: keep it short.
-	OnTransition func(from, to State)
+	OnTransition func(from, to BreakerState)
 	// JournalDir holds the journal of local grants ("": memory only, lost
 	// with the process).
 	JournalDir string

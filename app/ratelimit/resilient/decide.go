@@ -161,23 +161,24 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 	}
 	now := l.storeNow()
 	var d ratelimit.Decision
-	switch p.Mode() {
+	switch p.OnFailure() {
 	case ratelimit.FailOpen:
 		d = ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}
 	case ratelimit.FailClosed:
 		return ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
 	default:
-		sh := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
-		l.mu.Lock()
-		e := l.entry(k)
-		d = e.decideLocal(p, now, req.Units(), sh)
+		part := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
+		sh := l.keys.shard(k)
+		sh.mu.Lock()
+		e := sh.entry(k)
+		d = e.decideLocal(p, now, req.Units(), part)
 		if d.Allowed && !e.journaled {
 			// What this share started from, before its first grant, so a
 			// restart rebuilds it.
 			e.journaled = true
 			_ = l.journal.AppendSnapshot(journal.Snapshot{Policy: p, Identity: id, State: e.snap, Valid: e.snapValid, N: e.n, Confirmed: e.confirmed})
 		}
-		l.mu.Unlock()
+		sh.mu.Unlock()
 	}
 	if d.Allowed {
 		// Journaled before the response is sent; a full journal or a
@@ -192,8 +193,9 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 func (l *Limiter) remember(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, sent, recv time.Time) {
 	p := req.Policy
 	l.learnOffset(d.State.Now, sent, recv)
-	l.mu.Lock()
-	e := l.entry(k)
+	sh := l.keys.shard(k)
+	sh.mu.Lock()
+	e := sh.entry(k)
 	e.snap, e.snapValid = d.State, true
 	e.refusedUntil = 0
 	if !d.Allowed && d.RetryAfter > 0 && exactRetry(p.Algorithm) {
@@ -201,11 +203,11 @@ func (l *Limiter) remember(k key, req ratelimit.Request, id ratelimit.Identity, 
 		e.refusedCost, e.refusedW = req.Units(), req.Weight
 	}
 	if e.policy == nil || *e.policy != p {
-		e.policy = l.policyRef(p)
+		e.policy = l.keys.policyRef(p)
 	}
 	e.identity = id
 	e.version++
-	l.mu.Unlock()
+	sh.mu.Unlock()
 }
 
 // exactRetry reports whether an algorithm's RetryAfter is exact: no request
@@ -228,9 +230,10 @@ const refusalMargin = 2 * time.Millisecond
 // store call would carry), and the retry time not yet reached.
 func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight) (ratelimit.Decision, bool) {
 	now := l.storeNow()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e, ok := l.keys.Peek(k)
+	sh := l.keys.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.lru.Peek(k)
 	if !ok || e.refusedUntil == 0 || e.policy == nil || *e.policy != req.Policy || req.Units() < e.refusedCost ||
 		!atLeastAsStrict(w, e.refusedW) {
 		return ratelimit.Decision{}, false
@@ -254,23 +257,6 @@ func atLeastAsStrict(w, was ratelimit.Weight) bool {
 	return num*wden >= wnum*den
 }
 
-// maxPolicies bounds how many distinct policies the limiter shares among
-// its keys; policies beyond it get a copy per key.
-const maxPolicies = 1024
-
-// policyRef returns the limiter's one copy of p (l.mu held), so that keys
-// of one policy do not each hold it.
-func (l *Limiter) policyRef(p ratelimit.Policy) *ratelimit.Policy {
-	if r, ok := l.policies[p]; ok {
-		return r
-	}
-	r := &p
-	if len(l.policies) < maxPolicies {
-		l.policies[p] = r
-	}
-	return r
-}
-
 // learnOffset records the store's clock, read at storeNow between sent and
 // recv: the reply's time is taken as the middle of the round trip. Both
 // decisions and heartbeats teach it, so the offset is known from the first
@@ -282,15 +268,6 @@ func (l *Limiter) learnOffset(storeNow int64, sent, recv time.Time) {
 	mid := sent.UnixMicro() + recv.Sub(sent).Microseconds()/2
 	l.offset.Store(storeNow - mid)
 	l.offsetErr.Store(recv.Sub(sent).Microseconds()/2 + 1)
-}
-
-func (l *Limiter) entry(k key) *entry {
-	e, ok := l.keys.Get(k)
-	if !ok {
-		e = &entry{}
-		l.keys.Add(k, e)
-	}
-	return e
 }
 
 func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) key {

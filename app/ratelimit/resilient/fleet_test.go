@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
@@ -357,8 +357,8 @@ func TestFleetFaults(t *testing.T) {
 				if m := modesIn(recs, bounds, fault, i); !faulty && m[ratelimit.ModeLocal]*10 > m[ratelimit.ModeRedis] {
 					t.Errorf("%s: untouched by the fault but decided locally: %v", l.Status().Instance, m)
 				}
-				if l.State() != resilient.Closed {
-					t.Errorf("%s: breaker %s after recovery", l.Status().Instance, l.State())
+				if l.Breaker() != resilient.Closed {
+					t.Errorf("%s: breaker %s after recovery", l.Status().Instance, l.Breaker())
 				}
 			}
 			if m := modesIn(recs, bounds, recovery, -1); m[ratelimit.ModeRedis] == 0 {

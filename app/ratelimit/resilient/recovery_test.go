@@ -18,8 +18,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
@@ -77,10 +78,10 @@ func waitFor(t testing.TB, what string, d time.Duration, ok func() bool) {
 	}
 }
 
-func allIn(ls []*resilient.Limiter, s resilient.State) func() bool {
+func allIn(ls []*resilient.Limiter, s resilient.BreakerState) func() bool {
 	return func() bool {
 		for _, l := range ls {
-			if l.State() != s || (s == resilient.Closed && l.Status().Journal.Pending > 0) {
+			if l.Breaker() != s || (s == resilient.Closed && l.Status().Journal.Pending > 0) {
 				return false
 			}
 		}
@@ -190,7 +191,7 @@ func checkExactUsage(t *testing.T, srv *redistest.Server, probe *resilient.Limit
 			var now int64
 			ideal := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
 			sorted := slices.Clone(g)
-			ratelimit.SortGrants(sorted)
+			algorithm.SortGrants(sorted)
 			for _, x := range sorted {
 				now = x.At
 				_, _ = ideal.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
@@ -569,12 +570,12 @@ func TestDecideBatchThroughOutage(t *testing.T) {
 		batch(ratelimit.ModeRedis)
 	}
 	srv.Kill()
-	waitFor(t, "the breaker to open", 5*time.Second, func() bool { return l.State() == resilient.Open })
+	waitFor(t, "the breaker to open", 5*time.Second, func() bool { return l.Breaker() == resilient.Open })
 	for range 4 {
 		batch(ratelimit.ModeLocal)
 	}
 	srv.Restart(t)
-	waitFor(t, "recovery", 10*time.Second, func() bool { return l.State() == resilient.Closed && l.Status().Journal.Pending == 0 })
+	waitFor(t, "recovery", 10*time.Second, func() bool { return l.Breaker() == resilient.Closed && l.Status().Journal.Pending == 0 })
 	c := srv.Client()
 	if n, err := c.ZCard(context.Background(), store.Key(log, "k:one")).Result(); err != nil || n != 7 {
 		t.Errorf("the log holds %d grants (%v), want 7 (3 in Redis, 4 replayed)", n, err)
@@ -606,16 +607,16 @@ func TestRestartDuringOutage(t *testing.T) {
 		_ = first.Close(context.Background()) // the store is down: nothing replayed, nothing acknowledged
 
 		second := newLimiter(t, f, cfg)
-		if second.State() != resilient.Open {
-			t.Fatalf("restarted with a journal: %s, want open until replayed", second.State())
+		if second.Breaker() != resilient.Open {
+			t.Fatalf("restarted with a journal: %s, want open until replayed", second.Breaker())
 		}
 		if got := admit(t, second, p, "k", 40, ratelimit.ModeLocal); got != 0 {
 			t.Fatalf("restarted: %d more local grants, want 0: the share was spent", got)
 		}
 		f.down.Store(false)
 		settle(2 * time.Second)
-		if second.State() != resilient.Closed {
-			t.Fatalf("%s, want closed after replay", second.State())
+		if second.Breaker() != resilient.Closed {
+			t.Fatalf("%s, want closed after replay", second.Breaker())
 		}
 		d, err := second.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
 		if err != nil || d.Mode != ratelimit.ModeRedis || d.Remaining != 74 {
@@ -638,8 +639,8 @@ func TestRecoveryDoesNotBounceOnASlowHeartbeat(t *testing.T) {
 		f.down.Store(true)
 		admit(t, l, p, "k", 3, ratelimit.ModeLocal)
 		settle(time.Second)
-		if l.State() != resilient.Open {
-			t.Fatalf("%s, want open", l.State())
+		if l.Breaker() != resilient.Open {
+			t.Fatalf("%s, want open", l.Breaker())
 		}
 		f.slowBeats.Store(2)
 		f.down.Store(false)

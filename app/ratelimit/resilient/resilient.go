@@ -26,9 +26,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/simplelru"
-
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 )
 
@@ -58,7 +57,7 @@ type Limiter struct {
 	store   Store
 	cfg     Config
 	br      breaker
-	seeds   ratelimit.StateKeySeeds
+	seeds   statekey.Seeds
 	journal *journal.Journal
 	seq     atomic.Uint64
 	idBase  string
@@ -77,9 +76,7 @@ type Limiter struct {
 	liveBefore atomic.Int64
 	restores   atomic.Uint64
 
-	mu       sync.Mutex // guards keys, the entries in it and policies; never held across I/O
-	keys     *simplelru.LRU[key, *entry]
-	policies map[ratelimit.Policy]*ratelimit.Policy // see policyRef
+	keys *keyTable
 
 	stats struct {
 		storeDecisions, localDecisions, cachedRefusals atomic.Uint64
@@ -95,7 +92,7 @@ type Limiter struct {
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
 
-type key = ratelimit.StateKey
+type key = statekey.Key
 
 // New returns a Limiter wrapping store and starts its background loop
 // (heartbeats and, while open, probes). The store is not contacted
@@ -109,10 +106,9 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, cfg: cfg, seeds: ratelimit.NewStateKeySeeds(), done: make(chan struct{}),
-		policies: map[ratelimit.Policy]*ratelimit.Policy{}}
+	l := &Limiter{store: store, cfg: cfg, seeds: statekey.NewSeeds(), done: make(chan struct{})}
 	l.idBase = cfg.Instance + "-" + strconv.FormatInt(cfg.Now().UnixNano(), 36) + "-"
-	keys, err := simplelru.NewLRU[key, *entry](cfg.KeyCapacity, func(key, *entry) { l.stats.evictions.Add(1) })
+	keys, err := newKeyTable(cfg.KeyCapacity, func() { l.stats.evictions.Add(1) })
 	if err != nil {
 		return nil, fmt.Errorf("resilient: %w", err)
 	}
@@ -122,7 +118,8 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	}
 	if l.journal.Len() > 0 {
 		l.journal.Each(func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *journal.Snapshot) {
-			e := l.entry(l.keyOfIdentity(p, id))
+			k := l.keyOfIdentity(p, id)
+			e := l.keys.shard(k).entry(k) // no other goroutine yet: no lock
 			sh := share{n: float64(cfg.ExpectedInstances), factor: p.Factor()}
 			if s != nil {
 				// The share the last process started from.
@@ -141,7 +138,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	l.br.slowWindow = cfg.SlowWindow
 	l.br.now = cfg.Now
 	l.br.lastSuccess.Store(cfg.Now().UnixMicro())
-	l.br.onChange = func(from, to State, reason string) {
+	l.br.onChange = func(from, to BreakerState, reason string) {
 		if to == Open && from == Closed {
 			l.liveBefore.Store(l.live.Load())
 		}

@@ -12,8 +12,8 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/mocks"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/mocks"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
@@ -160,7 +160,7 @@ func TestBreakerSlowStoreStaysClosed(t *testing.T) {
 			}
 			// Between stalls the store answers.
 			admit(t, l, p, "k", 5, ratelimit.ModeRedis)
-			if got := l.State(); got != resilient.Closed {
+			if got := l.Breaker(); got != resilient.Closed {
 				t.Fatalf("stall %d: breaker %s, want closed: the store still answers", stall, got)
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -190,11 +190,11 @@ func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
 				// calls open the breaker at the third; calls that time out
 				// only once nothing has answered for SlowWindow (250 ms).
 				failing := 0
-				for l.State() == resilient.Closed && failing < 100 {
+				for l.Breaker() == resilient.Closed && failing < 100 {
 					admit(t, l, p, "k", 1, ratelimit.ModeLocal)
 					failing++
 				}
-				if got := l.State(); got != resilient.Open {
+				if got := l.Breaker(); got != resilient.Open {
 					t.Fatalf("after %d failures: %s, want open", failing, got)
 				}
 				if !hang && failing != 3 {
@@ -210,13 +210,13 @@ func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
 				// The prober keeps it open while the store is out, and a
 				// slow store never closes it.
 				settle(10 * time.Second)
-				if got := l.State(); got != resilient.Open {
+				if got := l.Breaker(); got != resilient.Open {
 					t.Fatalf("store still out: %s, want open", got)
 				}
 				f.down.Store(false)
 				f.hang.Store(false)
 				settle(1500 * time.Millisecond)
-				if got := l.State(); got != resilient.Closed {
+				if got := l.Breaker(); got != resilient.Closed {
 					t.Fatalf("store back: %s, want closed", got)
 				}
 				admit(t, l, p, "k", 1, ratelimit.ModeRedis)
@@ -236,21 +236,21 @@ func TestReplayRunsBeforeClosing(t *testing.T) {
 		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: time.Minute}
 		f.down.Store(true)
 		settle(2 * time.Second) // heartbeats fail: the breaker opens without traffic
-		if l.State() != resilient.Open {
-			t.Fatalf("%s, want open after failed heartbeats", l.State())
+		if l.Breaker() != resilient.Open {
+			t.Fatalf("%s, want open after failed heartbeats", l.Breaker())
 		}
 		if got := admit(t, l, p, "k", 10, ratelimit.ModeLocal); got != 10 {
 			t.Fatalf("local grants: %d of 10", got)
 		}
 		f.down.Store(false) // pings answer, replays fail
 		settle(3 * time.Second)
-		if l.State() != resilient.Open || len(f.ReplayCalls()) == 0 {
-			t.Fatalf("%s after %d replays, want open while the replay fails", l.State(), len(f.ReplayCalls()))
+		if l.Breaker() != resilient.Open || len(f.ReplayCalls()) == 0 {
+			t.Fatalf("%s after %d replays, want open while the replay fails", l.Breaker(), len(f.ReplayCalls()))
 		}
 		f.failReplay.Store(false)
 		settle(1500 * time.Millisecond)
-		if l.State() != resilient.Closed {
-			t.Fatalf("%s, want closed after a successful replay", l.State())
+		if l.Breaker() != resilient.Closed {
+			t.Fatalf("%s, want closed after a successful replay", l.Breaker())
 		}
 		// The store now holds the 10 local grants: 90 left.
 		d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
@@ -394,22 +394,54 @@ func TestInvalidRequestsAndOddReplies(t *testing.T) {
 			return ratelimit.Decision{}, fmt.Errorf("%w: WRONGTYPE", ratelimit.ErrBadReply)
 		}
 		admit(t, l, p, "k", 10, ratelimit.ModeLocal)
-		if l.State() != resilient.Closed {
+		if l.Breaker() != resilient.Closed {
 			t.Fatal("odd replies for one key opened the breaker")
 		}
 	})
 }
 
+// TestKeyCapacityBoundsMemory: the keys remembered never exceed
+// KeyCapacity, however many distinct clients come, and every key beyond it
+// is an eviction. The capacity is split among the shards exactly (1000 over
+// 64 shards: 15 or 16 each), and 5000 keys fill every shard.
 func TestKeyCapacityBoundsMemory(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		f := newFakeStore()
-		l := newLimiter(t, f, resilient.Config{KeyCapacity: 10})
-		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Second}
-		for i := range 100 {
-			admit(t, l, p, fmt.Sprint("k", i), 1, ratelimit.ModeRedis)
-		}
-		if s := l.Status(); s.Keys != 10 || s.Evictions != 90 {
-			t.Fatalf("keys %d evictions %d, want 10 and 90", s.Keys, s.Evictions)
+	for _, c := range []struct{ capacity, keys int }{{1, 20}, {10, 2000}, {1000, 5000}} {
+		t.Run(fmt.Sprint(c.capacity), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFakeStore()
+				l := newLimiter(t, f, resilient.Config{KeyCapacity: c.capacity})
+				p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Second}
+				for i := range c.keys {
+					admit(t, l, p, fmt.Sprint("k", i), 1, ratelimit.ModeRedis)
+				}
+				if s := l.Status(); s.Keys != c.capacity || int(s.Evictions) != c.keys-c.capacity {
+					t.Fatalf("keys %d evictions %d, want %d and %d", s.Keys, s.Evictions, c.capacity, c.keys-c.capacity)
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkStoreDecisionParallel is the bookkeeping around a store decision
+// (the cached-refusal check and the snapshot kept), the store being an
+// in-memory twin: with one lock for every key, parallel callers queue on it.
+func BenchmarkStoreDecisionParallel(b *testing.B) {
+	f := newFakeStore()
+	l, err := resilient.New(f, resilient.Config{Instance: "bench", ExpectedInstances: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	p := ratelimit.Policy{Name: "bench", Algorithm: ratelimit.GCRA, Limit: 1_000_000_000, Window: time.Second}
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		req := ratelimit.Request{Policy: p, Key: fmt.Sprint("client-", next.Add(1))}
+		ctx := context.Background()
+		for pb.Next() {
+			if _, err := l.Decide(ctx, req); err != nil {
+				b.Fatal(err)
+			}
 		}
 	})
 }
@@ -588,8 +620,8 @@ func TestSuspectStoreIsNotWaitedFor(t *testing.T) {
 		f.hang.Store(false)
 		admit(t, l, p, "k", 1, ratelimit.ModeRedis) // a probe that succeeds
 		admit(t, l, p, "k", 5, ratelimit.ModeRedis) // and every call goes to the store again
-		if s := l.Status(); s.Opens != 0 || l.State() != resilient.Closed {
-			t.Errorf("breaker %s after %d openings, want closed throughout", l.State(), s.Opens)
+		if s := l.Status(); s.Opens != 0 || l.Breaker() != resilient.Closed {
+			t.Errorf("breaker %s after %d openings, want closed throughout", l.Breaker(), s.Opens)
 		}
 	})
 }
@@ -681,19 +713,19 @@ func TestRefusedStoreIsProbedOften(t *testing.T) {
 		l := newLimiter(t, f, resilient.Config{})
 		f.down.Store(true)
 		settle(1200 * time.Millisecond)
-		if l.State() != resilient.Open {
-			t.Fatalf("%s, want open", l.State())
+		if l.Breaker() != resilient.Open {
+			t.Fatalf("%s, want open", l.Breaker())
 		}
 		f.down.Store(false)
 		settle(150 * time.Millisecond)
-		if l.State() == resilient.Open {
+		if l.Breaker() == resilient.Open {
 			t.Fatal("still open 150 ms after the store came back: a refusing store was not probed at every tick")
 		}
 
 		f.hang.Store(true)
 		settle(time.Second)
-		if l.State() != resilient.Open {
-			t.Fatalf("%s, want open", l.State())
+		if l.Breaker() != resilient.Open {
+			t.Fatalf("%s, want open", l.Breaker())
 		}
 		pings := len(f.PingCalls())
 		settle(3 * time.Second)

@@ -29,16 +29,14 @@ func (l *Limiter) restore(ctx context.Context, old, gen string) error {
 		inScope = s.RestoreScope(old, gen)
 	}
 	var batches []ratelimit.ReplayBatch
-	l.mu.Lock()
-	for _, e := range l.keys.Values() {
+	l.keys.each(func(e *entry) {
 		if !e.snapValid || e.policy == nil || e.snap.Now < now-2*e.policy.WindowMicros() || !inScope(*e.policy, e.identity) {
-			continue
+			return
 		}
 		if g := restoreGrants(*e.policy, e.snap, marker); len(g) > 0 {
 			batches = append(batches, ratelimit.ReplayBatch{Policy: *e.policy, Identity: e.identity, Marker: marker, Grants: g})
 		}
-	}
-	l.mu.Unlock()
+	})
 	l.cfg.Logger.Warn("Redis lost its data: restoring the usage the snapshots knew", "keys", len(batches))
 	if _, err := l.send(ctx, batches, func([]ratelimit.ReplayBatch, []ratelimit.ReplayResult) {}); err != nil {
 		return err

@@ -44,9 +44,7 @@ type Status struct {
 
 // Status returns the current status.
 func (l *Limiter) Status() Status {
-	l.mu.Lock()
-	n := l.keys.Len()
-	l.mu.Unlock()
+	n := l.keys.len()
 	// local_grants comes from the journal's counters, read at one instant:
 	// read apart, a grant made between two reads was in one and not the
 	// other, and a killed instance's last status then disagreed with its
@@ -74,5 +72,5 @@ func (l *Limiter) Status() Status {
 	}
 }
 
-// State returns the breaker's state.
-func (l *Limiter) State() State { return l.br.State() }
+// Breaker returns the circuit breaker's state.
+func (l *Limiter) Breaker() BreakerState { return l.br.State() }

@@ -17,6 +17,10 @@
 // docs/BENCHMARKS.md.
 package main
 
+// The file is one piece: each row is a few lines that build one limiter and
+// hand it to the same measuring loop, and the table is written from the
+// same rows; split, a row would be spread over files.
+
 import (
 	"context"
 	"encoding/csv"
@@ -27,6 +31,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,6 +53,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+	"github.com/fleetlimit/fleetlimit/loadtest"
 )
 
 // Row is one measured line of results.json.
@@ -96,6 +102,7 @@ func run(ctx context.Context, args []string) error {
 	pool := fs.Int("pool", 300, "go-redis pool size, on every side")
 	coalesce := fs.Int("coalesce", 4, "our pipelines in flight at once (RL_REDIS_PIPELINES; 0: a round trip per decision)")
 	only := fs.String("only", "", "measure only the rows whose name starts with this")
+	stackURL := fs.String("stack", "", "nginx of a native stack serving /api/bench-on (limited) and /api/bench-off (not): measure the stack with the limiter on and off")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	out := fs.String("out", "bench-out/results.json", "results file")
 	md := fs.String("md", "docs/BENCHMARKS.md", "the table, rendered")
@@ -214,12 +221,48 @@ func run(ctx context.Context, args []string) error {
 		res.Rows = append(res.Rows, fallbackRows(quiet)...)
 	}
 
+	// The whole stack through nginx, the same route with the limiter and
+	// without it.
+	if *stackURL != "" {
+		for _, route := range []string{"limiter-off", "limiter-on"} {
+			d := httpDecider(*stackURL + "/api/bench-" + strings.TrimPrefix(route, "limiter-"))
+			for _, g := range gs {
+				if g >= 16 {
+					add("stack/"+route, g, d)
+				}
+			}
+		}
+	}
+
 	ratios(&res)
 	if err := write(*out, *md, res); err != nil {
 		return err
 	}
 	fmt.Printf("bench: wrote %s and %s\n", *out, *md)
 	return nil
+}
+
+// httpDecider GETs url (a route of the stack) and expects a 200; the key is
+// not sent: the stack limits by client address, one key for the run, which
+// its policy never refuses.
+func httpDecider(url string) decider {
+	client := loadtest.NewClient()
+	return func(ctx context.Context, _ string) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+		}
+		return nil
+	}
 }
 
 // measure runs d from g goroutines for about cell over random keys.
@@ -330,7 +373,7 @@ func fallbackRows(logger *slog.Logger) []Row {
 		}
 		defer lim.Close(context.Background())
 		p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 1 << 30, Window: time.Second}
-		for lim.State() != resilient.Open {
+		for lim.Breaker() != resilient.Open {
 			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
 			time.Sleep(time.Millisecond)
 		}
@@ -346,7 +389,7 @@ func fallbackRows(logger *slog.Logger) []Row {
 		lim, err := resilient.New(downStore{}, resilient.Config{Instance: "bench-memory", Logger: logger, ExpectedInstances: 4, JournalMax: 1})
 		if err == nil {
 			p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Second}
-			for lim.State() != resilient.Open {
+			for lim.Breaker() != resilient.Open {
 				_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
 				time.Sleep(time.Millisecond)
 			}
@@ -438,6 +481,12 @@ func ratios(res *Results) {
 	if ours1 != nil && peer1 != nil && peer1.P50us > 0 {
 		res.Ratios["ours_p50_vs_redis_rate_at_1"] = round(ours1.P50us/peer1.P50us*100) / 100
 	}
+	for _, g := range []int{16, 64, 256} {
+		on, off := find(*res, "stack/limiter-on", g), find(*res, "stack/limiter-off", g)
+		if on != nil && off != nil && off.DecisionsPerS > 0 {
+			res.Ratios[fmt.Sprintf("stack_on_vs_off_at_%d", g)] = round(on.DecisionsPerS/off.DecisionsPerS*100) / 100
+		}
+	}
 	if c := find(*res, "ceiling/redis-benchmark-P16", 0); c != nil && c.DecisionsPerS > 0 {
 		best := 0.0
 		for _, r := range res.Rows {
@@ -465,7 +514,7 @@ func write(out, md string, res Results) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (scripts/bench.sh, loadtest/cmd/bench) on %s; %s; %d keys, %s per row, every row against the same fresh redis-server in one run. The raw figures are in `bench-out/results.json`.\n\n",
 		time.Now().UTC().Format("2006-01-02"), res.Machine, res.Keys, res.CellTime)
-	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant. The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
+	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant, `stack/*` the native stack (nginx, four instances, Redis; the apps dial Redis directly, log at info) answering one route with its limiter (a GCRA policy it never refuses) and without (a route with no policies), requests per second through nginx over keep-alive connections. The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
 	var mem strings.Builder
 	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range res.Rows {

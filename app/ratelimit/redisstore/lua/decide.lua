@@ -2,8 +2,10 @@
 -- ARGV: [1] now override  [2] limit (rate per window)  [3] window in µs
 --       [4] capacity  [5] cost  [6] request id
 --       [7], [8] weight num, den (ratelimit.Weight)
--- Reply: {allowed, remaining, reset_us, retry_us, now_us,
---         tokens, tat, tat_rem, window_start, current, previous, age1..age8}
+-- Reply: {allowed, remaining, reset_us, retry_us, now_us, state...}, the
+--   state being what the fallback continues from, and only that:
+--   token bucket {tokens}, GCRA {tat, tat_rem}, sliding window counter
+--   {window_start, current, previous}, sliding window log {age1..age8}.
 local limit, window, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local capacity = tonumber(ARGV[4])
 local wnum, wden = tonumber(ARGV[7]) or 1, tonumber(ARGV[8]) or 1
@@ -17,8 +19,6 @@ end
 local elimit = fdiv(limit * wden, wnum)
 local key = KEYS[1]
 
-local function reply(allowed, remaining, reset, retry, now, tokens, tat, rem, ws, cur, prev, ages)
-  local r = {allowed, remaining, reset, retry, now, tokens, tat, rem, ws, cur, prev}
-  for i = 1, 8 do r[11 + i] = ages and ages[i] or 0 end
-  return r
+local function reply(allowed, remaining, reset, retry, now, ...)
+  return {allowed, remaining, reset, retry, now, ...}
 end

@@ -1,5 +1,5 @@
 -- GCRA. KEYS[1]: hash {t = theoretical arrival time in µs, r = the
--- remainder in 1/limit µs}. Twin of ratelimit.GCRADecide.
+-- remainder in 1/limit µs}. Twin of algorithm.GCRADecide.
 local now = now_us()
 local tolerance = capacity * window
 local st = redis.call('HMGET', key, 't', 'r')
@@ -29,4 +29,4 @@ if reset > 0 then
 else
   redis.call('DEL', key)
 end
-return reply(allowed, remaining, reset, retry, now, 0, tat, rem, 0, 0, 0, nil)
+return reply(allowed, remaining, reset, retry, now, tat, rem)

@@ -24,7 +24,7 @@ for b = 1, tonumber(ARGV[3]) do
   a = a + 6
   for i = 1, n do
     -- A grant stamped after now (a local clock ahead of Redis') counts now,
-    -- or it would lock the key until its stamp. Twin of ratelimit.clampGrant.
+    -- or it would lock the key until its stamp. Twin of algorithm.clampGrant.
     at[i] = math.min(num(ARGV[a], 'grant time'), now)
     cost[i] = num(ARGV[a + 1], 'grant cost')
     id[i] = ARGV[a + 2]

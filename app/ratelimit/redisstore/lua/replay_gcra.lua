@@ -1,4 +1,4 @@
--- GCRA replay of one key. Twin of ratelimit.GCRAReplay.
+-- GCRA replay of one key. Twin of algorithm.GCRAReplay.
 local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, mtoken, mkey, ttl)
   local st = redis.call('HMGET', key, 't', 'r', mfield)
   if marked(st[3], mtoken) then return 0, 0, 0, 1 end

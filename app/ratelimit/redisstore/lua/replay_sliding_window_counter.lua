@@ -1,5 +1,5 @@
 -- Sliding window counter replay of one key. Twin of
--- ratelimit.WindowCounterReplay.
+-- algorithm.WindowCounterReplay.
 local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, mtoken, mkey, ttl)
   local st = redis.call('HMGET', key, 'w', 'c', 'p', mfield)
   if marked(st[4], mtoken) then return 0, 0, 0, 1 end

@@ -1,4 +1,4 @@
--- Sliding window log replay of one key. Twin of ratelimit.WindowLogReplay:
+-- Sliding window log replay of one key. Twin of algorithm.WindowLogReplay:
 -- each grant is added with its own time and request id; a member already
 -- present (the same request decided in Redis by a call that timed out but
 -- still ran) is not added again and counts as present.

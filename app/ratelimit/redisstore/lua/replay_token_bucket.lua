@@ -1,4 +1,4 @@
--- Token bucket replay of one key. Twin of ratelimit.TokenBucketReplay.
+-- Token bucket replay of one key. Twin of algorithm.TokenBucketReplay.
 local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, mtoken, mkey, ttl)
   local cap = capacity * window
   local st = redis.call('HMGET', key, 't', 'l', mfield)

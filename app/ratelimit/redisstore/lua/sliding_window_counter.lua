@@ -1,6 +1,6 @@
 -- Sliding window counter. KEYS[1]: hash {w = window start µs, c = count of
 -- that window, p = count of the window before}.
--- Twin of ratelimit.WindowCounterDecide.
+-- Twin of algorithm.WindowCounterDecide.
 local now = now_us()
 local limit = elimit
 local start = now - (now % window)
@@ -41,4 +41,4 @@ if reset > 0 then
   redis.call('HSET', key, 'w', str(start), 'c', str(cur), 'p', str(prev))
   redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 end
-return reply(allowed, remaining, reset, retry, now, 0, 0, 0, start, cur, prev, nil)
+return reply(allowed, remaining, reset, retry, now, start, cur, prev)

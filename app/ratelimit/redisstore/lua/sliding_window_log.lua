@@ -1,7 +1,7 @@
 -- Sliding window log. KEYS[1]: sorted set, one member per granted unit: the
 -- request id (suffixed #2, #3... for a cost above 1), scored by its grant
 -- time in µs. ARGV[6]: the request id.
--- Twin of ratelimit.WindowLogDecide. A request id already in the set was
+-- Twin of algorithm.WindowLogDecide. A request id already in the set was
 -- counted before (a decision that timed out but ran, a replay): it is
 -- answered as allowed and not counted again.
 local now = now_us()
@@ -47,4 +47,4 @@ if count > 0 then
   end
   redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 end
-return reply(allowed, math.max(0, limit - count), reset, retry, now, 0, 0, 0, 0, 0, 0, ages)
+return reply(allowed, math.max(0, limit - count), reset, retry, now, unpack(ages))

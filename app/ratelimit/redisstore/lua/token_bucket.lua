@@ -1,5 +1,5 @@
 -- Token bucket. KEYS[1]: hash {t = tokens × window µs, l = last update µs}.
--- Twin of ratelimit.TokenBucketDecide.
+-- Twin of algorithm.TokenBucketDecide.
 local now = now_us()
 local cap = capacity * window
 local st = redis.call('HMGET', key, 't', 'l')
@@ -18,4 +18,4 @@ end
 local reset = cdiv(cap - tokens, limit)
 redis.call('HSET', key, 't', str(tokens), 'l', str(now))
 redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
-return reply(allowed, wunits(tokens, window), reset, retry, now, tokens, 0, 0, 0, 0, 0, nil)
+return reply(allowed, wunits(tokens, window), reset, retry, now, tokens)

@@ -1,26 +1,30 @@
-package ratelimit
+// Package statekey keys per-identity state in process memory (the in-memory
+// store and the resilient limiter's fallback budget).
+package statekey
 
 import (
 	"encoding/binary"
 	"hash/maphash"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
 
-// StateKey keys an identity's state under one policy in process memory: a
+// Key keys an identity's state under one policy in process memory: a
 // 128-bit hash of the policy's name and state-shaping parameters and of the
 // identity, so memory per key is fixed whatever the client sent.
-type StateKey [2]uint64
+type Key [2]uint64
 
-// StateKeySeeds are the per-process seeds of StateKey hashes. Make them with
-// NewStateKeySeeds.
-type StateKeySeeds [2]maphash.Seed
+// Seeds are the per-process seeds of Key hashes. Make them with
+// NewSeeds.
+type Seeds [2]maphash.Seed
 
-// NewStateKeySeeds returns fresh random seeds.
-func NewStateKeySeeds() StateKeySeeds { return StateKeySeeds{maphash.MakeSeed(), maphash.MakeSeed()} }
+// NewSeeds returns fresh random seeds.
+func NewSeeds() Seeds { return Seeds{maphash.MakeSeed(), maphash.MakeSeed()} }
 
 // Key returns the state key of identity id under policy p. It does not
 // allocate.
-func (s *StateKeySeeds) Key(p Policy, id Identity) StateKey {
-	var k StateKey
+func (s *Seeds) Key(p ratelimit.Policy, id ratelimit.Identity) Key {
+	var k Key
 	for i := range k {
 		var h maphash.Hash
 		h.SetSeed(s[i])

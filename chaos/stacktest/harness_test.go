@@ -28,6 +28,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	chaosstack "github.com/fleetlimit/fleetlimit/chaos/stack"
 )
 
 // installHint is how to get the programs the native stack needs.
@@ -68,31 +69,13 @@ const (
 	blockMax = 32000
 )
 
-// stackInfo is .run/stack.json, as scripts/local-up.sh writes it.
-type stackInfo struct {
-	NginxURL  string    `json:"nginx_url"`
-	RedisAddr string    `json:"redis_addr"`
-	RedisPID  int       `json:"redis_pid"`
-	ProxyAPI  string    `json:"proxy_api"`
-	Apps      []appInfo `json:"apps"`
-}
-
-type appInfo struct {
-	Name     string `json:"name"`
-	URL      string `json:"url"`
-	AdminURL string `json:"admin_url"`
-	PID      int    `json:"pid"`
-	RedisVia string `json:"redis_via"`
-	Proxy    string `json:"proxy"`
-}
-
 // stack is a native stack started by startStack, in its own run dir.
 type stack struct {
 	root     string   // the checkout
 	runDir   string   // LOCAL_RUN_DIR
 	env      []string // the environment of every script call
 	password string   // Redis' requirepass
-	info     stackInfo
+	info     chaosstack.Info
 	client   *http.Client
 	// source is the loopback address the test's requests come from (see
 	// from); nil: the kernel's choice, 127.0.0.1.
@@ -276,13 +259,9 @@ func (s *stack) script(name string, args ...string) ([]byte, error) {
 
 func (s *stack) readInfo(t *testing.T) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(s.runDir, "stack.json"))
+	info, err := chaosstack.ReadInfo(filepath.Join(s.runDir, "stack.json"))
 	if err != nil {
-		t.Fatalf("stack.json: %v", err)
-	}
-	var info stackInfo
-	if err := json.Unmarshal(b, &info); err != nil {
-		t.Fatalf("stack.json: %v\n%s", err, b)
+		t.Fatal(err)
 	}
 	s.info = info
 }
@@ -514,7 +493,7 @@ type appStatus struct {
 	} `json:"limiter"`
 }
 
-func (s *stack) status(app appInfo) (appStatus, error) {
+func (s *stack) status(app chaosstack.App) (appStatus, error) {
 	resp, err := s.client.Get(app.AdminURL + "/status")
 	if err != nil {
 		return appStatus{}, err

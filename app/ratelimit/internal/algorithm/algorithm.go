@@ -1,16 +1,20 @@
-package ratelimit
+// Package algorithm holds the four algorithms as pure state transitions:
+// (policy, state, now, cost, weight) -> (state, decision), and their replay
+// twins (policy, state, now, grants) -> (state, result). Every quantity is an
+// integer (time in µs, token levels scaled by the window in µs) so that the
+// Lua twins in redisstore, which compute in float64, agree to the bit. Each
+// function expects a validated policy, 1 <= cost <= p.Capacity() and a
+// valid weight (see ratelimit.Weight: the decider's share of the policy is
+// Den/Num of it). The in-memory store and the resilient limiter's fallback
+// decide with them.
+package algorithm
 
 import (
 	"sort"
 	"time"
-)
 
-// The algorithms as pure state transitions: (policy, state, now, cost,
-// weight) -> (state, decision). Every quantity is an integer (time in µs,
-// token levels scaled by the window in µs) so that the Lua twins in
-// redisstore, which compute in float64, agree to the bit. Each function
-// expects a validated policy, 1 <= cost <= p.Capacity() and a valid weight
-// (see Weight: the decider's share of the policy is Den/Num of it).
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
 
 // TokenBucketState is a token bucket's stored state. The zero value is a
 // key never seen (a full bucket).
@@ -20,22 +24,22 @@ type TokenBucketState struct {
 }
 
 // TokenBucketDecide applies one request at time now (µs) to a token bucket.
-func TokenBucketDecide(p Policy, s TokenBucketState, now, cost int64, wt Weight) (TokenBucketState, Decision) {
+func TokenBucketDecide(p ratelimit.Policy, s TokenBucketState, now, cost int64, wt ratelimit.Weight) (TokenBucketState, ratelimit.Decision) {
 	w, capScaled, rate := p.WindowMicros(), p.Capacity()*p.WindowMicros(), p.Limit
 	tokens := capScaled
 	if s.Last != 0 {
 		tokens = tokenBucketFill(s.Tokens, now-s.Last, capScaled, rate)
 	}
-	d := Decision{Limit: p.Capacity()}
-	if need := wt.scale(cost * w); tokens >= need {
+	d := ratelimit.Decision{Limit: p.Capacity()}
+	if need := scale(wt, cost*w); tokens >= need {
 		d.Allowed = true
 		tokens -= need
 	} else {
 		d.RetryAfter = micros(ceilDiv(need-tokens, rate))
 	}
-	d.Remaining = wt.units(tokens, w)
+	d.Remaining = units(wt, tokens, w)
 	d.ResetAfter = micros(ceilDiv(capScaled-tokens, rate))
-	d.State = State{Now: now, Tokens: tokens}
+	d.State = ratelimit.State{Now: now, Tokens: tokens}
 	return TokenBucketState{Tokens: tokens, Last: now}, d
 }
 
@@ -60,20 +64,20 @@ type GCRAState struct {
 }
 
 // GCRADecide applies one request at time now (µs) to GCRA.
-func GCRADecide(p Policy, s GCRAState, now, cost int64, wt Weight) (GCRAState, Decision) {
+func GCRADecide(p ratelimit.Policy, s GCRAState, now, cost int64, wt ratelimit.Weight) (GCRAState, ratelimit.Decision) {
 	w, burst, rate := p.WindowMicros(), p.Capacity(), p.Limit
 	tolerance := burst * w // in µs × rate units
 	tat := s
 	if tat.TAT < now || tat.TAT == now && tat.Rem == 0 {
 		tat = GCRAState{TAT: now}
 	}
-	inc := wt.scale(cost * w)
+	inc := scale(wt, cost*w)
 	next := GCRAState{TAT: tat.TAT + inc/rate, Rem: tat.Rem + inc%rate}
 	if next.Rem >= rate {
 		next.TAT++
 		next.Rem -= rate
 	}
-	d := Decision{Limit: burst}
+	d := ratelimit.Decision{Limit: burst}
 	if ahead := (next.TAT-now)*rate + next.Rem; ahead <= tolerance {
 		d.Allowed = true
 		tat = next
@@ -81,9 +85,9 @@ func GCRADecide(p Policy, s GCRAState, now, cost int64, wt Weight) (GCRAState, D
 		d.RetryAfter = micros(ceilDiv(ahead-tolerance, rate))
 	}
 	ahead := (tat.TAT-now)*rate + tat.Rem
-	d.Remaining = wt.units(tolerance-ahead, w)
+	d.Remaining = units(wt, tolerance-ahead, w)
 	d.ResetAfter = micros(ceilDiv(ahead, rate))
-	d.State = State{Now: now, TAT: tat.TAT, TATRem: tat.Rem}
+	d.State = ratelimit.State{Now: now, TAT: tat.TAT, TATRem: tat.Rem}
 	return tat, d
 }
 
@@ -97,13 +101,13 @@ type WindowCounterState struct {
 // WindowCounterDecide applies one request at time now (µs) to a sliding
 // window counter. The previous window's count is weighted by the part of it
 // that the sliding window still covers.
-func WindowCounterDecide(p Policy, s WindowCounterState, now, cost int64, wt Weight) (WindowCounterState, Decision) {
-	w, limit := p.WindowMicros(), wt.limit(p.Limit)
+func WindowCounterDecide(p ratelimit.Policy, s WindowCounterState, now, cost int64, wt ratelimit.Weight) (WindowCounterState, ratelimit.Decision) {
+	w, limit := p.WindowMicros(), limitOf(wt, p.Limit)
 	start := now - now%w
 	cur, prev := s.Shift(start, w)
 	elapsed := now - start
 	used := prev*(w-elapsed) + cur*w // in units × µs
-	d := Decision{Limit: p.Limit}
+	d := ratelimit.Decision{Limit: p.Limit}
 	if used+cost*w <= limit*w {
 		d.Allowed = true
 		cur += cost
@@ -118,7 +122,7 @@ func WindowCounterDecide(p Policy, s WindowCounterState, now, cost int64, wt Wei
 	case prev > 0:
 		d.ResetAfter = micros(w - elapsed)
 	}
-	d.State = State{Now: now, WindowStart: start, Current: cur, Previous: prev}
+	d.State = ratelimit.State{Now: now, WindowStart: start, Current: cur, Previous: prev}
 	return WindowCounterState{WindowStart: start, Current: cur, Previous: prev}, d
 }
 
@@ -165,8 +169,8 @@ func (l *WindowLog) Len() int { return len(l.times) }
 
 // WindowLogDecide applies one request at time now (µs) to a sliding window
 // log, admitting it if at most Limit units fall in (now-Window, now].
-func WindowLogDecide(p Policy, l *WindowLog, now, cost int64, wt Weight) Decision {
-	w, limit := p.WindowMicros(), wt.limit(p.Limit)
+func WindowLogDecide(p ratelimit.Policy, l *WindowLog, now, cost int64, wt ratelimit.Weight) ratelimit.Decision {
+	w, limit := p.WindowMicros(), limitOf(wt, p.Limit)
 	// Drop grants at or before now-w.
 	drop := sort.Search(len(l.times), func(i int) bool { return l.times[i] > now-w })
 	l.times = l.times[drop:]
@@ -176,7 +180,7 @@ func WindowLogDecide(p Policy, l *WindowLog, now, cost int64, wt Weight) Decisio
 		l.times = append(make([]int64, 0, len(l.times)+int(cost)), l.times...)
 	}
 	count := int64(len(l.times))
-	d := Decision{Limit: p.Limit}
+	d := ratelimit.Decision{Limit: p.Limit}
 	if count+cost <= limit {
 		d.Allowed = true
 		for range cost {
@@ -194,18 +198,18 @@ func WindowLogDecide(p Policy, l *WindowLog, now, cost int64, wt Weight) Decisio
 	if count > 0 {
 		d.ResetAfter = micros(max(0, l.times[count-1]+w-now))
 	}
-	d.State = State{Now: now, Ages: l.ages(now, w)}
+	d.State = ratelimit.State{Now: now, Ages: l.ages(now, w)}
 	return d
 }
 
 // ages buckets the grants by age in eighths of the window. Bucket i holds the
 // grants with times in (now - bound(i+1), now - bound(i)], bound(i) = i*w/8.
-func (l *WindowLog) ages(now, w int64) [AgeBuckets]int64 {
-	var h [AgeBuckets]int64
+func (l *WindowLog) ages(now, w int64) [ratelimit.AgeBuckets]int64 {
+	var h [ratelimit.AgeBuckets]int64
 	upper := len(l.times)
-	for i := range AgeBuckets {
-		lo := now - int64(i+1)*w/AgeBuckets
-		if i == AgeBuckets-1 {
+	for i := range ratelimit.AgeBuckets {
+		lo := now - int64(i+1)*w/ratelimit.AgeBuckets
+		if i == ratelimit.AgeBuckets-1 {
 			lo = now - w
 		}
 		j := sort.Search(upper, func(k int) bool { return l.times[k] > lo })
@@ -222,23 +226,7 @@ func last(s []int64) int64 {
 	return s[len(s)-1]
 }
 
-// Weight scales what a request takes, so that a decider can hold back part
-// of a policy for instances that may be deciding elsewhere (a partitioned
-// instance spending its fallback share). With Weight{Num: n, Den: d} the
-// decider admits as if it had d/n of the policy: the token bucket and GCRA
-// charge cost × n/d (so both the burst and the rate shrink), the window
-// algorithms admit up to ⌊limit × d/n⌋. The zero value is {1, 1}: the whole
-// policy.
-type Weight struct {
-	Num, Den int64
-}
-
-// Valid reports whether w is the zero value or 1 <= Den <= Num <= 1024.
-func (w Weight) Valid() bool {
-	return w == Weight{} || w.Den >= 1 && w.Den <= w.Num && w.Num <= 1024
-}
-
-func (w Weight) norm() (int64, int64) {
+func norm(w ratelimit.Weight) (int64, int64) {
 	if w.Num == 0 {
 		return 1, 1
 	}
@@ -246,23 +234,24 @@ func (w Weight) norm() (int64, int64) {
 }
 
 // scale returns ⌈x × Num/Den⌉.
-func (w Weight) scale(x int64) int64 {
-	n, d := w.norm()
+func scale(w ratelimit.Weight, x int64) int64 {
+	n, d := norm(w)
 	return ceilDiv(x*n, d)
 }
 
-// limit returns ⌊limit × Den/Num⌋.
-func (w Weight) limit(limit int64) int64 {
-	n, d := w.norm()
+// limitOf returns ⌊limit × Den/Num⌋.
+func limitOf(w ratelimit.Weight, limit int64) int64 {
+	n, d := norm(w)
 	return limit * d / n
 }
 
-// units returns how many unit requests (each scale(unit) long) fit in room.
-func (w Weight) units(room, unit int64) int64 {
+// units returns how many unit requests (each scale(w, unit) long) fit in
+// room.
+func units(w ratelimit.Weight, room, unit int64) int64 {
 	if room <= 0 {
 		return 0
 	}
-	return room / w.scale(unit)
+	return room / scale(w, unit)
 }
 
 // ceilDiv is ⌈a/b⌉ for a >= 0, b > 0; 0 for a <= 0.

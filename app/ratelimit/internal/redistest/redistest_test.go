@@ -365,11 +365,11 @@ func TestProxy(t *testing.T) {
 	t.Parallel()
 	t.Run("faults", testProxyFaults)
 	// Everything the proxy started has stopped with the subtest's cleanup.
-	eventually(t, 5*time.Second, "toxiproxy goroutines gone", func(context.Context) error {
+	eventually(t, 5*time.Second, "proxy goroutines gone", func(context.Context) error {
 		buf := make([]byte, 1<<20)
 		buf = buf[:runtime.Stack(buf, true)]
-		if n := strings.Count(string(buf), "github.com/Shopify/toxiproxy"); n > 0 {
-			return fmt.Errorf("%d toxiproxy frames still on goroutine stacks", n)
+		if n := strings.Count(string(buf), "redistest.(*Proxy)"); n > 0 {
+			return fmt.Errorf("%d proxy frames still on goroutine stacks", n)
 		}
 		return nil
 	})

@@ -1,3 +1,8 @@
+// One redis-server process, its whole life in one file: the options, the
+// launch and readiness check, and every fault a test inflicts on it (kill,
+// SIGSTOP/SIGCONT, restart with or without its data). Split, each part
+// would need the others' unexported process state.
+
 package redistest
 
 import (

@@ -1,20 +1,21 @@
-package ratelimit_test
+package algorithm_test
 
 import (
 	"testing"
 
-	"github.com/fleetlimit/fleetlimit/app/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 )
 
 // twin holds one key's state for every algorithm and applies the pure
 // transitions of the policy's algorithm to it.
 type twin struct {
 	p   ratelimit.Policy
-	tb  ratelimit.TokenBucketState
-	gc  ratelimit.GCRAState
-	wc  ratelimit.WindowCounterState
-	log ratelimit.WindowLog
+	tb  algorithm.TokenBucketState
+	gc  algorithm.GCRAState
+	wc  algorithm.WindowCounterState
+	log algorithm.WindowLog
 }
 
 func (w *twin) decide(s vectors.Step) ratelimit.Decision {
@@ -22,13 +23,13 @@ func (w *twin) decide(s vectors.Step) ratelimit.Decision {
 	now := vectors.T0 + s.At
 	switch w.p.Algorithm {
 	case ratelimit.TokenBucket:
-		w.tb, d = ratelimit.TokenBucketDecide(w.p, w.tb, now, s.Cost, s.Weight)
+		w.tb, d = algorithm.TokenBucketDecide(w.p, w.tb, now, s.Cost, s.Weight)
 	case ratelimit.GCRA:
-		w.gc, d = ratelimit.GCRADecide(w.p, w.gc, now, s.Cost, s.Weight)
+		w.gc, d = algorithm.GCRADecide(w.p, w.gc, now, s.Cost, s.Weight)
 	case ratelimit.SlidingWindowCounter:
-		w.wc, d = ratelimit.WindowCounterDecide(w.p, w.wc, now, s.Cost, s.Weight)
+		w.wc, d = algorithm.WindowCounterDecide(w.p, w.wc, now, s.Cost, s.Weight)
 	case ratelimit.SlidingWindowLog:
-		d = ratelimit.WindowLogDecide(w.p, &w.log, now, s.Cost, s.Weight)
+		d = algorithm.WindowLogDecide(w.p, &w.log, now, s.Cost, s.Weight)
 	}
 	return d
 }
@@ -37,13 +38,13 @@ func (w *twin) replay(now int64, grants []ratelimit.Grant) ratelimit.ReplayResul
 	var r ratelimit.ReplayResult
 	switch w.p.Algorithm {
 	case ratelimit.TokenBucket:
-		w.tb, r = ratelimit.TokenBucketReplay(w.p, w.tb, now, grants)
+		w.tb, r = algorithm.TokenBucketReplay(w.p, w.tb, now, grants)
 	case ratelimit.GCRA:
-		w.gc, r = ratelimit.GCRAReplay(w.p, w.gc, now, grants)
+		w.gc, r = algorithm.GCRAReplay(w.p, w.gc, now, grants)
 	case ratelimit.SlidingWindowCounter:
-		w.wc, r = ratelimit.WindowCounterReplay(w.p, w.wc, now, grants)
+		w.wc, r = algorithm.WindowCounterReplay(w.p, w.wc, now, grants)
 	case ratelimit.SlidingWindowLog:
-		r = ratelimit.WindowLogReplay(w.p, &w.log, now, grants)
+		r = algorithm.WindowLogReplay(w.p, &w.log, now, grants)
 	}
 	return r
 }

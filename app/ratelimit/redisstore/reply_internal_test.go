@@ -1,0 +1,60 @@
+package redisstore
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// TestParseReply: each algorithm's reply carries the head and only its own
+// state; any other length, a non-integer or an out-of-range head is
+// ErrBadReply, never a panic.
+func TestParseReply(t *testing.T) {
+	ints := func(v ...int64) []any {
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = x
+		}
+		return out
+	}
+	head := []int64{1, 4, 2000, 0, 1_700_000_000_000_000}
+	for _, c := range []struct {
+		alg   ratelimit.Algorithm
+		state []int64
+		want  ratelimit.State
+	}{
+		{ratelimit.TokenBucket, []int64{7}, ratelimit.State{Tokens: 7}},
+		{ratelimit.GCRA, []int64{8, 9}, ratelimit.State{TAT: 8, TATRem: 9}},
+		{ratelimit.SlidingWindowCounter, []int64{10, 11, 12}, ratelimit.State{WindowStart: 10, Current: 11, Previous: 12}},
+		{ratelimit.SlidingWindowLog, []int64{1, 2, 3, 4, 5, 6, 7, 8}, ratelimit.State{Ages: [ratelimit.AgeBuckets]int64{1, 2, 3, 4, 5, 6, 7, 8}}},
+	} {
+		t.Run(string(c.alg), func(t *testing.T) {
+			d, err := parseReply(c.alg, ints(append(append([]int64{}, head...), c.state...)...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.want.Now = head[4]
+			if !d.Allowed || d.Remaining != 4 || d.ResetAfter != 2*time.Millisecond || d.State != c.want {
+				t.Errorf("decision %+v, want allowed, 4 remaining, reset 2ms, state %+v", d, c.want)
+			}
+			for name, res := range map[string][]any{
+				"short":          ints(head...),
+				"long":           ints(append(append(append([]int64{}, head...), c.state...), 0)...),
+				"old full reply": ints(make([]int64, 19)...),
+				"a string":       append(append(ints(head[:4]...), "x"), ints(c.state...)...),
+				"allowed 2":      ints(append([]int64{2, 4, 2000, 0, 1}, c.state...)...),
+				"no time":        ints(append([]int64{1, 4, 2000, 0, 0}, c.state...)...),
+				"empty":          nil,
+			} {
+				if _, err := parseReply(c.alg, res); !errors.Is(err, ratelimit.ErrBadReply) {
+					t.Errorf("%s: error %v, want ErrBadReply", name, err)
+				}
+			}
+		})
+	}
+	if _, err := parseReply("nope", ints(head...)); !errors.Is(err, ratelimit.ErrBadReply) {
+		t.Errorf("unknown algorithm: error %v, want ErrBadReply", err)
+	}
+}
