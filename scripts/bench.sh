@@ -2,6 +2,8 @@
 # make bench: starts a fresh redis-server (no persistence) on a free port, runs
 # loadtest/cmd/bench against it (ours beside the peers and the redis-benchmark ceiling,
 # all in one run) and stops it. Writes bench-out/results.json and docs/BENCHMARKS.md.
+# Beside it, a native stack on free ports (its own run dir) serves one route with the
+# limiter and one without, for the stack/* rows; BENCH_STACK=0 leaves it out.
 #
 #   scripts/bench.sh [flags for loadtest/cmd/bench]   (make bench BENCH_ARGS="-cell 5s")
 set -euo pipefail
@@ -24,4 +26,37 @@ for _ in $(seq 1 100); do
     redis-cli -p "$port" ping >/dev/null 2>&1 && break
     sleep 0.05
 done
-bin/bench -redis "127.0.0.1:$port" "$@"
+
+stack_args=()
+if [[ ${BENCH_STACK:-1} == 1 ]]; then
+    # Ports: nginx base, Redis base+1, toxiproxy API base+2, apps base+3..6,
+    # admin base+7..10, fault proxies base+11..14 (unused: the apps dial Redis).
+    base=$(python3 -c '
+import random, socket
+for _ in range(200):
+    b = random.randrange(20000, 60000)
+    try:
+        socks = []
+        for p in range(b, b + 15):
+            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
+        print(b); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+')
+    cat >"$dir/policies.json" <<'JSON'
+{"policies": [{"name": "bench", "algorithm": "gcra", "limit": 100000000, "window": "1s"}],
+ "routes": [{"pattern": "/api/bench-on", "policies": ["bench"]},
+            {"pattern": "/api/bench-off", "policies": []},
+            {"pattern": "/api/*", "policies": ["bench"]}]}
+JSON
+    export LOCAL_RUN_DIR=$dir/stack LOCAL_POLICY_FILE=$dir/policies.json LOCAL_REDIS_DIRECT=1 \
+        LOCAL_LOG_LEVEL=info LOCAL_NGINX_PORT=$base LOCAL_REDIS_PORT=$((base + 1)) \
+        LOCAL_PROXY_API_PORT=$((base + 2)) LOCAL_APP_PORT_BASE=$((base + 2)) \
+        LOCAL_ADMIN_PORT_BASE=$((base + 6)) LOCAL_VIA_PORT_BASE=$((base + 10))
+    trap 'scripts/local-down.sh >/dev/null 2>&1 || true; kill "$redis" 2>/dev/null; wait "$redis" 2>/dev/null; rm -rf "$dir"' EXIT
+    scripts/local-up.sh >"$dir/stack-up.log" 2>&1 || { cat "$dir/stack-up.log" >&2; exit 1; }
+    stack_args=(-stack "http://127.0.0.1:$base")
+fi
+bin/bench -redis "127.0.0.1:$port" "${stack_args[@]}" "$@"

@@ -22,6 +22,9 @@
 #   RL_API_KEY_SECRET (default: the demo secret, fleetlimit-demo-secret-change-me)
 #   LOCAL_READY_TIMEOUT=30 (seconds)  LOCAL_SKIP_BUILD=1 (use the binaries in bin/ as is)
 #   LOCAL_REDIS_TIMEOUT=50ms (RL_REDIS_TIMEOUT of the apps)
+#   LOCAL_LOG_LEVEL=debug (RL_LOG_LEVEL of the apps: debug logs a line per request)
+#   LOCAL_REDIS_DIRECT=0 (1: the apps dial Redis itself, not their fault proxy; the chaos
+#   suite's partition and latency faults then do not reach them)
 #   LOCAL_RUN_DIR (default: .run in the checkout) holds the pids, logs, data, stack.env and
 #   stack.json in place of .run/, so a second stack (a test's, on other ports) cannot collide
 #   with the usual one; every call of the three scripts for that stack must set it.
@@ -57,6 +60,8 @@ ls_load_settings() {
     LOCAL_APP_PORT_BASE=${LOCAL_APP_PORT_BASE:-8080}
     LOCAL_ADMIN_PORT_BASE=${LOCAL_ADMIN_PORT_BASE:-9080}
     LOCAL_VIA_PORT_BASE=${LOCAL_VIA_PORT_BASE:-16390}
+    LOCAL_REDIS_DIRECT=${LOCAL_REDIS_DIRECT:-0}
+    LOCAL_LOG_LEVEL=${LOCAL_LOG_LEVEL:-debug}
     LOCAL_READY_TIMEOUT=${LOCAL_READY_TIMEOUT:-30}
     LOCAL_REDIS_TIMEOUT=${LOCAL_REDIS_TIMEOUT:-50ms}
     LOCAL_POLICY_FILE=${LOCAL_POLICY_FILE:-}
@@ -82,7 +87,7 @@ ls_save_settings() {
         for v in LOCAL_HOST LOCAL_NGINX_PORT LOCAL_REDIS_PORT LOCAL_PROXY_API_PORT \
             LOCAL_APP_PORT_BASE LOCAL_ADMIN_PORT_BASE LOCAL_VIA_PORT_BASE \
             LOCAL_READY_TIMEOUT LOCAL_REDIS_TIMEOUT LOCAL_POLICY_FILE REDIS_PASSWORD \
-            RL_API_KEY_SECRET; do
+            RL_API_KEY_SECRET LOCAL_REDIS_DIRECT LOCAL_LOG_LEVEL; do
             printf '%s=%q\n' "$v" "${!v}"
         done
     } >"$STACK_ENV.tmp"
@@ -153,8 +158,8 @@ ls_build() {
         (cd "$LS_ROOT" && "$go" build -o bin/ratelimiter ./app/cmd/ratelimiter) ||
             ls_die "go build ./app/cmd/ratelimiter failed"
         ls_log "building bin/toxiproxy-server"
-        (cd "$LS_ROOT/app" && "$go" build -o ../bin/toxiproxy-server github.com/Shopify/toxiproxy/v2/cmd/server) ||
-            ls_die "go build github.com/Shopify/toxiproxy/v2/cmd/server (in app/) failed"
+        (cd "$LS_ROOT/chaos" && "$go" build -o ../bin/toxiproxy-server github.com/Shopify/toxiproxy/v2/cmd/server) ||
+            ls_die "go build github.com/Shopify/toxiproxy/v2/cmd/server (in chaos/) failed"
     fi
     [[ -x $LS_ROOT/bin/ratelimiter ]] || ls_die "bin/ratelimiter missing"
     [[ -x $LS_ROOT/bin/toxiproxy-server ]] || ls_die "bin/toxiproxy-server missing"
@@ -267,13 +272,18 @@ ls_urlencode() {
 ls_start_app() {
     local a=$1
     mkdir -p "$RUN_DIR/$a/journal"
+    # Through the app's fault proxy, unless LOCAL_REDIS_DIRECT=1 (make bench: the proxy's
+    # hop is not part of the deployment it measures).
+    local redis_port
+    redis_port=$(ls_via_port "$a")
+    if [[ $LOCAL_REDIS_DIRECT == 1 ]]; then redis_port=$LOCAL_REDIS_PORT; fi
     local envs=(
         "RL_INSTANCE=$a"
         "RL_LISTEN_ADDR=$LOCAL_HOST:$(ls_app_port "$a")"
         "RL_ADMIN_ADDR=$LOCAL_HOST:$(ls_admin_port "$a")"
-        "RL_REDIS_URL=redis://:$(ls_urlencode "$REDIS_PASSWORD")@$LOCAL_HOST:$(ls_via_port "$a")/0"
+        "RL_REDIS_URL=redis://:$(ls_urlencode "$REDIS_PASSWORD")@$LOCAL_HOST:$redis_port/0"
         "RL_REDIS_TIMEOUT=$LOCAL_REDIS_TIMEOUT"
-        "RL_LOG_LEVEL=${LOCAL_LOG_LEVEL:-debug}"
+        "RL_LOG_LEVEL=$LOCAL_LOG_LEVEL"
         "RL_EXPECTED_INSTANCES=${#APPS[@]}"
         "RL_DEBUG_HEADERS=true"
         "RL_TRUSTED_PROXIES=127.0.0.1/32,::1/128"

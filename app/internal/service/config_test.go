@@ -160,6 +160,8 @@ func TestLoadConfigErrors(t *testing.T) {
 			"RL_POLICY_FILE", `RL_POLICY_FILE: route "/api/*": unknown policy "y"`, ""},
 		{"route pattern", nil, `{"policies": [{"name": "x", "algorithm": "gcra", "limit": 5, "window": "1s"}], "routes": [{"pattern": "/api/{id}", "policies": ["x"]}]}`,
 			"RL_POLICY_FILE", `RL_POLICY_FILE: route "/api/{id}": pattern parameters`, ""},
+		{"route without a policy list", nil, `{"policies": [{"name": "x", "algorithm": "gcra", "limit": 5, "window": "1s"}], "routes": [{"pattern": "/api/*"}]}`,
+			"RL_POLICY_FILE", `RL_POLICY_FILE: route "/api/*": no policies (write "policies": [] for a route served without limits)`, ""},
 		{"no routes", nil, `{"policies": [{"name": "x", "algorithm": "gcra", "limit": 5, "window": "1s"}]}`,
 			"RL_POLICY_FILE", `RL_POLICY_FILE: no routes`, ""},
 		{"not JSON", nil, `policies: []`, "RL_POLICY_FILE", `RL_POLICY_FILE: invalid JSON`, ""},

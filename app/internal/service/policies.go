@@ -64,7 +64,9 @@ type policyJSON struct {
 }
 
 type routeJSON struct {
-	Pattern  string   `json:"pattern"`
+	Pattern string `json:"pattern"`
+	// Policies lists the policies the route applies; [] serves the route
+	// without limits (a missing list is an error).
 	Policies []string `json:"policies"`
 }
 
@@ -130,8 +132,10 @@ func ParsePolicies(data []byte) (PolicySet, error) {
 				return PolicySet{}, fmt.Errorf("route %q: defined twice", rj.Pattern)
 			}
 		}
-		if len(rj.Policies) == 0 {
-			return PolicySet{}, fmt.Errorf("route %q: no policies", rj.Pattern)
+		if rj.Policies == nil {
+			// An empty list is a deliberate choice; a missing one is
+			// more likely a mistake.
+			return PolicySet{}, fmt.Errorf("route %q: no policies (write \"policies\": [] for a route served without limits)", rj.Pattern)
 		}
 		route := Route{Pattern: rj.Pattern}
 		for _, name := range rj.Policies {

@@ -206,26 +206,34 @@ func (s *Server) publicRouter() http.Handler {
 	r := chi.NewRouter()
 	r.Use(s.requestLog)
 	for _, route := range s.cfg.Policies.Routes {
-		r.With(s.limits.Handler(route.Policies...)).Handle(route.Pattern, s.demoHandler(route))
+		h := s.demoHandler(route)
+		if len(route.Policies) > 0 {
+			h = s.limits.Handler(route.Policies...)(h)
+		}
+		r.Handle(route.Pattern, h)
 	}
 	return r
 }
 
 // demoHandler answers {"instance", "route", "policy", "policies"}: policy
 // is the route's own policy (the first, the one RateLimit-Policy lists
-// first), policies every policy the route applies, the per-address ceiling
-// included.
+// first; "" on a route without limits), policies every policy the route
+// applies, the per-address ceiling included.
 func (s *Server) demoHandler(route Route) http.Handler {
 	names := make([]string, len(route.Policies))
 	for i, p := range route.Policies {
 		names[i] = p.Name
+	}
+	own := "" // a route served without limits
+	if len(names) > 0 {
+		own = names[0]
 	}
 	body, _ := json.Marshal(struct {
 		Instance string   `json:"instance"`
 		Route    string   `json:"route"`
 		Policy   string   `json:"policy"`
 		Policies []string `json:"policies"`
-	}{s.cfg.Instance, route.Pattern, names[0], names})
+	}{s.cfg.Instance, route.Pattern, own, names})
 	body = append(body, '\n')
 	length := strconv.Itoa(len(body))
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -214,6 +215,41 @@ func TestLimitReached(t *testing.T) {
 				t.Errorf("other key: status %d", resp.StatusCode)
 			}
 		})
+	}
+}
+
+// TestRouteWithoutLimits: a route whose policy list is empty is served
+// without limits (no rate-limit headers, never a 429), beside a limited
+// one.
+func TestRouteWithoutLimits(t *testing.T) {
+	file := t.TempDir() + "/policies.json"
+	policies := `{"policies": [{"name": "tiny", "algorithm": "gcra", "limit": 2, "window": "1m"}],
+		"routes": [{"pattern": "/api/free", "policies": []}, {"pattern": "/api/*", "policies": ["tiny"]}]}`
+	if err := os.WriteFile(file, []byte(policies), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := startServer(t, map[string]string{"RL_POLICY_FILE": file})
+	base := "http://" + s.PublicAddr()
+	for i := range 10 {
+		resp, body := get(t, base+"/api/free", "X-API-Key", "k")
+		if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Policy") != "" {
+			t.Fatalf("free request %d: status %d, RateLimit-Policy %q", i, resp.StatusCode, resp.Header.Get("RateLimit-Policy"))
+		}
+		var b struct {
+			Policy   *string  `json:"policy"`
+			Policies []string `json:"policies"`
+		}
+		if err := json.Unmarshal(body, &b); err != nil || b.Policy == nil || *b.Policy != "" || b.Policies == nil || len(b.Policies) != 0 {
+			t.Fatalf("free request %d: body %s (%v), want policy \"\" and policies []", i, body, err)
+		}
+	}
+	codes := []int{}
+	for range 3 {
+		resp, _ := get(t, base+"/api/other", "X-API-Key", "k")
+		codes = append(codes, resp.StatusCode)
+	}
+	if !slices.Equal(codes, []int{200, 200, 429}) {
+		t.Errorf("limited route: statuses %v, want [200 200 429]", codes)
 	}
 }
 
