@@ -69,6 +69,11 @@ type Phase struct {
 	Name    string  `json:"name"`
 	StartMS float64 `json:"start_ms"`
 	EndMS   float64 `json:"end_ms"`
+	// CPUBusyPct and CPUStealPct are the machine's CPU use during the
+	// phase, in percent of all its cores' time: busy, and taken by the
+	// hypervisor (steal). Absent where unknown (not Linux).
+	CPUBusyPct  *float64 `json:"cpu_busy_pct,omitempty"`
+	CPUStealPct *float64 `json:"cpu_steal_pct,omitempty"`
 }
 
 // Policy is a route's policy as the suite knows it: learned from the

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -161,6 +162,8 @@ type scenarioRun struct {
 	evW    *bufio.Writer
 	evF    *os.File
 	phases []invariant.Phase
+	cpuAt  cpuTimes // at the start of the current phase
+	cpuOK  bool
 	log    io.Writer
 }
 
@@ -180,10 +183,18 @@ func (s *scenarioRun) event(name, detail string) {
 // phase ends the current phase (if any) and starts the named one.
 func (s *scenarioRun) phase(name string) {
 	now := loadtest.UnixMS(time.Now())
+	cpu, cpuOK := readCPU()
 	s.mu.Lock()
 	if n := len(s.phases); n > 0 {
 		s.phases[n-1].EndMS = now
+		if cpuOK && s.cpuOK {
+			if busy, steal := percents(s.cpuAt, cpu); !math.IsNaN(busy) {
+				s.phases[n-1].CPUBusyPct, s.phases[n-1].CPUStealPct = &busy, &steal
+				fmt.Fprintf(s.log, "    %9s  %s: machine CPU busy %.1f%%, steal %.1f%%\n", "", s.phases[n-1].Name, busy, steal)
+			}
+		}
 	}
+	s.cpuAt, s.cpuOK = cpu, cpuOK
 	if name != "" {
 		s.phases = append(s.phases, invariant.Phase{Name: name, StartMS: now})
 	}

@@ -372,15 +372,24 @@ func fallbackRows(logger *slog.Logger) []Row {
 			b.Fatal(err)
 		}
 		defer lim.Close(context.Background())
-		p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 1 << 30, Window: time.Second}
+		p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: ratelimit.MaxLimit, Window: time.Second}
 		for lim.Breaker() != resilient.Open {
 			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
 			time.Sleep(time.Millisecond)
 		}
+		keys := make([]string, 1000)
+		for i := range keys {
+			keys[i] = "k" + strconv.Itoa(i)
+			// Every key decided once before the clock starts, and the
+			// decision checked: an invalid policy measured only its error.
+			if d, err := lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: keys[i]}); err != nil || d.Mode != ratelimit.ModeLocal {
+				b.Fatalf("fallback decision: %+v, %v", d, err)
+			}
+		}
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; b.Loop(); i++ {
-			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k" + strconv.Itoa(i%1000)})
+			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: keys[i%len(keys)]})
 		}
 	})
 	// The fallback's memory with 1M distinct keys: bounded by its key

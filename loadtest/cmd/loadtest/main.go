@@ -21,6 +21,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"syscall"
@@ -55,6 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		quota       = fs.Int64("quota", 0, "quota (capacity) of every route; with -window, skips learning from headers")
 		window      = fs.Duration("window", 0, "window of every route; with -quota")
 		jitter      = fs.Float64("jitter", 0.8, "send jitter as a fraction of each key's interval, in [0, 1)")
+		cpuProfile  = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 		secret      = fs.String("api-key-secret", envOr("RL_API_KEY_SECRET", loadtest.DemoAPIKeySecret),
 			`secret the keys are signed with, as the service checks them ("": send the key names unsigned)`)
 	)
@@ -63,6 +65,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if (*quota > 0) != (*window > 0) {
 		return errors.New("-quota and -window go together")
