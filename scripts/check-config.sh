@@ -45,11 +45,13 @@ else
     bad "nginx/nginx.conf is stale: run make nginx-conf"
 fi
 rm -f /tmp/nginx-conf-drift.$$
-for a in 11 12 13 14; do
-    grep -q "ipv4_address: 172.28.1.$a\$" docker-compose.yml ||
-        bad "docker-compose.yml gives no app the address 172.28.1.$a that nginx/nginx.conf names"
+for n in 1 2 3 4; do
+    grep -q "server app$n:8080 " nginx/nginx.conf ||
+        bad "nginx/nginx.conf does not name app$n:8080"
+    grep -q "ipv4_address: \${FLEET_NET_PREFIX:-10.213}.1.1$n\$" docker-compose.yml ||
+        bad "docker-compose.yml gives app$n no fixed address on the front network (nginx resolves its name once)"
 done
-ok "app addresses: nginx/nginx.conf and docker-compose.yml agree"
+ok "apps: nginx/nginx.conf names app1..app4, docker-compose.yml fixes their addresses"
 
 # 3. password defaults
 conf_pw=$(awk '$1 == "requirepass" { print $2; exit }' redis/redis.conf)

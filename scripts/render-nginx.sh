@@ -27,14 +27,14 @@ declare -A V
 case $mode in
 compose)
     out=${2:--}
-    # Must match the ipv4_address of app1..app4 on the `front` network in
-    # docker-compose.yml (scripts/check-config.sh verifies it).
+    # The compose services app1..app4 (scripts/check-config.sh verifies they exist, each
+    # at a fixed address on the `front` network).
     V[NGINX_USER_DIRECTIVE]='user nginx;'
     V[NGINX_LISTEN]='8080'
-    V[APP1_ADDR]='172.28.1.11:8080'
-    V[APP2_ADDR]='172.28.1.12:8080'
-    V[APP3_ADDR]='172.28.1.13:8080'
-    V[APP4_ADDR]='172.28.1.14:8080'
+    V[APP1_ADDR]='app1:8080'
+    V[APP2_ADDR]='app2:8080'
+    V[APP3_ADDR]='app3:8080'
+    V[APP4_ADDR]='app4:8080'
     V[NGINX_PID]='/var/run/nginx.pid'
     V[NGINX_ERROR_LOG]='stderr'
     V[NGINX_ACCESS_LOG]='/var/log/fleetlimit/access.log'
