@@ -162,7 +162,7 @@ type scenarioRun struct {
 	evW    *bufio.Writer
 	evF    *os.File
 	phases []invariant.Phase
-	cpuAt  cpuTimes // at the start of the current phase
+	cpuAt  loadtest.CPUTimes // at the start of the current phase
 	cpuOK  bool
 	log    io.Writer
 }
@@ -183,12 +183,12 @@ func (s *scenarioRun) event(name, detail string) {
 // phase ends the current phase (if any) and starts the named one.
 func (s *scenarioRun) phase(name string) {
 	now := loadtest.UnixMS(time.Now())
-	cpu, cpuOK := readCPU()
+	cpu, cpuOK := loadtest.ReadCPU()
 	s.mu.Lock()
 	if n := len(s.phases); n > 0 {
 		s.phases[n-1].EndMS = now
 		if cpuOK && s.cpuOK {
-			if busy, steal := percents(s.cpuAt, cpu); !math.IsNaN(busy) {
+			if busy, steal := loadtest.CPUPercents(s.cpuAt, cpu); !math.IsNaN(busy) {
 				s.phases[n-1].CPUBusyPct, s.phases[n-1].CPUStealPct = &busy, &steal
 				fmt.Fprintf(s.log, "    %9s  %s: machine CPU busy %.1f%%, steal %.1f%%\n", "", s.phases[n-1].Name, busy, steal)
 			}

@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -70,14 +71,19 @@ type Row struct {
 
 // Results is results.json.
 type Results struct {
-	Machine  string             `json:"machine"`
-	Redis    string             `json:"redis"`
-	Keys     int                `json:"keys"`
-	Pool     int                `json:"pool"`
-	Coalesce int                `json:"coalesce"`
-	CellTime string             `json:"cell_time"`
-	Rows     []Row              `json:"rows"`
-	Ratios   map[string]float64 `json:"ratios"`
+	Machine  string `json:"machine"`
+	Redis    string `json:"redis"`
+	Keys     int    `json:"keys"`
+	Pool     int    `json:"pool"`
+	Coalesce int    `json:"coalesce"`
+	CellTime string `json:"cell_time"`
+	// CPUBusyPct and CPUStealPct are the machine's CPU use over the run
+	// (percent of all cores' time): busy, and taken by the hypervisor. A
+	// run with steal measured the host too; compare ratios within a run.
+	CPUBusyPct  *float64           `json:"cpu_busy_pct,omitempty"`
+	CPUStealPct *float64           `json:"cpu_steal_pct,omitempty"`
+	Rows        []Row              `json:"rows"`
+	Ratios      map[string]float64 `json:"ratios"`
 }
 
 // decider is one decision against some limiter.
@@ -108,6 +114,7 @@ func run(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	cpuStart, cpuOK := loadtest.ReadCPU()
 	stopProfile, err := loadtest.StartCPUProfile(*cpuProfile)
 	if err != nil {
 		return err
@@ -227,6 +234,12 @@ func run(ctx context.Context, args []string) error {
 		}
 	}
 
+	if end, ok := loadtest.ReadCPU(); ok && cpuOK {
+		if busy, steal := loadtest.CPUPercents(cpuStart, end); !math.IsNaN(busy) {
+			res.CPUBusyPct, res.CPUStealPct = &busy, &steal
+			fmt.Printf("machine CPU over the run: busy %.1f%%, steal %.1f%%\n", busy, steal)
+		}
+	}
 	ratios(&res)
 	if err := write(*out, *md, res); err != nil {
 		return err
@@ -516,6 +529,9 @@ func write(out, md string, res Results) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (scripts/bench.sh, loadtest/cmd/bench) on %s; %s; %d keys, %s per row, every row against the same fresh redis-server in one run. The raw figures are in `bench-out/results.json`.\n\n",
 		time.Now().UTC().Format("2006-01-02"), res.Machine, res.Keys, res.CellTime)
+	if res.CPUStealPct != nil {
+		fmt.Fprintf(&b, "Over the run the machine's cores were %.1f %% busy and the hypervisor took %.1f %% of their time (steal): with steal, every row is slower, so compare rows of one run only.\n\n", *res.CPUBusyPct, *res.CPUStealPct)
+	}
 	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant, `stack/*` the native stack (nginx, four instances, Redis; the apps dial Redis directly, log at info) answering one route with its limiter (a GCRA policy it never refuses) and without (a route with no policies), requests per second through nginx over keep-alive connections. The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
 	var mem strings.Builder
 	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
