@@ -188,6 +188,9 @@ func TestCoalescedCallKeepsItsDeadline(t *testing.T) {
 	o := srv.Options()
 	o.Addr = px.Addr()
 	o.ReadTimeout = 5 * time.Second
+	// As the service's client (ClientConfig): a call's context deadline
+	// bounds its reads, so a pipeline's deadline is what cuts it.
+	o.ContextTimeoutEnabled = true
 	c := redis.NewClient(o)
 	t.Cleanup(func() { _ = c.Close() })
 	// One pipeline in flight at a time: calls made meanwhile queue for the
