@@ -21,6 +21,9 @@ CHAOS_ARGS ?=
 BENCH_ARGS ?=
 # make keys N=<n>
 N ?= 1
+# make up|down|local-up TOPOLOGY=sentinel|cluster (FLEET_TOPOLOGY of scripts/compose-up.sh
+# and scripts/compose-down.sh, LOCAL_TOPOLOGY of scripts/local-up.sh; empty: single)
+TOPOLOGY ?=
 
 # Every module of the workspace (go.work's `use` lines): app, chaos and loadtest.
 # Evaluated when a recipe needs it.
@@ -39,17 +42,17 @@ help: ## list the targets
 
 # ---- the two stacks ---------------------------------------------------------------
 
-up: ## compose stack: nginx on :8080, app1-app4, Redis; waits until all are healthy
-	@scripts/compose-up.sh
+up: ## compose stack: nginx on :8080, app1-app4, Redis; waits until all are healthy; TOPOLOGY=sentinel|cluster
+	@$(if $(strip $(TOPOLOGY)),FLEET_TOPOLOGY=$(strip $(TOPOLOGY)) )scripts/compose-up.sh
 
 offline-images: ## local stand-ins for every image compose and the Dockerfile name (no registry needed); writes .env
 	@scripts/offline-images.sh
 
-down: ## stop the compose stack (volumes are kept)
-	@scripts/compose.sh down --remove-orphans
+down: ## stop the compose stack, whichever topology it runs (volumes are kept)
+	@$(if $(strip $(TOPOLOGY)),FLEET_TOPOLOGY=$(strip $(TOPOLOGY)) )scripts/compose-down.sh
 
-local-up: ## native stack without Docker (redis-server, toxiproxy, 4 apps, nginx); writes .run/stack.json
-	@scripts/local-up.sh
+local-up: ## native stack without Docker (redis-server, toxiproxy, 4 apps, nginx); writes .run/stack.json; TOPOLOGY=sentinel|cluster
+	@$(if $(strip $(TOPOLOGY)),LOCAL_TOPOLOGY=$(strip $(TOPOLOGY)) )scripts/local-up.sh
 
 local-down: ## stop what local-up started (pids in .run/pids/), keep the logs
 	@scripts/local-down.sh

@@ -3,11 +3,14 @@
 #   1. every shell script parses (bash -n);
 #   2. nginx/nginx.conf is what scripts/render-nginx.sh compose makes of the template, and
 #      the app addresses it names are the ones docker-compose.yml gives the apps;
-#   3. docker-compose.yml's default Redis password is redis/redis.conf's;
+#   3. the compose files' default Redis password is redis/redis.conf's, and the topology
+#      overlays' Redis addresses are fixed addresses of their services;
 #   4. `nginx -t` accepts the native rendering, in a temp dir, without root (when run as
 #      root, it is checked a second time as the unprivileged user `nobody`);
-#   5. the compose file, alone and with the chaos suite's overrides, is valid for the
-#      compose CLI this machine has (`docker compose config -q` or `docker-compose ...`).
+#   5. the compose file, alone, with the chaos suite's overrides and with each topology
+#      overlay (docker-compose.sentinel.yml, docker-compose.cluster.yml), is valid for the
+#      compose CLI this machine has (`docker compose config -q` or `docker-compose ...`;
+#      neither talks to the Docker engine).
 # With CI set, a missing nginx or compose CLI is a failure; otherwise a notice.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -55,12 +58,31 @@ ok "apps: nginx/nginx.conf names app1..app4, docker-compose.yml fixes their addr
 
 # 3. password defaults
 conf_pw=$(awk '$1 == "requirepass" { print $2; exit }' redis/redis.conf)
-mapfile -t compose_pw < <(grep -oE '\$\{REDIS_PASSWORD:-[^}]*\}' docker-compose.yml | sort -u)
+compose_files=(docker-compose*.yml)
+mapfile -t compose_pw < <(grep -ohE '\$\{REDIS_PASSWORD:-[^}]*\}' "${compose_files[@]}" | sort -u)
 if [[ ${#compose_pw[@]} -eq 1 && ${compose_pw[0]} == "\${REDIS_PASSWORD:-$conf_pw}" ]]; then
-    ok "Redis password default: redis/redis.conf and docker-compose.yml agree"
+    ok "Redis password default: redis/redis.conf and ${compose_files[*]} agree"
 else
-    bad "docker-compose.yml's \${REDIS_PASSWORD:-...} defaults (${compose_pw[*]}) differ from requirepass in redis/redis.conf ($conf_pw)"
+    bad "the \${REDIS_PASSWORD:-...} defaults in ${compose_files[*]} (${compose_pw[*]}) differ from requirepass in redis/redis.conf ($conf_pw)"
 fi
+
+# 3b. the topology overlays: every Redis address the apps get (or the init service or
+# the Sentinels use) is a node's fixed address in the same file
+for f in docker-compose.sentinel.yml docker-compose.cluster.yml; do
+    mapfile -t addrs < <(grep -E '^ *(RL_REDIS_ADDRS|NODES):|sentinel monitor ' "$f" |
+        grep -oE '\$\{FLEET_NET_PREFIX:-10\.213\}\.2\.[0-9]+' | sort -u)
+    missing_addrs=()
+    for a in "${addrs[@]}"; do
+        grep -qF "ipv4_address: $a" "$f" || missing_addrs+=("$a")
+    done
+    if ((${#addrs[@]} == 0)); then
+        bad "$f: no Redis addresses found"
+    elif ((${#missing_addrs[@]})); then
+        bad "$f: no service has the fixed address ${missing_addrs[*]}"
+    else
+        ok "$f: the ${#addrs[@]} Redis addresses are fixed addresses of its services"
+    fi
+done
 
 # 4. nginx -t on the native rendering
 if nginx=$(find_bin nginx); then
@@ -96,7 +118,9 @@ fi
 if compose=$(scripts/compose.sh --which 2>/dev/null); then
     # shellcheck disable=SC2086
     for files in "docker-compose.yml" \
-        "docker-compose.yml docker-compose.chaos.yml docker-compose.toxiproxy.yml"; do
+        "docker-compose.yml docker-compose.chaos.yml docker-compose.toxiproxy.yml" \
+        "docker-compose.yml docker-compose.sentinel.yml" \
+        "docker-compose.yml docker-compose.cluster.yml"; do
         args=()
         for f in $files; do args+=(-f "$f"); done
         if out=$(COMPOSE_FILE='' $compose "${args[@]}" config -q 2>&1); then

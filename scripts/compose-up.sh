@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # `make up`: build the app image, start the compose stack, then wait until every service
-# is healthy (a service without a healthcheck: running). compose v2: `up -d --wait`.
+# is healthy (a service without a healthcheck: running; a one-shot one without a
+# healthcheck, such as redis-cluster-init: exited 0). compose v2: `up -d --wait`.
 # compose v1 has no --wait: poll `docker inspect`. The first healthcheck runs one interval
 # (30 s, see docker-compose.yml) after a container starts, so this takes about 30 s.
 #   COMPOSE_WAIT_TIMEOUT=180 (seconds)
+#   FLEET_TOPOLOGY=single (default; or sentinel, cluster: make up TOPOLOGY=...) adds
+#     docker-compose.<topology>.yml to COMPOSE_FILE (docker-compose.yml unless set). With
+#     sentinel it also waits until every Sentinel knows the replica and the other two.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 compose=scripts/compose.sh
+topology=${FLEET_TOPOLOGY:-single}
+# shellcheck source=scripts/lib/compose-topology.sh
+source scripts/lib/compose-topology.sh
+compose_topology "$topology"
 version=$($compose --version)
 timeout=${COMPOSE_WAIT_TIMEOUT:-180}
 
@@ -28,7 +36,10 @@ if [[ $version == 2 ]]; then
         exit 1
     fi
 else
-    $compose up -d
+    if ! $compose up -d; then
+        show_failure
+        exit 1
+    fi
     echo "waiting for every service's first healthcheck (about 30 s)"
     deadline=$((SECONDS + timeout))
     while :; do
@@ -36,11 +47,14 @@ else
         [[ -n $ids ]] || { echo "no containers are running" >&2; show_failure; exit 1; }
         pending=() failed=()
         for id in $ids; do
-            # name, then the health status (or the plain state for a service without one)
-            read -r name state < <(docker inspect -f '{{.Name}} {{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}-unchecked{{end}}' "$id")
+            # name, then the health status (or the plain state for a service without one),
+            # then the exit code
+            read -r name state code < <(docker inspect -f '{{.Name}} {{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}-unchecked{{end}} {{.State.ExitCode}}' "$id")
+            [[ ! ($state == exited-unchecked && $code == 0) ]] || state=completed # a one-shot service
+            [[ $state != exited-unchecked ]] || state="exited($code)"
             case $state in
-            healthy | running-unchecked) ;;
-            unhealthy | exited | dead) failed+=("${name#/}:$state") ;;
+            healthy | running-unchecked | completed) ;;
+            unhealthy | exited* | dead*) failed+=("${name#/}:$state") ;;
             *) pending+=("${name#/}:$state") ;;
             esac
         done
@@ -58,6 +72,33 @@ else
         sleep 2
     done
 fi
+# Sentinel: a failover needs every Sentinel to know the replica (from the master's INFO,
+# which a Sentinel reads when it connects and then every 10 s) and the other Sentinels.
+if [[ $topology == sentinel ]]; then
+    echo "waiting for the Sentinels to know the replica and each other"
+    deadline=$((SECONDS + timeout))
+    declare -A sentinel_ids
+    for s in sentinel1 sentinel2 sentinel3; do
+        sentinel_ids[$s]=$($compose ps -q "$s")
+    done
+    while :; do
+        waiting=()
+        for s in sentinel1 sentinel2 sentinel3; do
+            # master0:name=fleet,status=ok,address=...:6379,slaves=1,sentinels=3
+            info=$(docker exec "${sentinel_ids[$s]}" redis-cli -p 26379 info sentinel 2>/dev/null | tr -d '\r') || true
+            grep -qE '^master0:name=fleet,status=ok,.*,slaves=1,sentinels=3$' <<<"$info" || waiting+=("$s")
+        done
+        ((${#waiting[@]})) || break
+        if ((SECONDS >= deadline)); then
+            echo "not within ${timeout}s: ${waiting[*]} do not know the replica and two other Sentinels" >&2
+            show_failure
+            exit 1
+        fi
+        sleep 2
+    done
+fi
 $compose ps
 echo ""
-echo "compose stack up: http://localhost:${NGINX_PORT:-8080}/api/   (make down to stop)"
+what="compose stack up"
+[[ $topology == single ]] || what+=" (topology $topology)"
+echo "$what: http://localhost:${NGINX_PORT:-8080}/api/   (make down to stop)"

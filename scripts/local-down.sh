@@ -2,7 +2,8 @@
 # Stop the native stack started by scripts/local-up.sh: only the processes whose pid files
 # .run/pids/ lists (and that are still the programs it started). TERM, up to 10 s, then
 # KILL. Removes the pid files, .run/stack.json and .run/stack.env; keeps the logs and
-# Redis' data.
+# Redis' data. Whatever LOCAL_TOPOLOGY the stack has: it stops every data node and
+# Sentinel that left a pid file.
 set -euo pipefail
 
 # shellcheck source=scripts/lib/local-stack.sh
@@ -18,7 +19,7 @@ fi
 
 ls_log "stopping the native stack"
 # Known services in a safe order, then anything else that left a pid file.
-known=" ${SERVICES[*]} "
+known=" ${SERVICES[*]} ${ALL_REDIS_NODES[*]} ${ALL_SENTINELS[*]} "
 others=()
 for f in "${pid_files[@]}"; do
     n=$(basename "$f" .pid)
@@ -28,6 +29,7 @@ ls_stop nginx "${APPS[@]}"
 if ((${#others[@]})); then
     ls_log "  left alone (not a service of local-up.sh): ${others[*]/%/.pid}"
 fi
-ls_stop toxiproxy redis
+ls_stop "${ALL_SENTINELS[@]}" # before the data nodes: no failover while they stop
+ls_stop toxiproxy "${ALL_REDIS_NODES[@]}"
 rm -f "$STACK_JSON" "$STACK_ENV"
 ls_log "native stack stopped (logs kept in .run/)"

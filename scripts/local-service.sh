@@ -8,10 +8,17 @@
 #   scripts/local-service.sh start app2            # after a crash or a kill -9
 #   scripts/local-service.sh start redis --wipe    # Redis back WITHOUT its data
 #   scripts/local-service.sh restart nginx
+#   scripts/local-service.sh restart redis3 --wipe # (cluster topology)
 #
-# Services: redis toxiproxy app1 app2 app3 app4 nginx. `start` waits until the service
-# is ready (LOCAL_READY_TIMEOUT, 30 s) and exits non-zero, with the log's tail, if not.
-# After a toxiproxy restart the proxies are created again.
+# Services: redis toxiproxy app1 app2 app3 app4 nginx; with LOCAL_TOPOLOGY=sentinel also
+# redis2 and sentinel1..sentinel3, with cluster redis2..redis6 (`status` lists them).
+# `start` waits until the service is ready (LOCAL_READY_TIMEOUT, 30 s; a data node or
+# Sentinel: answers PING, not yet back in its cluster or replicating) and exits non-zero,
+# with the log's tail, if not. After a toxiproxy restart the proxies are created again.
+# --wipe (any data node) starts it without its data; in the sentinel and cluster
+# topologies it keeps the node's own config (its role as Sentinel last rewrote it; its
+# cluster node id and slots). A former master that comes back after a failover is turned
+# into a replica of the new one by the Sentinels (some seconds later) or the cluster.
 set -euo pipefail
 
 # shellcheck source=scripts/lib/local-stack.sh
@@ -19,7 +26,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/local-stack.sh"
 
 usage() {
     ls_log "usage: $0 status | start NAME [--wipe] | stop NAME | restart NAME [--wipe]"
-    ls_log "NAME: ${SERVICES[*]}   (--wipe: redis only, start without its data)"
+    ls_log "NAME: ${SERVICES[*]}   (--wipe: ${REDIS_NODES[*]} only, start without its data)"
     exit 2
 }
 
@@ -46,7 +53,7 @@ fi
 
 [[ -n $name ]] || usage
 [[ " ${SERVICES[*]} " == *" $name "* ]] || usage
-[[ -z $wipe || ($wipe == --wipe && $name == redis) ]] || usage
+[[ -z $wipe || ($wipe == --wipe && " ${REDIS_NODES[*]} " == *" $name "*) ]] || usage
 
 do_stop() {
     ls_stop "$name"

@@ -43,6 +43,33 @@ type ReplayResult struct {
 	DuplicateUnits int64
 }
 
+// Floor is the least usage a key is known to hold: the state a store's
+// reply showed an instance. A store that lost writes it had acknowledged (a
+// replica promoted while behind its master) is raised back to the floors the
+// instances hold: each key ends up with at least the floor's usage and keeps
+// whatever it holds beyond it, so raising twice, or to several instances'
+// floors, is harmless.
+type Floor struct {
+	Policy   Policy
+	Identity Identity
+	State    State
+}
+
+// Loss says what a change of a store's data generation lost of one key.
+type Loss int
+
+const (
+	// LossNone: the key's data is intact.
+	LossNone Loss = iota
+	// LossAll: the store lost all of the key's data (restarted empty,
+	// flushed): its usage is put back by adding it.
+	LossAll
+	// LossRecent: the store lost only its most recent writes (a replica
+	// promoted while behind, an AOF that lost its last second): the key is
+	// raised to its floor (see Floor).
+	LossRecent
+)
+
 // Fleet is a shared store's view of the fleet of instances sharing it, as
 // a heartbeat returns it.
 type Fleet struct {

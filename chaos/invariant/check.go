@@ -23,6 +23,10 @@ type Input struct {
 	// instance, or the partitioned one); failover_ms and recovery_ms are
 	// measured on each of them and the worst is reported.
 	Affected []string
+	// FailedAtMS is when Redis failed (Unix ms: the first redis_down
+	// event), where that is later than the fault phase's start; 0: its
+	// start. failover_ms is measured from it.
+	FailedAtMS float64
 	// Statuses are the instances' /status documents after settle, plus
 	// the last snapshot of any incarnation killed during the run.
 	Statuses []InstanceStatus
@@ -174,7 +178,7 @@ func Check(in Input) []Row {
 	rows = append(rows, ReconciledRow(in.Statuses))
 	// failover_ms and recovery_ms
 	if !in.NoFault {
-		rows = append(rows, FailoverRows(in.Requests, in.Phases, in.Affected)...)
+		rows = append(rows, FailoverRows(in.Requests, in.Phases, in.Affected, in.FailedAtMS)...)
 	}
 	return rows
 }

@@ -18,11 +18,14 @@ type InstanceFailover struct {
 	RecoveryMS float64 `json:"recovery_ms"`
 }
 
-// Failover measures, for each affected instance, the time from the start of
-// the fault phase to its first answer in mode "local" received during the
-// fault, and from the end of the fault phase to its first answer in mode
-// "redis" received after it.
-func Failover(reqs []Request, phases []Phase, affected []string) (out []InstanceFailover, ok bool) {
+// Failover measures, for each affected instance, the time from Redis'
+// failure to its first answer in mode "local" received during the fault,
+// and from the end of the fault phase to its first answer in mode "redis"
+// received after it. Redis failed at failedAtMS (Unix ms) if that lies in
+// the fault phase (a fault that starts with something the instances cannot
+// notice, such as replication cut before the master is killed), else at the
+// fault phase's start.
+func Failover(reqs []Request, phases []Phase, affected []string, failedAtMS float64) (out []InstanceFailover, ok bool) {
 	var fault Phase
 	for _, p := range phases {
 		if p.Name == Fault {
@@ -33,6 +36,9 @@ func Failover(reqs []Request, phases []Phase, affected []string) (out []Instance
 		return nil, false
 	}
 	start, end := msToUS(fault.StartMS), msToUS(fault.EndMS)
+	if at := msToUS(failedAtMS); at > start && at < end {
+		start = at
+	}
 	for _, inst := range affected {
 		f := InstanceFailover{Instance: inst, FailoverMS: -1, RecoveryMS: -1}
 		firstLocal, firstRedis := int64(math.MaxInt64), int64(math.MaxInt64)
@@ -62,10 +68,10 @@ func Failover(reqs []Request, phases []Phase, affected []string) (out []Instance
 // FailoverRows are the failover_ms (phase fault) and recovery_ms (phase
 // recovery) rows: the worst affected instance, or which instances never
 // answered in that mode.
-func FailoverRows(reqs []Request, phases []Phase, affected []string) []Row {
+func FailoverRows(reqs []Request, phases []Phase, affected []string, failedAtMS float64) []Row {
 	fo := Row{Name: FailoverMS, Route: AllRoutes, Phase: Fault, Bound: float64(FailoverBoundMS)}
 	rc := Row{Name: RecoveryMS, Route: AllRoutes, Phase: Recovery, Bound: float64(RecoveryBoundMS)}
-	per, ok := Failover(reqs, phases, affected)
+	per, ok := Failover(reqs, phases, affected, failedAtMS)
 	if !ok {
 		fo.Measured, rc.Measured = "no fault phase", "no fault phase"
 		return []Row{fo, rc}

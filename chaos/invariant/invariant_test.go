@@ -266,21 +266,32 @@ func TestFailoverRows(t *testing.T) {
 		instReq("app2", "redis", 37_000),
 		instReq("app2", "redis", 34_000), // during the fault: not recovery
 	}
-	rows := FailoverRows(reqs, testPhases, []string{"app1", "app2"})
+	rows := FailoverRows(reqs, testPhases, []string{"app1", "app2"}, 0)
 	if rows[0].Name != FailoverMS || rows[0].Measured != 900.0 || !rows[0].Pass || rows[0].Phase != Fault {
 		t.Errorf("failover row %+v, want 900 ms, pass", rows[0])
 	}
 	if rows[1].Name != RecoveryMS || rows[1].Measured != 2000.0 || !rows[1].Pass || rows[1].Phase != Recovery {
 		t.Errorf("recovery row %+v, want 2000 ms, pass", rows[1])
 	}
-	rows = FailoverRows(reqs, testPhases, []string{"app1", "app3"})
+	rows = FailoverRows(reqs, testPhases, []string{"app1", "app3"}, 0)
 	if m, ok := rows[0].Measured.(string); !ok || !strings.Contains(m, "app3") || rows[0].Pass {
 		t.Errorf("failover with a silent instance: %+v", rows[0])
 	}
 	slow := append(reqs, instReq("app4", "local", 21_500), instReq("app4", "redis", 38_500))
-	rows = FailoverRows(slow, testPhases, []string{"app1", "app4"})
+	rows = FailoverRows(slow, testPhases, []string{"app1", "app4"}, 0)
 	if rows[0].Measured != 1500.0 || rows[0].Pass || rows[1].Measured != 3500.0 || rows[1].Pass {
 		t.Errorf("slow instance: %+v %+v; want 1500 and 3500, failing", rows[0], rows[1])
+	}
+	// Redis failed 400 ms into the fault (failover-lag cuts replication
+	// first): failover is measured from then; a time outside the fault
+	// phase is ignored.
+	rows = FailoverRows(slow, testPhases, []string{"app1", "app2"}, base+20_400)
+	if rows[0].Measured != 500.0 || !rows[0].Pass {
+		t.Errorf("failed 400 ms into the fault: %+v, want 500 ms, pass", rows[0])
+	}
+	rows = FailoverRows(slow, testPhases, []string{"app1", "app4"}, base+5_000)
+	if rows[0].Measured != 1500.0 {
+		t.Errorf("a failure time before the fault: %+v, want it ignored (1500 ms)", rows[0])
 	}
 }
 

@@ -3,12 +3,15 @@ package stack
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -42,7 +45,8 @@ func NewLocal(root string, log io.Writer) *Local {
 // Name implements Stack.
 func (l *Local) Name() string { return "local" }
 
-// Unsupported implements Stack: the native stack injects every fault.
+// Unsupported implements Stack: the native stack injects every fault and
+// runs every topology.
 func (l *Local) Unsupported(string) string { return "" }
 
 func (l *Local) stackJSON() string { return filepath.Join(l.r.root, ".run", "stack.json") }
@@ -50,8 +54,9 @@ func (l *Local) stackJSON() string { return filepath.Join(l.r.root, ".run", "sta
 func (l *Local) serviceScript() string { return filepath.Join(l.r.root, "scripts", "local-service.sh") }
 
 // Up implements Stack: make local-down, then make local-up (the binaries are
-// built by the first Up only), then reads .run/stack.json.
-func (l *Local) Up(ctx context.Context, _ string) (Info, error) {
+// built by the first Up only), then reads .run/stack.json. needs
+// NeedsSentinel or NeedsCluster starts that topology (LOCAL_TOPOLOGY).
+func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 	if err := l.r.run(ctx, "make", "--no-print-directory", "local-down"); err != nil {
 		return Info{}, err
 	}
@@ -59,6 +64,17 @@ func (l *Local) Up(ctx context.Context, _ string) (Info, error) {
 	r.env = slices.Clone(r.env)
 	if l.built {
 		r.env = append(r.env, "LOCAL_SKIP_BUILD=1")
+	}
+	topology := "single"
+	if needs == NeedsSentinel || needs == NeedsCluster {
+		topology = needs
+	}
+	r.env = append(r.env, "LOCAL_TOPOLOGY="+topology)
+	if os.Getenv("LOCAL_LOG_LEVEL") == "" {
+		// nginx's access log and requests.jsonl hold every request id; a
+		// line per request in each app's log (local-up's default) cost
+		// the apps a tenth of their CPU.
+		r.env = append(r.env, "LOCAL_LOG_LEVEL=info")
 	}
 	if os.Getenv("LOCAL_POLICY_FILE") == "" {
 		// The load comes from one address: a per-address ceiling sized
@@ -73,8 +89,11 @@ func (l *Local) Up(ctx context.Context, _ string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	if info.ProxyAPI == "" || len(info.Apps) == 0 || info.RedisPID <= 0 {
+	if info.ProxyAPI == "" || len(info.Apps) == 0 || info.RedisPID <= 0 || len(info.RedisNodes) == 0 {
 		return Info{}, fmt.Errorf("%s: incomplete: %+v", l.stackJSON(), info)
+	}
+	if info.Topology != topology {
+		return Info{}, fmt.Errorf("%s: topology %q, want %q", l.stackJSON(), info.Topology, topology)
 	}
 	return info, nil
 }
@@ -150,8 +169,160 @@ func RedisPassword(root string, redisArgs []string) string {
 	return ""
 }
 
-// Flush implements Stack: FLUSHALL and BGREWRITEAOF.
-func (l *Local) Flush(ctx context.Context) error { return flush(ctx, l.RedisClient()) }
+// Flush implements Stack: FLUSHALL and BGREWRITEAOF (on every master of a
+// Cluster).
+func (l *Local) Flush(ctx context.Context) error {
+	if l.info.Topology != NeedsCluster {
+		return flush(ctx, l.RedisClient())
+	}
+	shards, err := ClusterShards(ctx, l.info, l.RedisPassword())
+	if err != nil {
+		return err
+	}
+	for _, sh := range shards {
+		c := redis.NewClient(&redis.Options{Addr: sh.Master.Addr, Password: l.RedisPassword(), DialTimeout: time.Second, ReadTimeout: 5 * time.Second, MaxRetries: -1})
+		if err := flush(ctx, c); err != nil {
+			return fmt.Errorf("%s: %w", sh.Master.Name, err)
+		}
+	}
+	return nil
+}
+
+// RedisPassword implements Topology.
+func (l *Local) RedisPassword() string { return RedisPassword(l.r.root, cmdline(l.info.RedisPID)) }
+
+// KillNode implements Topology: SIGKILL.
+func (l *Local) KillNode(_ context.Context, name string) error {
+	info, err := l.readInfo()
+	if err != nil {
+		return err
+	}
+	for _, n := range info.RedisNodes {
+		if n.Name != name {
+			continue
+		}
+		if !strings.Contains(strings.Join(cmdline(n.PID), " "), "redis-server") {
+			return fmt.Errorf("%s: pid %d is not redis-server", name, n.PID)
+		}
+		if err := syscall.Kill(n.PID, syscall.SIGKILL); err != nil {
+			return fmt.Errorf("kill %s (pid %d): %w", name, n.PID, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%s: no such data node in stack.json", name)
+}
+
+// StartNode implements Topology: scripts/local-service.sh start <node>
+// (--wipe: without its data).
+func (l *Local) StartNode(ctx context.Context, name string, wipe bool) error {
+	args := []string{"start", name}
+	if wipe {
+		args = append(args, "--wipe")
+	}
+	if err := l.r.run(ctx, l.serviceScript(), args...); err != nil {
+		return err
+	}
+	_, err := l.readInfo()
+	return err
+}
+
+// CutReplication implements Topology. On: the toxiproxy proxy
+// replication is pointed at the current master, the replica is pointed at
+// the proxy (REPLICAOF) and, once it has caught up through it, the proxy is
+// disabled: the replica stops there. Off: the proxy is enabled again. (The
+// Sentinels point a replica that replicates from another address back at
+// the master, failover-timeout after they notice: a failover must follow
+// the cut within that, 5 s.)
+func (l *Local) CutReplication(ctx context.Context, on bool) error {
+	name := l.info.ReplicationProxy
+	if name == "" {
+		return fmt.Errorf("stack.json names no replication proxy (topology %q)", l.info.Topology)
+	}
+	if !on {
+		return l.proxyCall(ctx, l.info.ProxyAPI, http.MethodPost, "/proxies/"+name, `{"enabled":true}`, false)
+	}
+	master, err := SentinelMaster(ctx, l.info)
+	if err != nil {
+		return err
+	}
+	var replica Node
+	for _, n := range l.info.RedisNodes {
+		if n.Name != master.Name {
+			replica = n
+		}
+	}
+	if replica.Name == "" {
+		return fmt.Errorf("no replica beside %s", master.Name)
+	}
+	body := fmt.Sprintf(`{"upstream":%q,"enabled":true}`, master.Addr)
+	if err := l.proxyCall(ctx, l.info.ProxyAPI, http.MethodPost, "/proxies/"+name, body, false); err != nil {
+		return err
+	}
+	listen, err := l.proxyListen(ctx, name)
+	if err != nil {
+		return err
+	}
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("proxy %s listens on %q: %w", name, listen, err)
+	}
+	pw := l.RedisPassword()
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr, Password: pw, DialTimeout: time.Second, ReadTimeout: 2 * time.Second, MaxRetries: -1})
+	defer rc.Close()
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr, Password: pw, DialTimeout: time.Second, ReadTimeout: 2 * time.Second, MaxRetries: -1})
+	defer mc.Close()
+	if err := rc.ReplicaOf(ctx, host, port).Err(); err != nil {
+		return fmt.Errorf("%s: replicaof %s: %w", replica.Name, listen, err)
+	}
+	err = waitFor(ctx, 10*time.Second, func(ctx context.Context) error {
+		m, err := mc.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		r, err := rc.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		if infoField(r, "master_port") != port || infoField(r, "master_link_status") != "up" {
+			return fmt.Errorf("%s does not replicate through %s yet", replica.Name, listen)
+		}
+		mo, _ := strconv.ParseInt(infoField(m, "master_repl_offset"), 10, 64)
+		ro, _ := strconv.ParseInt(infoField(r, "slave_repl_offset"), 10, 64)
+		if ro < mo {
+			return fmt.Errorf("%s at offset %d, %s at %d", replica.Name, ro, master.Name, mo)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return l.proxyCall(ctx, l.info.ProxyAPI, http.MethodPost, "/proxies/"+name, `{"enabled":false}`, false)
+}
+
+// proxyListen returns the listen address of a toxiproxy proxy.
+func (l *Local) proxyListen(ctx context.Context, name string) (string, error) {
+	b, err := l.get(ctx, strings.TrimRight(l.info.ProxyAPI, "/")+"/proxies/"+name)
+	if err != nil {
+		return "", err
+	}
+	var p struct {
+		Listen string `json:"listen"`
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return "", fmt.Errorf("toxiproxy proxy %s: %w", name, err)
+	}
+	return p.Listen, nil
+}
+
+// infoField returns a field of an INFO reply ("" if absent).
+func infoField(info, field string) string {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
 
 // flush empties Redis and compacts its AOF, then closes rdb.
 func flush(ctx context.Context, rdb *redis.Client) error {
@@ -184,7 +355,7 @@ func cmdline(pid int) []string {
 // settle).
 func (l *Local) RedisClient() *redis.Client {
 	return redis.NewClient(&redis.Options{
-		Addr: l.info.RedisAddr, Password: RedisPassword(l.r.root, cmdline(l.info.RedisPID)),
+		Addr: l.info.RedisAddr, Password: l.RedisPassword(),
 		DialTimeout: time.Second, ReadTimeout: 2 * time.Second, MaxRetries: -1,
 	})
 }
@@ -233,15 +404,7 @@ func (l *Local) KillApp(_ context.Context, app string) error {
 // StartRedis implements Stack: scripts/local-service.sh start redis
 // (--wipe: without its data).
 func (l *Local) StartRedis(ctx context.Context, wipe bool) error {
-	args := []string{"start", "redis"}
-	if wipe {
-		args = append(args, "--wipe")
-	}
-	if err := l.r.run(ctx, l.serviceScript(), args...); err != nil {
-		return err
-	}
-	_, err := l.readInfo()
-	return err
+	return l.StartNode(ctx, "redis", wipe)
 }
 
 // StartApp implements Stack: scripts/local-service.sh start <app>.

@@ -28,6 +28,13 @@ type App struct {
 	Proxy    string `json:"proxy"`
 }
 
+// Node is a Redis process of the native stack: a data node or a Sentinel.
+type Node struct {
+	Name string `json:"name"`
+	Addr string `json:"addr"`
+	PID  int    `json:"pid"`
+}
+
 // Info is what the suite needs to know about a running stack; for the
 // native stack it is .run/stack.json.
 type Info struct {
@@ -36,6 +43,16 @@ type Info struct {
 	RedisPID  int    `json:"redis_pid"`
 	ProxyAPI  string `json:"proxy_api"`
 	Apps      []App  `json:"apps"`
+	// Topology is the native stack's LOCAL_TOPOLOGY: "single", "sentinel"
+	// or "cluster".
+	Topology string `json:"topology"`
+	// RedisNodes are the data nodes, "redis" (RedisAddr) first.
+	RedisNodes []Node `json:"redis_nodes"`
+	// Sentinels, MasterName and ReplicationProxy (the toxiproxy proxy the
+	// replica starts replicating through) are set in the sentinel topology.
+	Sentinels        []Node `json:"sentinels"`
+	MasterName       string `json:"master_name"`
+	ReplicationProxy string `json:"replication_proxy"`
 }
 
 // ReadInfo reads a stack file (.run/stack.json, as scripts/local-up.sh

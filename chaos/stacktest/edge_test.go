@@ -57,9 +57,29 @@ func checkAddressCeiling(t *testing.T, s *stack, run string) {
 	if p, err := parseProblem(http.StatusTooManyRequests, refused.header, refused.body); err != nil || p.Policy != "per-address" {
 		t.Errorf("the refusal: policy %q, %v; want a problem from per-address", p.Policy, err)
 	}
+	// A sliding window counter frees a little of the window before as time
+	// passes: a request right after a refusal can still fit (seen once:
+	// the forged key answered 401, past the ceiling by then). So the
+	// ceiling is met again with valid keys, then the forged key sent at
+	// once; one 429 of three tries shows it counts against the address.
 	forged := rawKey("forged-" + run + ".AAAAAAAAAAAAAAAAAAAAAAAA")
-	if r := s.mustGet(t, route, forged); r.status != http.StatusTooManyRequests {
-		t.Errorf("a forged key past the ceiling: status %d, want 429", r.status)
+	var statuses []int
+	for try := range 3 {
+		if try > 0 {
+			for i := range 50 {
+				if r := s.mustGet(t, route, withKey(fmt.Sprintf("ceiling-again-%d-%d-%s", try, i, run))); r.status != http.StatusOK {
+					break
+				}
+			}
+		}
+		r := s.mustGet(t, route, forged)
+		statuses = append(statuses, r.status)
+		if r.status == http.StatusTooManyRequests {
+			break
+		}
+	}
+	if statuses[len(statuses)-1] != http.StatusTooManyRequests {
+		t.Errorf("a forged key past the ceiling: statuses %v, want 429", statuses)
 	}
 
 	s.from("127.0.1.7")

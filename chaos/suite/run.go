@@ -18,6 +18,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -317,6 +318,8 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 		timeout = t
 	}
 	rep.RedisTimeoutMS = float64(timeout) / float64(time.Millisecond)
+	// Collect now, not during the load (see the chaos command's quietGC).
+	runtime.GC()
 	fmt.Fprintf(cfg.Log, "    window %v; phases warmup %v, healthy %v, fault %v, recovery %v, settle %v; run %s\n",
 		window, d.Warmup, d.Healthy, d.Fault, d.Recovery, d.Settle, rep.RunID)
 
@@ -436,11 +439,22 @@ func analyze(rep *report.Report, reqs []invariant.Request) {
 		Policies:     rep.JudgedPolicies(),
 		RedisTimeout: time.Duration(rep.RedisTimeoutMS * float64(time.Millisecond)),
 		Affected:     rep.Affected,
+		FailedAtMS:   failedAt(rep.Events),
 		Statuses:     rep.Statuses,
 	}
 	rep.Invariants = invariant.Check(in)
-	rep.Failover, _ = invariant.Failover(reqs, rep.Phases, rep.Affected)
+	rep.Failover, _ = invariant.Failover(reqs, rep.Phases, rep.Affected, in.FailedAtMS)
 	rep.Totals = invariant.ComputeTotals(reqs, rep.Phases)
+}
+
+// failedAt is the time of the first redis_down event (0: none).
+func failedAt(events []invariant.Event) float64 {
+	for _, e := range events {
+		if e.Event == "redis_down" {
+			return e.TMS
+		}
+	}
+	return 0
 }
 
 // Reanalyze recomputes the invariants, report.json and report.html of a

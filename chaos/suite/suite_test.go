@@ -353,10 +353,11 @@ func TestUnsupportedScenarioIsSkipped(t *testing.T) {
 
 func TestSelect(t *testing.T) {
 	all, err := Select("")
-	if err != nil || len(all) != 7 {
+	if err != nil || len(all) != 11 {
 		t.Fatalf("Select(\"\") = %d scenarios, %v", len(all), err)
 	}
-	want := []string{"redis-kill", "redis-pause", "redis-flap", "redis-wipe", "redis-latency", "partition-one", "app-crash"}
+	want := []string{"redis-kill", "redis-pause", "redis-flap", "redis-wipe", "redis-latency", "partition-one", "app-crash",
+		"master-failover", "failover-lag", "master-failover-cluster", "shard-wipe"}
 	if !slices.Equal(Names(), want) {
 		t.Errorf("names %v", Names())
 	}

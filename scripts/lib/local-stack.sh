@@ -3,7 +3,7 @@
 # native stack's settings, and how to start, check and stop each of its processes.
 # Sourced, not executed.
 #
-# Services, in start order:
+# Services, in start order (LOCAL_TOPOLOGY=single, the default):
 #   redis      redis-server with redis/redis.conf, 127.0.0.1:6390, data in .run/redis
 #   toxiproxy  bin/toxiproxy-server, API on 127.0.0.1:8474, proxies appN-redis
 #              127.0.0.1:1639N -> Redis (the fault-injection point for each app)
@@ -12,19 +12,60 @@
 # Each one runs in the background in its own session, stdout+stderr appended to
 # .run/<name>.log, pid in .run/pids/<name>.pid.
 #
+# LOCAL_TOPOLOGY=sentinel: a master, a replica and three Sentinels in place of the one Redis
+#   redis, redis2  data nodes on 127.0.0.1:6390 and :6391 (redis starts as the master).
+#              Each reads its own .run/sentinel/<name>/node.conf, which includes
+#              redis/redis.conf and which Sentinel rewrites (CONFIG REWRITE) on a role
+#              change, so a node restarted after a failover keeps its new role; data in
+#              .run/sentinel/<name>/data. local-up.sh writes both files afresh (redis the
+#              master, redis2 its replica), local-service.sh only when missing.
+#   sentinel1..3  redis-server --sentinel on 127.0.0.1:26390-26392, monitoring the master
+#              as `fleet` (quorum 2, down-after 1 s, failover-timeout 5 s), no password;
+#              config in .run/sentinel/sentinelN/sentinel.conf (written afresh by
+#              local-up.sh; Sentinel rewrites it)
+#   toxiproxy  also has the proxy `replication` 127.0.0.1:16399 -> 127.0.0.1:6390, out of
+#              the path until the chaos suite's failover-lag points the replica at it
+#              (REPLICAOF) and then disables it, so that the replica falls behind. (A
+#              replica configured through it from the start would not stay: Sentinel
+#              re-points a replica whose master address is not the master's,
+#              failover-timeout (5 s) after it notices, +fix-slave-config in its log.)
+#   the apps find the master through the Sentinels (RL_REDIS_ADDRS = the Sentinels,
+#              RL_REDIS_MASTER_NAME=fleet); the appN-redis proxies exist but are not in
+#              their path.
+# LOCAL_TOPOLOGY=cluster: a Redis Cluster of 3 masters with a replica each in place of redis
+#   redis, redis2..redis6  127.0.0.1:6390-6395, cluster bus on port+10000; config in
+#              .run/cluster/<name>/node.conf, cluster state (node id, slots) in
+#              .run/cluster/<name>/nodes.conf, data in .run/cluster/<name>/data. local-up.sh
+#              creates the cluster (redis-cli --cluster create, --cluster-replicas 1) when
+#              no node knows another one yet, and otherwise starts the existing one.
+#   toxiproxy  runs, without proxies (their ports 16391-16394 would be the bus ports of
+#              redis2-redis5); the apps reach the nodes directly (RL_REDIS_ADDRS = all six).
+# In both, local-up.sh waits, before it starts the apps, for the replicas to be in sync,
+# for every Sentinel to know the replica and the two other Sentinels, or for every cluster
+# node to report cluster_state:ok.
+#
 # Settings (environment; local-up.sh saves them in .run/stack.env so that later calls of
 # local-service.sh and local-down.sh use the same):
-#   LOCAL_HOST=127.0.0.1  LOCAL_NGINX_PORT=8080  LOCAL_REDIS_PORT=6390
+#   LOCAL_TOPOLOGY=single (or sentinel, cluster; see above)
+#   LOCAL_HOST=127.0.0.1  LOCAL_NGINX_PORT=8080  LOCAL_REDIS_PORT=6390 (the other data
+#   nodes on the next ports)  LOCAL_SENTINEL_PORT_BASE=26390 (sentinelN on base+N-1)
 #   LOCAL_PROXY_API_PORT=8474  LOCAL_APP_PORT_BASE=8080 (appN on base+N)
 #   LOCAL_ADMIN_PORT_BASE=9080 (appN admin on base+N)  LOCAL_VIA_PORT_BASE=16390
+#   (proxy appN-redis on base+N, proxy replication on base+9)
 #   REDIS_PASSWORD (default: requirepass in redis/redis.conf)
 #   LOCAL_POLICY_FILE (optional JSON policy file, passed to the apps as RL_POLICY_FILE)
 #   RL_API_KEY_SECRET (default: the demo secret, fleetlimit-demo-secret-change-me)
 #   LOCAL_READY_TIMEOUT=30 (seconds)  LOCAL_SKIP_BUILD=1 (use the binaries in bin/ as is)
 #   LOCAL_REDIS_TIMEOUT=50ms (RL_REDIS_TIMEOUT of the apps)
 #   LOCAL_LOG_LEVEL=debug (RL_LOG_LEVEL of the apps: debug logs a line per request)
+#   LOCAL_GOMAXPROCS (GOMAXPROCS of each app and of toxiproxy; default: the cores divided
+#   by the four apps, at least 1). Five Go processes on a small host, each with one P per
+#   core, spend their CPU waking and parking threads against each other: on 2 cores this
+#   setting (with the chaos suite on one P and its apps at info) took redis-latency's healthy
+#   p99 from 76 ms to 9.5 ms and the machine from 83 % busy to 59 %.
 #   LOCAL_REDIS_DIRECT=0 (1: the apps dial Redis itself, not their fault proxy; the chaos
-#   suite's partition and latency faults then do not reach them)
+#   suite's partition and latency faults then do not reach them; single topology only,
+#   the others always dial directly)
 #   LOCAL_RUN_DIR (default: .run in the checkout) holds the pids, logs, data, stack.env and
 #   stack.json in place of .run/, so a second stack (a test's, on other ports) cannot collide
 #   with the usual one; every call of the three scripts for that stack must set it.
@@ -36,6 +77,15 @@ PID_DIR=$RUN_DIR/pids
 STACK_ENV=$RUN_DIR/stack.env
 STACK_JSON=$RUN_DIR/stack.json
 APPS=(app1 app2 app3 app4)
+# Every data node and Sentinel any topology has (local-down.sh stops whichever of them
+# left a pid file); ls_set_topology picks those of LOCAL_TOPOLOGY.
+ALL_REDIS_NODES=(redis redis2 redis3 redis4 redis5 redis6)
+ALL_SENTINELS=(sentinel1 sentinel2 sentinel3)
+MASTER_NAME=fleet           # the name the Sentinels monitor the master under
+REPLICATION_PROXY=replication # the toxiproxy proxy the replica starts replicating through
+# The single topology's until ls_load_settings says otherwise.
+REDIS_NODES=(redis)
+SENTINELS=()
 SERVICES=(redis toxiproxy "${APPS[@]}" nginx)
 
 ls_log() { printf '%s\n' "$*" >&2; }
@@ -53,6 +103,7 @@ ls_load_settings() {
         # shellcheck disable=SC1090
         source "$STACK_ENV"
     fi
+    LOCAL_TOPOLOGY=${LOCAL_TOPOLOGY:-single}
     LOCAL_HOST=${LOCAL_HOST:-127.0.0.1}
     LOCAL_NGINX_PORT=${LOCAL_NGINX_PORT:-8080}
     LOCAL_REDIS_PORT=${LOCAL_REDIS_PORT:-6390}
@@ -60,8 +111,13 @@ ls_load_settings() {
     LOCAL_APP_PORT_BASE=${LOCAL_APP_PORT_BASE:-8080}
     LOCAL_ADMIN_PORT_BASE=${LOCAL_ADMIN_PORT_BASE:-9080}
     LOCAL_VIA_PORT_BASE=${LOCAL_VIA_PORT_BASE:-16390}
+    LOCAL_SENTINEL_PORT_BASE=${LOCAL_SENTINEL_PORT_BASE:-26390}
     LOCAL_REDIS_DIRECT=${LOCAL_REDIS_DIRECT:-0}
     LOCAL_LOG_LEVEL=${LOCAL_LOG_LEVEL:-debug}
+    if [[ -z ${LOCAL_GOMAXPROCS:-} ]]; then
+        LOCAL_GOMAXPROCS=$(($(nproc 2>/dev/null || echo 1) / 4))
+        ((LOCAL_GOMAXPROCS >= 1)) || LOCAL_GOMAXPROCS=1
+    fi
     LOCAL_READY_TIMEOUT=${LOCAL_READY_TIMEOUT:-30}
     LOCAL_REDIS_TIMEOUT=${LOCAL_REDIS_TIMEOUT:-50ms}
     LOCAL_POLICY_FILE=${LOCAL_POLICY_FILE:-}
@@ -77,6 +133,22 @@ ls_load_settings() {
         REDIS_PASSWORD=${REDIS_PASSWORD#\"}
     fi
     [[ -n $REDIS_PASSWORD ]] || ls_die "no Redis password (requirepass in redis/redis.conf or REDIS_PASSWORD)"
+    ls_set_topology
+}
+
+# REDIS_NODES, SENTINELS and SERVICES (in start order) of LOCAL_TOPOLOGY.
+ls_set_topology() {
+    case $LOCAL_TOPOLOGY in
+    single) REDIS_NODES=(redis) SENTINELS=() ;;
+    sentinel) REDIS_NODES=(redis redis2) SENTINELS=("${ALL_SENTINELS[@]}") ;;
+    cluster) REDIS_NODES=("${ALL_REDIS_NODES[@]}") SENTINELS=() ;;
+    *) ls_die "LOCAL_TOPOLOGY=$LOCAL_TOPOLOGY: want single, sentinel or cluster" ;;
+    esac
+    if [[ $LOCAL_TOPOLOGY != single && ! $LOCAL_HOST =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+        # Sentinel (resolve-hostnames no) and the cluster announce addresses, not names.
+        ls_die "LOCAL_TOPOLOGY=$LOCAL_TOPOLOGY needs LOCAL_HOST to be an IPv4 address, not $LOCAL_HOST"
+    fi
+    SERVICES=("${REDIS_NODES[@]}" ${SENTINELS[@]+"${SENTINELS[@]}"} toxiproxy "${APPS[@]}" nginx)
 }
 
 ls_save_settings() {
@@ -84,10 +156,10 @@ ls_save_settings() {
     {
         echo "# written by scripts/local-up.sh: the settings of the running native stack"
         local v
-        for v in LOCAL_HOST LOCAL_NGINX_PORT LOCAL_REDIS_PORT LOCAL_PROXY_API_PORT \
-            LOCAL_APP_PORT_BASE LOCAL_ADMIN_PORT_BASE LOCAL_VIA_PORT_BASE \
+        for v in LOCAL_TOPOLOGY LOCAL_HOST LOCAL_NGINX_PORT LOCAL_REDIS_PORT LOCAL_PROXY_API_PORT \
+            LOCAL_APP_PORT_BASE LOCAL_ADMIN_PORT_BASE LOCAL_VIA_PORT_BASE LOCAL_SENTINEL_PORT_BASE \
             LOCAL_READY_TIMEOUT LOCAL_REDIS_TIMEOUT LOCAL_POLICY_FILE REDIS_PASSWORD \
-            RL_API_KEY_SECRET LOCAL_REDIS_DIRECT LOCAL_LOG_LEVEL; do
+            RL_API_KEY_SECRET LOCAL_REDIS_DIRECT LOCAL_LOG_LEVEL LOCAL_GOMAXPROCS; do
             printf '%s=%q\n' "$v" "${!v}"
         done
     } >"$STACK_ENV.tmp"
@@ -101,22 +173,48 @@ ls_app_port() { echo $((LOCAL_APP_PORT_BASE + $(ls_app_index "$1"))); }
 ls_admin_port() { echo $((LOCAL_ADMIN_PORT_BASE + $(ls_app_index "$1"))); }
 ls_via_port() { echo $((LOCAL_VIA_PORT_BASE + $(ls_app_index "$1"))); }
 
+# redis -> 1, redisN -> N; sentinelN -> N.
+ls_node_index() {
+    local n=${1#redis}
+    n=${n#sentinel}
+    echo "${n:-1}"
+}
+ls_redis_port() { echo $((LOCAL_REDIS_PORT + $(ls_node_index "$1") - 1)); }
+ls_sentinel_port() { echo $((LOCAL_SENTINEL_PORT_BASE + $(ls_node_index "$1") - 1)); }
+ls_replication_port() { echo $((LOCAL_VIA_PORT_BASE + 9)); }
+
+# The toxiproxy proxies of the topology: "name listen-port upstream-port" lines.
+ls_proxies() {
+    local a
+    [[ $LOCAL_TOPOLOGY != cluster ]] || return 0
+    for a in "${APPS[@]}"; do
+        echo "$a-redis $(ls_via_port "$a") $LOCAL_REDIS_PORT"
+    done
+    if [[ $LOCAL_TOPOLOGY == sentinel ]]; then
+        echo "$REPLICATION_PROXY $(ls_replication_port) $LOCAL_REDIS_PORT"
+    fi
+}
+
 # Every TCP port the stack listens on.
 ls_all_ports() {
-    local a
-    echo "$LOCAL_REDIS_PORT" "$LOCAL_PROXY_API_PORT" "$LOCAL_NGINX_PORT"
-    for a in "${APPS[@]}"; do
-        echo "$(ls_app_port "$a")" "$(ls_admin_port "$a")" "$(ls_via_port "$a")"
+    local s
+    for s in "${SERVICES[@]}"; do
+        ls_ports_of "$s"
     done
 }
 
 ls_ports_of() {
     case $1 in
-    redis) echo "$LOCAL_REDIS_PORT" ;;
+    redis | redis[2-6])
+        local p
+        p=$(ls_redis_port "$1")
+        if [[ $LOCAL_TOPOLOGY == cluster ]]; then echo "$p" $((p + 10000)); else echo "$p"; fi
+        ;;
+    sentinel*) ls_sentinel_port "$1" ;;
     toxiproxy)
-        local a
+        local name port upstream
         echo "$LOCAL_PROXY_API_PORT"
-        for a in "${APPS[@]}"; do ls_via_port "$a"; done
+        while read -r name port upstream; do echo "$port"; done < <(ls_proxies)
         ;;
     nginx) echo "$LOCAL_NGINX_PORT" ;;
     app*) echo "$(ls_app_port "$1")" "$(ls_admin_port "$1")" ;;
@@ -172,7 +270,7 @@ ls_pid_file() { echo "$PID_DIR/$1.pid"; }
 # What the process's command line must contain for a recorded pid to still be ours.
 ls_expected_cmd() {
     case $1 in
-    redis) echo redis-server ;;
+    redis* | sentinel*) echo redis-server ;;
     toxiproxy) echo toxiproxy-server ;;
     nginx) echo nginx ;;
     app*) echo ratelimiter ;;
@@ -227,31 +325,142 @@ ls_spawn() {
 }
 
 ls_start_redis() {
-    local wipe=${1:-}
-    mkdir -p "$RUN_DIR/redis"
-    if [[ $wipe == --wipe ]]; then
-        ls_log "redis: wiping its data ($RUN_DIR/redis)"
-        rm -rf "${RUN_DIR:?}/redis"
+    local name=$1 wipe=${2:-}
+    if [[ $LOCAL_TOPOLOGY == single ]]; then
         mkdir -p "$RUN_DIR/redis"
+        if [[ $wipe == --wipe ]]; then
+            ls_log "redis: wiping its data ($RUN_DIR/redis)"
+            rm -rf "${RUN_DIR:?}/redis"
+            mkdir -p "$RUN_DIR/redis"
+        fi
+        ls_spawn redis "$REDIS_SERVER" "$LS_ROOT/redis/redis.conf" \
+            --port "$LOCAL_REDIS_PORT" --bind "$LOCAL_HOST" --dir "$RUN_DIR/redis" \
+            --daemonize no --protected-mode no --requirepass "$REDIS_PASSWORD"
+        return
     fi
-    ls_spawn redis "$REDIS_SERVER" "$LS_ROOT/redis/redis.conf" \
-        --port "$LOCAL_REDIS_PORT" --bind "$LOCAL_HOST" --dir "$RUN_DIR/redis" \
+    # sentinel, cluster: the data goes, the node's config (its role; its cluster node id
+    # and slots) stays.
+    local dir data
+    dir=$(ls_node_dir "$name")
+    data=$dir/data
+    if [[ $wipe == --wipe ]]; then
+        ls_log "$name: wiping its data ($data)"
+        rm -rf "${data:?}"
+    fi
+    mkdir -p "$data"
+    [[ -f $dir/node.conf ]] || ls_write_node_conf "$name"
+    ls_spawn "$name" "$REDIS_SERVER" "$dir/node.conf" \
+        --port "$(ls_redis_port "$name")" --bind "$LOCAL_HOST" --dir "$data" \
         --daemonize no --protected-mode no --requirepass "$REDIS_PASSWORD"
 }
 
-ls_start_toxiproxy() {
-    ls_spawn toxiproxy "$LS_ROOT/bin/toxiproxy-server" -host "$LOCAL_HOST" -port "$LOCAL_PROXY_API_PORT"
+# The directory of a data node or Sentinel of the sentinel and cluster topologies (mode
+# 700: the files in it hold the password).
+ls_node_dir() {
+    local top=$RUN_DIR/$LOCAL_TOPOLOGY
+    [[ -d $top ]] || { mkdir -p "$top" && chmod 700 "$top"; }
+    mkdir -p "$top/$1"
+    echo "$top/$1"
 }
 
-# The proxies appN-redis, created (or left as they are, if they exist) through the API.
+# A string in a Redis config file: double-quoted, \ and " escaped.
+ls_conf_quote() {
+    local s=${1//\\/\\\\}
+    printf '"%s"' "${s//\"/\\\"}"
+}
+
+# ls_write_node_conf NAME: the node's own config file, read by redis-server in place of
+# redis/redis.conf (which it includes; the command line still sets port, bind, dir and
+# requirepass, and wins). In the sentinel topology, redis starts as the master and redis2
+# as its replica; Sentinel rewrites the file when it changes a node's role.
+ls_write_node_conf() {
+    local name=$1 dir port f
+    dir=$(ls_node_dir "$name")
+    port=$(ls_redis_port "$name")
+    f=$dir/node.conf
+    {
+        echo "# written by scripts/lib/local-stack.sh for $name ($LOCAL_TOPOLOGY topology);"
+        if [[ $LOCAL_TOPOLOGY == sentinel ]]; then
+            echo "# Sentinel rewrites it (CONFIG REWRITE) when it changes the node's role."
+        fi
+        echo "include $(ls_conf_quote "$LS_ROOT/redis/redis.conf")"
+        echo "masterauth $(ls_conf_quote "$REDIS_PASSWORD")"
+        echo "# a replica's full sync starts at once, not after 5 s (Redis 7's default waits for more)"
+        echo "repl-diskless-sync-delay 0"
+        case $LOCAL_TOPOLOGY in
+        sentinel)
+            echo "replica-announce-ip $LOCAL_HOST"
+            echo "replica-announce-port $port"
+            if [[ $name != "${REDIS_NODES[0]}" ]]; then
+                echo "replicaof $LOCAL_HOST $(ls_redis_port "${REDIS_NODES[0]}")"
+            fi
+            ;;
+        cluster)
+            echo "cluster-enabled yes"
+            echo "cluster-config-file $(ls_conf_quote "$dir/nodes.conf")"
+            echo "cluster-node-timeout 2000"
+            echo "cluster-require-full-coverage no"
+            echo "cluster-replica-validity-factor 0"
+            echo "cluster-announce-ip $LOCAL_HOST"
+            ;;
+        esac
+    } >"$f.tmp"
+    chmod 600 "$f.tmp"
+    mv -f "$f.tmp" "$f"
+}
+
+ls_start_sentinel() {
+    local name=$1 dir
+    dir=$(ls_node_dir "$name")
+    [[ -f $dir/sentinel.conf ]] || ls_write_sentinel_conf "$name"
+    ls_spawn "$name" "$REDIS_SERVER" "$dir/sentinel.conf" --sentinel \
+        --port "$(ls_sentinel_port "$name")" --bind "$LOCAL_HOST" --dir "$dir" --daemonize no
+}
+
+# ls_write_sentinel_conf NAME: a Sentinel's config, monitoring the first data node as the
+# master. Sentinel adds what it learns (its id, the replica, the other Sentinels, a new
+# master) to it.
+ls_write_sentinel_conf() {
+    local name=$1 dir f
+    dir=$(ls_node_dir "$name")
+    f=$dir/sentinel.conf
+    {
+        echo "# written by scripts/lib/local-stack.sh for $name; Sentinel rewrites it."
+        echo "sentinel resolve-hostnames no"
+        echo "sentinel monitor $MASTER_NAME $LOCAL_HOST $(ls_redis_port "${REDIS_NODES[0]}") 2"
+        echo "sentinel auth-pass $MASTER_NAME $(ls_conf_quote "$REDIS_PASSWORD")"
+        echo "sentinel down-after-milliseconds $MASTER_NAME 1000"
+        echo "sentinel failover-timeout $MASTER_NAME 5000"
+        echo "sentinel parallel-syncs $MASTER_NAME 1"
+    } >"$f.tmp"
+    chmod 600 "$f.tmp"
+    mv -f "$f.tmp" "$f"
+}
+
+# The configs local-up.sh starts a stack from: every node's and Sentinel's written afresh
+# (in the sentinel topology: redis the master again, fresh Sentinels).
+ls_write_configs() {
+    local n
+    [[ $LOCAL_TOPOLOGY != single ]] || return 0
+    for n in "${REDIS_NODES[@]}"; do ls_write_node_conf "$n"; done
+    for n in ${SENTINELS[@]+"${SENTINELS[@]}"}; do ls_write_sentinel_conf "$n"; done
+}
+
+ls_start_toxiproxy() {
+    ls_spawn toxiproxy env GOMAXPROCS="$LOCAL_GOMAXPROCS" "$LS_ROOT/bin/toxiproxy-server" -host "$LOCAL_HOST" -port "$LOCAL_PROXY_API_PORT"
+}
+
+# The topology's proxies (appN-redis; in the sentinel topology also replication), created
+# (or left as they are, if they exist) through the API.
 ls_populate_proxies() {
-    local a body="[" sep=""
-    for a in "${APPS[@]}"; do
-        body+="$sep{\"name\":\"$a-redis\",\"listen\":\"$LOCAL_HOST:$(ls_via_port "$a")\","
-        body+="\"upstream\":\"$LOCAL_HOST:$LOCAL_REDIS_PORT\",\"enabled\":true}"
+    local name port upstream body="[" sep=""
+    while read -r name port upstream; do
+        body+="$sep{\"name\":\"$name\",\"listen\":\"$LOCAL_HOST:$port\","
+        body+="\"upstream\":\"$LOCAL_HOST:$upstream\",\"enabled\":true}"
         sep=","
-    done
+    done < <(ls_proxies)
     body+="]"
+    [[ $body != "[]" ]] || return 0
     "$CURL" -fsS --max-time 5 -X POST -H 'Content-Type: application/json' \
         --data "$body" "http://$LOCAL_HOST:$LOCAL_PROXY_API_PORT/populate" >/dev/null
 }
@@ -281,21 +490,51 @@ ls_start_app() {
         "RL_INSTANCE=$a"
         "RL_LISTEN_ADDR=$LOCAL_HOST:$(ls_app_port "$a")"
         "RL_ADMIN_ADDR=$LOCAL_HOST:$(ls_admin_port "$a")"
-        "RL_REDIS_URL=redis://:$(ls_urlencode "$REDIS_PASSWORD")@$LOCAL_HOST:$redis_port/0"
         "RL_REDIS_TIMEOUT=$LOCAL_REDIS_TIMEOUT"
         "RL_LOG_LEVEL=$LOCAL_LOG_LEVEL"
+        "GOMAXPROCS=$LOCAL_GOMAXPROCS"
         "RL_EXPECTED_INSTANCES=${#APPS[@]}"
         "RL_DEBUG_HEADERS=true"
         "RL_TRUSTED_PROXIES=127.0.0.1/32,::1/128"
         "RL_JOURNAL_DIR=$RUN_DIR/$a/journal"
         "RL_API_KEY_SECRET=$RL_API_KEY_SECRET"
     )
+    case $LOCAL_TOPOLOGY in
+    single)
+        envs+=("RL_REDIS_URL=redis://:$(ls_urlencode "$REDIS_PASSWORD")@$LOCAL_HOST:$redis_port/0")
+        ;;
+    sentinel) # the Sentinels have no password: go-redis sends RL_REDIS_PASSWORD to the master only
+        envs+=("RL_REDIS_ADDRS=$(ls_addrs "${SENTINELS[@]}")" "RL_REDIS_MASTER_NAME=$MASTER_NAME"
+            "RL_REDIS_PASSWORD=$REDIS_PASSWORD")
+        ;;
+    cluster)
+        envs+=("RL_REDIS_ADDRS=$(ls_addrs "${REDIS_NODES[@]}")" "RL_REDIS_PASSWORD=$REDIS_PASSWORD")
+        ;;
+    esac
     if [[ -n $LOCAL_POLICY_FILE ]]; then
         envs+=("RL_POLICY_FILE=$LOCAL_POLICY_FILE")
     fi
     # -u: settings from the caller's environment that would change the topology.
-    ls_spawn "$a" env -u RL_REDIS_ADDRS -u RL_REDIS_MASTER_NAME -u RL_POLICY_FILE \
+    ls_spawn "$a" env -u RL_REDIS_URL -u RL_REDIS_ADDRS -u RL_REDIS_MASTER_NAME \
+        -u RL_REDIS_USERNAME -u RL_REDIS_PASSWORD -u RL_POLICY_FILE \
         "${envs[@]}" "$LS_ROOT/bin/ratelimiter"
+}
+
+# host:port of data nodes or Sentinels, comma separated.
+ls_addrs() {
+    local n out="" sep=""
+    for n in "$@"; do
+        out+="$sep$(ls_addr "$n")"
+        sep=,
+    done
+    echo "$out"
+}
+
+ls_addr() {
+    case $1 in
+    sentinel*) echo "$LOCAL_HOST:$(ls_sentinel_port "$1")" ;;
+    *) echo "$LOCAL_HOST:$(ls_redis_port "$1")" ;;
+    esac
 }
 
 ls_start_nginx() {
@@ -305,21 +544,38 @@ ls_start_nginx() {
 }
 
 ls_start() {
+    [[ " ${SERVICES[*]} " == *" $1 "* ]] || ls_die "unknown service: $1 (one of: ${SERVICES[*]})"
     case $1 in
-    redis) ls_start_redis "${2:-}" ;;
+    redis*) ls_start_redis "$1" "${2:-}" ;;
+    sentinel*) ls_start_sentinel "$1" ;;
     toxiproxy) ls_start_toxiproxy ;;
     app[1-4]) ls_start_app "$1" ;;
     nginx) ls_start_nginx ;;
-    *) ls_die "unknown service: $1 (one of: ${SERVICES[*]})" ;;
     esac
 }
 
 # ---- readiness ----------------------------------------------------------------------
 
+# ls_cli NAME ARGS...: redis-cli against the data node or Sentinel NAME (the password of
+# a data node through REDISCLI_AUTH, off the command line; none for a Sentinel).
+ls_cli() {
+    local name=$1
+    shift
+    case $name in
+    sentinel*) env -u REDISCLI_AUTH "$REDIS_CLI" -h "$LOCAL_HOST" -p "$(ls_sentinel_port "$name")" "$@" ;;
+    *) REDISCLI_AUTH=$REDIS_PASSWORD "$REDIS_CLI" -h "$LOCAL_HOST" -p "$(ls_redis_port "$name")" "$@" ;;
+    esac
+}
+
+# ls_info_field TEXT FIELD: the value of FIELD:value in INFO (or CLUSTER INFO) output.
+ls_info_field() {
+    awk -F: -v f="$2" '$1 == f { sub(/\r$/, ""); print substr($0, length(f) + 2); exit }' <<<"$1"
+}
+
 ls_probe() {
     case $1 in
-    redis)
-        [[ $(REDISCLI_AUTH=$REDIS_PASSWORD "$REDIS_CLI" -h "$LOCAL_HOST" -p "$LOCAL_REDIS_PORT" ping 2>/dev/null) == PONG ]]
+    redis* | sentinel*)
+        [[ $(ls_cli "$1" ping 2>/dev/null) == PONG ]]
         ;;
     toxiproxy)
         "$CURL" -fsS --max-time 2 -o /dev/null "http://$LOCAL_HOST:$LOCAL_PROXY_API_PORT/version"
@@ -358,6 +614,137 @@ ls_wait_ready() {
             return 1
         fi
         sleep 0.2
+    done
+}
+
+# ls_wait_until DEADLINE WHAT CHECK [ARGS...]: run CHECK until it succeeds, failing when
+# DEADLINE (a value of $SECONDS) passes or a started data node or Sentinel exits. CHECK prints
+# what it still waits for, which the failure report shows.
+ls_wait_until() {
+    local deadline=$1 what=$2 waiting n
+    shift 2
+    while :; do
+        if waiting=$("$@" 2>&1); then
+            ls_log "  $what"
+            return 0
+        fi
+        for n in "${REDIS_NODES[@]}" ${SENTINELS[@]+"${SENTINELS[@]}"}; do
+            if [[ -f $(ls_pid_file "$n") ]] && ! ls_service_pid "$n" >/dev/null; then
+                ls_log "error: $n exited (waiting for: $what)"
+                return 1
+            fi
+        done
+        if ((SECONDS >= deadline)); then
+            ls_log "error: not within ${LOCAL_READY_TIMEOUT}s: $what ($waiting)"
+            return 1
+        fi
+        sleep 0.2
+    done
+}
+
+# Sentinel topology: the replica (the second data node) replicates from the master (the
+# first) with its link up, and the master lists it, at its own address, as online.
+ls_check_replication() {
+    local master=${REDIS_NODES[0]} replica=${REDIS_NODES[1]} info port
+    port=$(ls_redis_port "$replica")
+    info=$(ls_cli "$replica" info replication) || { echo "$replica does not answer"; return 1; }
+    if [[ $(ls_info_field "$info" role) != slave ]]; then
+        echo "$replica is not a replica"
+        return 1
+    fi
+    if [[ $(ls_info_field "$info" master_link_status) != up ]]; then
+        echo "$replica: master_link_status:$(ls_info_field "$info" master_link_status)"
+        return 1
+    fi
+    info=$(ls_cli "$master" info replication) || { echo "$master does not answer"; return 1; }
+    if ! grep -qE "^slave[0-9]+:ip=${LOCAL_HOST//./\\.},port=$port,state=online," <<<"$info"; then
+        echo "$master does not list $LOCAL_HOST:$port as an online replica"
+        return 1
+    fi
+}
+
+# Sentinel topology: every Sentinel lists the replica (flags exactly "slave") and knows
+# the other Sentinels. (A Sentinel reads the master's INFO, and so learns the replica, when
+# it connects and then every 10 s: start the Sentinels once the replica is attached.)
+ls_check_sentinels() {
+    local s peers port want=$((${#SENTINELS[@]} - 1))
+    port=$(ls_redis_port "${REDIS_NODES[1]}")
+    for s in "${SENTINELS[@]}"; do
+        peers=$(ls_cli "$s" sentinel sentinels "$MASTER_NAME" | awk 'NR % 2 == 1 && $0 == "name"' | wc -l) || true
+        if ((peers != want)); then
+            echo "$s knows $peers other Sentinels, want $want"
+            return 1
+        fi
+        if ! ls_cli "$s" sentinel replicas "$MASTER_NAME" | awk -v port="$port" '
+            NR % 2 == 1 { k = $0; next }
+            k == "name" { p = "" }
+            k == "port" { p = $0 }
+            k == "flags" && p == port && $0 == "slave" { found = 1 }
+            END { exit !found }'; then
+            echo "$s does not list ${REDIS_NODES[1]} as a replica of $MASTER_NAME"
+            return 1
+        fi
+    done
+}
+
+# Cluster topology: "new" when no node knows another one or has a slot (the cluster is to
+# be created), "exists" when every node knows others, "mixed" otherwise.
+ls_cluster_state() {
+    local n info known slots fresh=0 old=0
+    for n in "${REDIS_NODES[@]}"; do
+        info=$(ls_cli "$n" cluster info) || return 1
+        known=$(ls_info_field "$info" cluster_known_nodes)
+        slots=$(ls_info_field "$info" cluster_slots_assigned)
+        if [[ $known == 1 && $slots == 0 ]]; then
+            fresh=$((fresh + 1))
+        else
+            old=$((old + 1))
+        fi
+    done
+    if ((old == 0)); then
+        echo new
+    elif ((fresh == 0)); then
+        echo exists
+    else
+        echo mixed
+    fi
+}
+
+# ls_create_cluster DEADLINE: redis-cli --cluster create, 3 masters and a replica each;
+# its output goes to .run/cluster-create.log.
+ls_create_cluster() {
+    local deadline=$1 n addrs=() log=$RUN_DIR/cluster-create.log
+    for n in "${REDIS_NODES[@]}"; do addrs+=("$(ls_addr "$n")"); done
+    printf '==== %s  redis-cli --cluster create %s --cluster-replicas 1 --cluster-yes\n' \
+        "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${addrs[*]}" >>"$log"
+    REDISCLI_AUTH=$REDIS_PASSWORD timeout $((deadline > SECONDS ? deadline - SECONDS : 1)) \
+        "$REDIS_CLI" --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >>"$log" 2>&1
+}
+
+# Cluster topology: every node says cluster_state:ok, knows every node and sees all slots
+# served; every replica's link to its master is up and every master has an online replica.
+ls_check_cluster() {
+    local n info v
+    for n in "${REDIS_NODES[@]}"; do
+        info=$(ls_cli "$n" cluster info) || { echo "$n does not answer"; return 1; }
+        v=$(ls_info_field "$info" cluster_state)
+        [[ $v == ok ]] || { echo "$n: cluster_state:$v"; return 1; }
+        v=$(ls_info_field "$info" cluster_known_nodes)
+        [[ $v == "${#REDIS_NODES[@]}" ]] || { echo "$n: cluster_known_nodes:$v"; return 1; }
+        v=$(ls_info_field "$info" cluster_slots_ok)
+        [[ $v == 16384 ]] || { echo "$n: cluster_slots_ok:$v"; return 1; }
+        info=$(ls_cli "$n" info replication) || { echo "$n does not answer"; return 1; }
+        if [[ $(ls_info_field "$info" role) == slave ]]; then
+            v=$(ls_info_field "$info" master_link_status)
+            [[ $v == up ]] || { echo "$n (replica): master_link_status:$v"; return 1; }
+        else
+            v=$(ls_info_field "$info" connected_slaves)
+            ((${v:-0} >= 1)) || { echo "$n (master): no replica"; return 1; }
+            if grep -E '^slave[0-9]+:' <<<"$info" | grep -qv 'state=online'; then
+                echo "$n (master): a replica is not online yet"
+                return 1
+            fi
+        fi
     done
 }
 
@@ -428,15 +815,33 @@ ls_stop() {
 }
 
 # Stop everything: the front first, Redis last (the apps may talk to Redis on the way out).
+# Every topology's Redis processes, whichever left a pid file; the Sentinels before the
+# data nodes, so that they do not start a failover meanwhile.
 ls_stop_all() {
     ls_stop nginx "${APPS[@]}"
-    ls_stop toxiproxy redis
+    ls_stop "${ALL_SENTINELS[@]}"
+    ls_stop toxiproxy "${ALL_REDIS_NODES[@]}"
 }
 
 # ---- stack.json ---------------------------------------------------------------------
 
+# ls_json_nodes NAME...: a JSON list of {"name", "addr", "pid"} (pid 0: not running).
+ls_json_nodes() {
+    local n pid sep=""
+    printf '['
+    for n in "$@"; do
+        pid=$(ls_service_pid "$n") || pid=0
+        printf '%s\n    {"name": "%s", "addr": "%s", "pid": %s}' "$sep" "$n" "$(ls_addr "$n")" "$pid"
+        sep=,
+    done
+    printf '\n  ]'
+}
+
+# The single topology's keys, then "topology" and "redis_nodes" (every data node); for
+# sentinel also "sentinels", "master_name" and "replication_proxy". In the cluster topology
+# the apps have no proxy: their "redis_via" and "proxy" are "".
 ls_write_stack_json() {
-    local redis_pid a pid sep="" h=$LOCAL_HOST
+    local redis_pid a pid via proxy sep="" h=$LOCAL_HOST
     redis_pid=$(ls_service_pid redis) || redis_pid=0
     {
         printf '{\n'
@@ -447,13 +852,22 @@ ls_write_stack_json() {
         printf '  "apps": [\n'
         for a in "${APPS[@]}"; do
             pid=$(ls_service_pid "$a") || pid=0
+            via="$h:$(ls_via_port "$a")" proxy="$a-redis"
+            if [[ $LOCAL_TOPOLOGY == cluster ]]; then via="" proxy=""; fi
             printf '%s    {"name": "%s", "url": "http://%s:%s", "admin_url": "http://%s:%s",\n' \
                 "$sep" "$a" "$h" "$(ls_app_port "$a")" "$h" "$(ls_admin_port "$a")"
-            printf '     "pid": %s, "redis_via": "%s:%s", "proxy": "%s-redis"}' \
-                "$pid" "$h" "$(ls_via_port "$a")" "$a"
+            printf '     "pid": %s, "redis_via": "%s", "proxy": "%s"}' "$pid" "$via" "$proxy"
             sep=$',\n'
         done
-        printf '\n  ]\n}\n'
+        printf '\n  ],\n'
+        printf '  "topology": "%s",\n' "$LOCAL_TOPOLOGY"
+        printf '  "redis_nodes": %s' "$(ls_json_nodes "${REDIS_NODES[@]}")"
+        if [[ $LOCAL_TOPOLOGY == sentinel ]]; then
+            printf ',\n  "sentinels": %s,\n' "$(ls_json_nodes "${SENTINELS[@]}")"
+            printf '  "master_name": "%s",\n' "$MASTER_NAME"
+            printf '  "replication_proxy": "%s"' "$REPLICATION_PROXY"
+        fi
+        printf '\n}\n'
     } >"$STACK_JSON.tmp"
     mv -f "$STACK_JSON.tmp" "$STACK_JSON"
 }

@@ -343,6 +343,16 @@ func (j *Journal) putSnapLocked(s Snapshot) {
 	j.snaps[k] = snapEntry{policy: ref, state: s.State, valid: s.Valid, n: s.N, confirmed: s.Confirmed}
 }
 
+// snapshotLocked returns the latest snapshot of the key of policy (name and
+// fingerprint) and id, or nil.
+func (j *Journal) snapshotLocked(policy string, id ratelimit.Identity) *Snapshot {
+	s, ok := j.snaps[snapKey{policy, id}]
+	if !ok {
+		return nil
+	}
+	return &Snapshot{Policy: s.policy.p, Identity: id, State: s.state, Valid: s.valid, N: s.n, Confirmed: s.confirmed}
+}
+
 // Append journals a local grant. It returns ErrFull (the grant is
 // counted as overflow) when the journal is full, or the file's write error;
 // the grant stays in memory in the second case.
@@ -417,8 +427,9 @@ func (j *Journal) Rotate() uint64 {
 }
 
 // Pending returns the batches of epochs up to and including through, as
-// replay batches (the marker names the instance and epoch).
-func (j *Journal) Pending(through uint64) []ratelimit.ReplayBatch {
+// replay batches (the marker names the instance and epoch), and each
+// batch's key's latest snapshot (nil: none journaled).
+func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	n, grants := 0, 0
@@ -430,6 +441,7 @@ func (j *Journal) Pending(through uint64) []ratelimit.ReplayBatch {
 	// One array for every batch's grants (copies: the caller may sort
 	// them) and one marker string per epoch.
 	out := make([]ratelimit.ReplayBatch, 0, n)
+	snaps := make([]*Snapshot, 0, n)
 	all := make([]ratelimit.Grant, 0, grants)
 	markers := map[uint64]string{}
 	for k, b := range j.batches {
@@ -444,8 +456,9 @@ func (j *Journal) Pending(through uint64) []ratelimit.ReplayBatch {
 		start := len(all)
 		all = append(all, b.grants...)
 		out = append(out, ratelimit.ReplayBatch{Policy: b.policy.p, Identity: k.identity, Marker: m, Grants: all[start:len(all):len(all)]})
+		snaps = append(snaps, j.snapshotLocked(k.policy, k.identity))
 	}
-	return out
+	return out, snaps
 }
 
 // Ack removes batches the store applied (or refused as duplicates), with
@@ -475,6 +488,12 @@ func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.Repla
 				j.stats.dupUnits.Add(uint64(g.Cost))
 			}
 		} else {
+			if a := b.Policy.Algorithm; a == ratelimit.TokenBucket || a == ratelimit.GCRA {
+				// Their folds drop nothing, and the batch may have gone
+				// to the store as one charge net of refill (resilient's
+				// replay): every grant it held is accounted for.
+				r.Replayed, r.Dropped, r.Present = int64(units(held.grants)), 0, 0
+			}
 			j.stats.replayed.Add(uint64(r.Replayed))
 			j.stats.dropped.Add(uint64(r.Dropped))
 			j.stats.present.Add(uint64(r.Present))
@@ -541,10 +560,7 @@ func (j *Journal) Each(fn func(p ratelimit.Policy, id ratelimit.Identity, g rate
 	j.mu.Lock()
 	var items []item
 	for k, b := range j.batches {
-		var snap *Snapshot
-		if s, ok := j.snaps[snapKey{k.policy, k.identity}]; ok {
-			snap = &Snapshot{Policy: s.policy.p, Identity: k.identity, State: s.state, Valid: s.valid, N: s.n, Confirmed: s.confirmed}
-		}
+		snap := j.snapshotLocked(k.policy, k.identity)
 		for _, g := range b.grants {
 			items = append(items, item{b.policy.p, k.identity, g, snap})
 		}

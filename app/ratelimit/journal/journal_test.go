@@ -30,7 +30,7 @@ func TestJournalSurvivesReopen(t *testing.T) {
 		}
 	}
 	epoch := j.Rotate()
-	pending := j.Pending(epoch)
+	pending, _ := j.Pending(epoch)
 	if len(pending) != 2 {
 		t.Fatalf("%d batches, want 2 (one per key)", len(pending))
 	}
@@ -59,7 +59,7 @@ func TestJournalSurvivesReopen(t *testing.T) {
 	if j2.Len() != 2 || st.Reloaded != 3 || st.Corrupt != 1 || st.Epoch <= epoch {
 		t.Fatalf("reopened: len %d stats %+v, want a's 2 grants (3 units), 1 corrupt line, a later epoch", j2.Len(), st)
 	}
-	got := j2.Pending(st.Epoch)
+	got, _ := j2.Pending(st.Epoch)
 	if len(got) != 1 || got[0].Identity != a || len(got[0].Grants) != 2 || got[0].Grants[1].ID != "r2" || got[0].Marker != "app1:"+strconv.FormatUint(epoch, 10) {
 		t.Fatalf("reloaded batches %+v", got)
 	}
@@ -73,7 +73,7 @@ func TestJournalAckEmptiesTheFile(t *testing.T) {
 	}
 	defer j.Close()
 	_ = j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: 1, Cost: 1, ID: "r1"})
-	pending := j.Pending(j.Rotate())
+	pending, _ := j.Pending(j.Rotate())
 	j.Ack(pending, make([]ratelimit.ReplayResult, len(pending)))
 	data, err := os.ReadFile(filepath.Join(dir, "journal.log"))
 	if err != nil {
@@ -157,7 +157,8 @@ func TestJournalEpochsUniqueAcrossLifetimes(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: 1, Cost: 1, ID: "r"})
-		for _, b := range j.Pending(j.Rotate()) {
+		pending, _ := j.Pending(j.Rotate())
+		for _, b := range pending {
 			if markers[b.Marker] {
 				t.Fatalf("life %d: marker %s already used by an earlier process", life, b.Marker)
 			}

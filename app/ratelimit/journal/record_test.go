@@ -86,7 +86,8 @@ func FuzzLoad(f *testing.F) {
 		}
 		defer j.Close()
 		found, units := false, uint64(0)
-		for _, b := range j.Pending(^uint64(0)) {
+		pending, _ := j.Pending(^uint64(0))
+		for _, b := range pending {
 			found = found || b.Identity == last.identity
 			for _, g := range b.Grants {
 				units += uint64(g.Cost)

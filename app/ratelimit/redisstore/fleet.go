@@ -2,9 +2,7 @@ package redisstore
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -39,18 +37,48 @@ func (l *Limiter) Ping(ctx context.Context) error {
 	if err != nil {
 		return classify(ctx, err)
 	}
-	for _, s := range scripts {
-		if err := s.Load(callCtx, l.client).Err(); err != nil {
-			return classify(ctx, err)
-		}
+	if err := loadScripts(callCtx, l.client, decideSrc); err != nil {
+		return classify(ctx, err)
 	}
 	return nil
+}
+
+// Warm opens up to n connections of a single-node client now (at most
+// PoolSize-2, so the heartbeat and the first decisions always find one), so
+// the first decisions after a start do not each pay a dial: the client keeps
+// no idle connections warm on its own (see ClientConfig.Options). A Cluster
+// client, whose pools are per node, is left alone. Best effort.
+func (l *Limiter) Warm(ctx context.Context, n int) {
+	c, ok := l.client.(*redis.Client)
+	if !ok {
+		return
+	}
+	// A dial takes longer than a call's timeout on a loaded machine.
+	callCtx, cancel := context.WithTimeout(ctx, max(l.timeout, 500*time.Millisecond))
+	defer cancel()
+	// Held at once, then all handed back to the pool (holding a pool of 4
+	// whole, a Warm of 8 waited out the pool timeout, and the heartbeats
+	// with it).
+	n = min(n, c.Options().PoolSize-2)
+	conns := make([]*redis.Conn, 0, max(n, 0))
+	for range n {
+		cn := c.Conn()
+		conns = append(conns, cn)
+		if cn.Ping(callCtx).Err() != nil {
+			break
+		}
+	}
+	for _, cn := range conns {
+		_ = cn.Close()
+	}
 }
 
 // Heartbeat records instance as live and returns how many instances are live
 // (heartbeat within ttl, this one included), how many are suspect (missing
 // for less than grace: possibly cut off and granting locally), Redis' data
-// generation (see Generation) and Redis' clock.
+// generation (see Generation) and Redis' clock. If the fleet's part
+// answered and a Cluster master's generation did not, the counts come back
+// with the error.
 func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (ratelimit.Fleet, error) {
 	f, err := l.fleet(ctx, instance, "beat", ttl, grace)
 	if err != nil {
@@ -92,10 +120,23 @@ func (l *Limiter) Generation(ctx context.Context) (string, error) {
 // GenerationKey holds the data generation.
 func (l *Limiter) GenerationKey() string { return "{" + l.prefix + ":fleet}:generation" }
 
+// WritesKey holds the write counter that tells lost writes (lost.go).
+func (l *Limiter) WritesKey() string { return "{" + l.prefix + ":fleet}:writes" }
+
 // Leave removes instance's heartbeat (on a clean shutdown: a stopped
 // instance grants nothing, so nobody needs to hold its share).
 func (l *Limiter) Leave(ctx context.Context, instance string, ttl, grace time.Duration) error {
 	_, err := l.fleet(ctx, instance, "leave", ttl, grace)
+	return err
+}
+
+// Suspend marks instance as deciding locally (its breaker opened): the
+// others count it as suspect at once and hold its share back, instead of
+// after its heartbeat lapses. On a Cluster with one master down, the fleet
+// key's master often still answers while the instances go local one after
+// the other.
+func (l *Limiter) Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
+	_, err := l.fleet(ctx, instance, "suspend", ttl, grace)
 	return err
 }
 
@@ -105,21 +146,23 @@ func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace tim
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
-	var g [12]byte
-	_, _ = rand.Read(g[:])
-	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey()}, instance, op, ttl.Milliseconds(), grace.Milliseconds(), hex.EncodeToString(g[:])).Slice()
+	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey(), l.WritesKey()}, instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex()).Slice()
 	if err != nil {
 		return ratelimit.Fleet{}, classify(ctx, err)
 	}
-	if len(res) != 4 {
+	if len(res) != 5 {
 		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
 	}
 	live, ok1 := res[0].(int64)
 	suspect, ok2 := res[1].(int64)
 	now, ok3 := res[2].(int64)
 	gen, ok4 := res[3].(string)
-	if !ok1 || !ok2 || !ok3 || !ok4 || live < 0 || suspect < 0 || now <= 0 {
+	writes, ok5 := res[4].(int64)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || live < 0 || suspect < 0 || now <= 0 {
 		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
+	}
+	if gen, err = l.checkCounter(callCtx, l.client, "", l.GenerationKey(), gen, writes); err != nil {
+		return ratelimit.Fleet{}, err
 	}
 	return ratelimit.Fleet{Live: int(live), Suspect: int(suspect), Generation: gen, Now: now}, nil
 }

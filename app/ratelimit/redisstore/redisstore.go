@@ -54,12 +54,55 @@ var (
 	windowLogLua string
 )
 
-// scripts holds one decision script per algorithm.
-var scripts = map[ratelimit.Algorithm]*redis.Script{
-	ratelimit.TokenBucket:          redis.NewScript(commonLua + decideLua + onceLua + tokenBucketLua),
-	ratelimit.GCRA:                 redis.NewScript(commonLua + decideLua + onceLua + gcraLua),
-	ratelimit.SlidingWindowCounter: redis.NewScript(commonLua + decideLua + onceLua + windowCounterLua),
-	ratelimit.SlidingWindowLog:     redis.NewScript(commonLua + decideLua + windowLogLua),
+// decideSrc is the decision script of each algorithm, and scripts the same
+// as go-redis scripts.
+var (
+	decideSrc = map[ratelimit.Algorithm]string{
+		ratelimit.TokenBucket:          commonLua + decideLua + onceLua + tokenBucketLua,
+		ratelimit.GCRA:                 commonLua + decideLua + onceLua + gcraLua,
+		ratelimit.SlidingWindowCounter: commonLua + decideLua + onceLua + windowCounterLua,
+		ratelimit.SlidingWindowLog:     commonLua + decideLua + windowLogLua,
+	}
+	scripts = newScripts(decideSrc)
+)
+
+func newScripts(src map[ratelimit.Algorithm]string) map[ratelimit.Algorithm]*redis.Script {
+	out := make(map[ratelimit.Algorithm]*redis.Script, len(src))
+	for a, s := range src {
+		out[a] = redis.NewScript(s)
+	}
+	return out
+}
+
+// loadScripts puts srcs in the script cache of every node in one round trip
+// per node: a pipeline of SCRIPT LOADs, to every master and replica of a
+// Cluster at once. Loading them one by one cost a probe a round trip per
+// script, and on a Cluster a reload of the slot map before each: past the
+// probe's 50 ms on a loaded host, so one instance recovered from a master
+// failover seconds after the others (master-failover-cluster: the others'
+// RecoveryWait ran out first, over-admission 1.14).
+func loadScripts(ctx context.Context, client redis.Scripter, srcs map[ratelimit.Algorithm]string) error {
+	load := func(ctx context.Context, c redis.Cmdable) error {
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, s := range srcs {
+				p.ScriptLoad(ctx, s)
+			}
+			return nil
+		})
+		return err
+	}
+	switch c := client.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error { return load(ctx, shard) })
+	case redis.Cmdable:
+		return load(ctx, c)
+	}
+	for _, s := range srcs {
+		if err := client.ScriptLoad(ctx, s).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Hooks observe decisions without the package importing a metrics library.
@@ -88,6 +131,7 @@ type Limiter struct {
 	seq          atomic.Uint64
 	co           *coalescer  // nil: every call its own round trip
 	shards       shardLayout // a Cluster's slot ranges (shards.go)
+	seen         seenWrites  // the write counters last seen (lost.go)
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)

@@ -150,6 +150,13 @@ func TestInstancesShareOnlyRedis(t *testing.T) {
 func TestCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	l := redisstore.New(cl.Client())
+	// A Cluster's masters fail on their own: the breaker must not take one
+	// refusing a call for the store being down.
+	one := redis.NewClient(&redis.Options{Addr: cl.MasterFor("x").Addr()})
+	t.Cleanup(func() { _ = one.Close() })
+	if !l.Sharded() || redisstore.New(one).Sharded() {
+		t.Fatalf("Sharded: %v on the Cluster, %v on one of its nodes; want true, false", l.Sharded(), redisstore.New(one).Sharded())
+	}
 	for _, alg := range ratelimit.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "cl", Algorithm: alg, Limit: 20, Window: 500 * time.Millisecond}

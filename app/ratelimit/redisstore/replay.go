@@ -30,12 +30,15 @@ var (
 
 // replayScripts holds one replay script per algorithm: the algorithm's
 // fold of one key, then the loop over the call's keys (lua/replay.lua).
-var replayScripts = map[ratelimit.Algorithm]*redis.Script{
-	ratelimit.TokenBucket:          redis.NewScript(commonLua + replayTokenBucketLua + replayLua),
-	ratelimit.GCRA:                 redis.NewScript(commonLua + replayGCRALua + replayLua),
-	ratelimit.SlidingWindowCounter: redis.NewScript(commonLua + replayWindowCounterLua + replayLua),
-	ratelimit.SlidingWindowLog:     redis.NewScript(commonLua + replayWindowLogLua + replayLua),
-}
+var (
+	replaySrc = map[ratelimit.Algorithm]string{
+		ratelimit.TokenBucket:          commonLua + replayTokenBucketLua + replayLua,
+		ratelimit.GCRA:                 commonLua + replayGCRALua + replayLua,
+		ratelimit.SlidingWindowCounter: commonLua + replayWindowCounterLua + replayLua,
+		ratelimit.SlidingWindowLog:     commonLua + replayWindowLogLua + replayLua,
+	}
+	replayScripts = newScripts(replaySrc)
+)
 
 // MarkerTTL is how long a replay's idempotency marker lives: longer than any
 // retry of the same batch (a restart after a crash mid-replay included).
@@ -239,13 +242,11 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 	return results, errs
 }
 
-// loadReplayScripts makes sure the replay scripts are cached (on every node
-// of a Cluster: SCRIPT LOAD is sent to all masters by go-redis).
+// loadReplayScripts makes sure the replay scripts are cached, on every node
+// of a Cluster (loadScripts).
 func loadReplayScripts(ctx context.Context, client redis.Scripter) error {
-	for _, s := range replayScripts {
-		if err := s.Load(ctx, client).Err(); err != nil {
-			return classify(ctx, err)
-		}
+	if err := loadScripts(ctx, client, replaySrc); err != nil {
+		return classify(ctx, err)
 	}
 	return nil
 }

@@ -2,8 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -22,14 +20,16 @@ import (
 // each hashed into that range, and Generation (and Heartbeat) return them
 // all: "<first slot>-<last slot>=<generation>,...". A restore after a change
 // puts back only the keys whose slots lie in a range whose generation
-// changed (RestoreScope): the other masters still hold their usage.
+// changed (Loss): the other masters still hold their usage.
 
+// shardGenScript returns a range's generation (KEYS[1], set to ARGV[1] if
+// none) and increments its write counter (KEYS[2], lost.go).
 var shardGenScript = redis.NewScript(`local g = redis.call('GET', KEYS[1])
 if not g then
   redis.call('SET', KEYS[1], ARGV[1])
   g = ARGV[1]
 end
-return g`)
+return {g, redis.call('INCR', KEYS[2])}`)
 
 // slotCount is the number of Cluster hash slots.
 const slotCount = 16384
@@ -44,10 +44,17 @@ type shardLayout struct {
 
 type slotRange struct {
 	first, last int
-	key         string
+	key, writes string // the generation and the write counter
 }
 
 const layoutTTL = 5 * time.Second
+
+// Sharded reports whether the store is a Redis Cluster: its masters fail
+// independently, so one refusing a call says nothing of the others.
+func (l *Limiter) Sharded() bool {
+	_, ok := l.client.(*redis.ClusterClient)
+	return ok
+}
 
 // clusterGeneration returns the per-range generations of a Cluster, and
 // false for a client that is not one.
@@ -63,18 +70,28 @@ func (l *Limiter) clusterGeneration(ctx context.Context) (string, bool, error) {
 	pipe := cc.Pipeline()
 	cmds := make([]*redis.Cmd, len(ranges))
 	for i, r := range ranges {
-		var g [12]byte
-		_, _ = rand.Read(g[:])
-		cmds[i] = shardGenScript.EvalSha(ctx, pipe, []string{r.key}, hex.EncodeToString(g[:]))
+		cmds[i] = shardGenScript.EvalSha(ctx, pipe, []string{r.key, r.writes}, randomHex())
 	}
 	_, _ = pipe.Exec(ctx)
 	var b strings.Builder
 	for i, r := range ranges {
-		g, err := cmds[i].Text()
+		res, err := cmds[i].Slice()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			var gb [12]byte
-			_, _ = rand.Read(gb[:])
-			g, err = shardGenScript.Run(ctx, cc, []string{r.key}, hex.EncodeToString(gb[:])).Text()
+			res, err = shardGenScript.Run(ctx, cc, []string{r.key, r.writes}, randomHex()).Slice()
+		}
+		var g string
+		if err == nil {
+			var n int64
+			var ok1, ok2 bool
+			if len(res) == 2 {
+				g, ok1 = res[0].(string)
+				n, ok2 = res[1].(int64)
+			}
+			if !ok1 || !ok2 {
+				err = fmt.Errorf("%w: shard generation reply %v", ratelimit.ErrBadReply, res)
+			} else {
+				g, err = l.checkCounter(ctx, cc, fmt.Sprintf("%d-%d", r.first, r.last), r.key, g, n)
+			}
 		}
 		if err != nil {
 			l.shards.mu.Lock()
@@ -123,7 +140,7 @@ func (l *Limiter) slotRanges(ctx context.Context, cc *redis.ClusterClient) ([]sl
 		if !ok {
 			return nil, fmt.Errorf("%w: no generation key for slots %d-%d", ratelimit.ErrBadReply, sp[0], sp[1])
 		}
-		ranges = append(ranges, slotRange{first: sp[0], last: sp[1], key: "{" + tag + "}:generation"})
+		ranges = append(ranges, slotRange{first: sp[0], last: sp[1], key: "{" + tag + "}:generation", writes: "{" + tag + "}:writes"})
 	}
 	slices.SortFunc(ranges, func(a, b slotRange) int { return a.first - b.first })
 	l.shards.ranges, l.shards.at = ranges, time.Now()
@@ -156,40 +173,6 @@ func slot(tag string) int {
 		}
 	}
 	return int(crc) % slotCount
-}
-
-// RestoreScope says which keys a restore after a change of generation from
-// old to new must put back: on a Cluster, the keys whose slots lie in a
-// range whose generation changed (the other masters kept their data; a
-// range that did not exist before, after a resharding, is not restored); on a
-// single Redis, or when the generations cannot be compared range by range,
-// every key.
-func (l *Limiter) RestoreScope(old, new string) func(p ratelimit.Policy, id ratelimit.Identity) bool {
-	all := func(ratelimit.Policy, ratelimit.Identity) bool { return true }
-	before, ok1 := parseShards(old)
-	after, ok2 := parseShards(new)
-	if !ok1 || !ok2 {
-		return all
-	}
-	// A range that is new (the slots were resharded) is not taken as lost:
-	// putting its keys' usage back on top of what they hold would charge
-	// them twice.
-	var changed [][2]int
-	for r, g := range after {
-		if was, ok := before[r]; ok && was != g {
-			changed = append(changed, r)
-		}
-	}
-	return func(_ ratelimit.Policy, id ratelimit.Identity) bool {
-		tag := l.tag(id)
-		s := slot(tag[1 : len(tag)-1])
-		for _, r := range changed {
-			if s >= r[0] && s <= r[1] {
-				return true
-			}
-		}
-		return false
-	}
 }
 
 // parseShards reads "<first>-<last>=<generation>,..." (false for a single

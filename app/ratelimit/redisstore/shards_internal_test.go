@@ -15,12 +15,28 @@ func TestSlot(t *testing.T) {
 	}
 }
 
-// TestRestoreScope: only keys in a range whose generation changed are put
-// back; a plain (single Redis) generation puts back every key.
-func TestRestoreScope(t *testing.T) {
+// TestLoss: only keys in a range whose generation changed lost anything; a
+// plain (single Redis) generation loses every key; a "lag-" generation is
+// recent writes lost, any other a wipe.
+func TestLoss(t *testing.T) {
 	l := New(nil)
 	old := "0-5460=a,5461-10922=b,10923-16383=c"
-	scope := l.RestoreScope(old, "0-5460=a,5461-10922=B,10923-16383=c")
+	loss := l.Loss(old, "0-5460=a,5461-10922=B,10923-16383=lag-c")
+	scope := func(p ratelimit.Policy, id ratelimit.Identity) bool {
+		tag := l.tag(id)
+		s := slot(tag[1 : len(tag)-1])
+		want := ratelimit.LossNone
+		switch {
+		case s >= 5461 && s <= 10922:
+			want = ratelimit.LossAll
+		case s >= 10923:
+			want = ratelimit.LossRecent
+		}
+		if got := loss(p, id); got != want {
+			t.Fatalf("slot %d: loss %v, want %v", s, got, want)
+		}
+		return want == ratelimit.LossAll
+	}
 	in, out := 0, 0
 	for i := range 300 {
 		id := [32]byte{byte(i), byte(i >> 8), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i), byte(i * 7)}
@@ -38,13 +54,18 @@ func TestRestoreScope(t *testing.T) {
 	if in == 0 || out == 0 {
 		t.Fatalf("%d keys in the changed range and %d outside: the test covers nothing", in, out)
 	}
-	resharded := l.RestoreScope(old, "0-8000=a,8001-16383=z")
+	resharded := l.Loss(old, "0-8000=a,8001-16383=z")
 	for i := range 300 {
-		if resharded(ratelimit.Policy{}, [32]byte{byte(i), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i), byte(i * 7)}) {
+		if resharded(ratelimit.Policy{}, [32]byte{byte(i), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i), byte(i * 7)}) != ratelimit.LossNone {
 			t.Fatal("after a resharding, a new range was taken as lost")
 		}
 	}
-	if !New(nil).RestoreScope("gen-1", "gen-2")(ratelimit.Policy{}, [32]byte{}) {
-		t.Fatal("a single Redis' new generation must put back every key")
+	for _, c := range []struct {
+		old, new string
+		want     ratelimit.Loss
+	}{{"gen-1", "gen-1", ratelimit.LossNone}, {"gen-1", "gen-2", ratelimit.LossAll}, {"gen-1", "lag-2", ratelimit.LossRecent}, {"lag-2", "gen-3", ratelimit.LossAll}} {
+		if got := New(nil).Loss(c.old, c.new)(ratelimit.Policy{}, [32]byte{}); got != c.want {
+			t.Errorf("single Redis, %s -> %s: loss %v, want %v", c.old, c.new, got, c.want)
+		}
 	}
 }

@@ -59,6 +59,10 @@ type breaker struct {
 	lastSuccess atomic.Int64 // local Unix µs of the last success while closed
 	// probing: a store call is checking a suspect store (see admit).
 	probing atomic.Bool
+	// refused: the last failure was one the store or the network answered
+	// with (see admit); a success clears it. Not on a sharded store.
+	refused      atomic.Bool
+	shardedStore bool
 
 	mu    sync.Mutex
 	opens atomic.Uint64
@@ -70,6 +74,9 @@ func (b *breaker) State() BreakerState { return BreakerState(b.state.Load()) }
 // a closed breaker.
 func (b *breaker) success() {
 	b.lastSuccess.Store(b.now().UnixMicro())
+	if b.refused.Load() {
+		b.refused.Store(false)
+	}
 	if b.State() != Closed {
 		return
 	}
@@ -84,10 +91,20 @@ func (b *breaker) success() {
 // lets one call at a time through, as a probe, and the rest are decided
 // locally at once instead of each waiting out the timeout: without this, a
 // paused or partitioned store held every request for the full timeout
-// until the breaker opened. A success (a call's or a heartbeat's) ends it.
-// A probe must call done when its call returns.
+// until the breaker opened. A refused call (a hard failure: the connection
+// reset or refused) makes the store suspect at once: when Redis dies, the
+// calls in flight fail with EOF, and the next ones dial an address that no
+// longer answers, each waiting out the timeout (on compose, where a dead
+// container's address drops packets, that held every request for 50 ms
+// until three timeouts had been counted). A success (a call's or a
+// heartbeat's) ends it. Not on a sharded store (a Redis Cluster): there one
+// master refusing says nothing of the others, and with calls to the healthy
+// masters succeeding in between, the refusals to the dead one made a third of
+// all decisions local while the breaker stayed closed and the fleet held no
+// share back (master-failover-cluster over-admission 1.13-1.14). A probe
+// must call done when its call returns.
 func (b *breaker) admit() (ok, probe bool) {
-	if b.failures.Load() < int64(b.threshold) {
+	if b.failures.Load() < int64(b.threshold) && !b.refused.Load() {
 		return true, false
 	}
 	if b.probing.CompareAndSwap(false, true) {
@@ -104,9 +121,23 @@ func (b *breaker) done() { b.probing.Store(false) }
 // nothing succeeded for slowWindow. A failure while recovering reopens it at
 // once, but for a timeout while the store answers other calls (it is busy
 // with the fleet's replays, say): slow, not dead.
+// trip opens a closed breaker at once, whatever the count: a heartbeat the
+// store refused (see Limiter.heartbeat).
+func (b *breaker) trip(reason string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.State() == Closed {
+		b.failures.Store(int64(b.threshold))
+		b.setLocked(Open, reason)
+	}
+}
+
 func (b *breaker) failure(reason string, timeout bool) {
 	switch b.State() {
 	case Closed:
+		if !timeout && !b.shardedStore {
+			b.refused.Store(true)
+		}
 		n := b.failures.Add(1)
 		if n < int64(b.threshold) {
 			return
@@ -148,6 +179,7 @@ func (b *breaker) setLocked(to BreakerState, reason string) {
 		return
 	}
 	b.failures.Store(0)
+	b.refused.Store(false)
 	if to == Closed {
 		b.lastSuccess.Store(b.now().UnixMicro())
 	}

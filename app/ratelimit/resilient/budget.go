@@ -1,11 +1,14 @@
 package resilient
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 )
 
 // entry is what one instance knows of one key: the last decision the store
@@ -43,9 +46,9 @@ type entry struct {
 type share struct {
 	n      float64 // instances that may be granting: live + suspect
 	factor float64 // the policy's fallback factor
-	// confirmed is when (store time, µs) the other instances can know this
-	// one is missing: its last heartbeat plus the heartbeat TTL and one
-	// interval. Until then they decide in Redis without holding its share
+	// confirmed is when (store time, µs) the other instances hold this
+	// one's share back: its last heartbeat plus the heartbeat TTL and two
+	// intervals (confirmedAt). Until then they decide in Redis without holding its share
 	// back, and may take capacity that frees up meanwhile (refill, grants
 	// ageing out); the local share does not count that capacity.
 	confirmed int64
@@ -124,10 +127,7 @@ func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
 func (e *entry) bucket(p ratelimit.Policy, now, cost int64, sh share) ratelimit.Decision {
 	capacity := sh.of(float64(p.Capacity()))
 	rate := sh.of(float64(p.Limit) / float64(p.WindowMicros())) // units per µs
-	if now > e.at {
-		e.level = min(capacity, e.level+float64(now-e.at)*rate)
-		e.at = now
-	}
+	e.level, e.at = fill(e.level, e.at, now, capacity, rate), max(e.at, now)
 	var d ratelimit.Decision
 	c := float64(cost)
 	if e.level+1e-9 >= c {
@@ -196,6 +196,58 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) rat
 		d.ResetAfter = time.Duration(w-elapsed) * time.Microsecond
 	}
 	return d
+}
+
+// netOfRefill returns what a token bucket or GCRA key's grants took from
+// this instance's share in an outage, net of the refill the share would
+// have thrown away at its capacity without them: the level of the share
+// left unused minus its level with the grants, both at the last grant (at).
+// Both start empty (or in the debt the snapshot showed) when the share
+// started (the snapshot's time, or the other instances' confirmation), not
+// at the level the snapshot showed: a stale snapshot may show tokens that
+// others took since, and crediting refill against them would erase usage.
+// ok is false when the snapshot cannot say (no fleet size in it).
+//
+// Charging this once, at its time, into the store's state refilled to it
+// is order-free across instances, and never leaves the store above one
+// bucket fed every grant in time order: shares that start empty and cap
+// at their part of the capacity waste at least the refill that bucket
+// would. Folding the grants themselves, instance after instance, charged
+// every grant older than the state the previous replays left without
+// refill, an overcharge that grew with the outage. A key that expired in
+// the store during the outage (full by then without use) starts full, as
+// the unused share ends.
+func netOfRefill(p ratelimit.Policy, s journal.Snapshot, grants []ratelimit.Grant) (at int64, units float64, ok bool) {
+	if len(grants) == 0 || !(s.N >= 1) || math.IsInf(s.N, 0) {
+		return 0, 0, false
+	}
+	sorted := slices.SortedFunc(slices.Values(grants), func(a, b ratelimit.Grant) int { return cmp.Compare(a.At, b.At) })
+	sh := share{n: s.N, factor: p.Factor(), confirmed: s.Confirmed}
+	e := entry{snap: s.State, snapValid: s.Valid}
+	e.initLocal(p, sorted[0].At, sh)
+	e.level = min(0, e.level)
+	capacity := sh.of(float64(p.Capacity()))
+	rate := sh.of(float64(p.Limit) / float64(p.WindowMicros()))
+	at = sorted[len(sorted)-1].At
+	unused := fill(e.level, e.at, at, capacity, rate)
+	level, t := e.level, e.at
+	for _, g := range sorted {
+		// No floor at zero: a grant older than the share's start (an
+		// earlier outage of the same epoch) is charged in full.
+		level, t = fill(level, t, g.At, capacity, rate), max(t, g.At)
+		level -= float64(g.Cost)
+	}
+	level = fill(level, t, at, capacity, rate)
+	return at, max(0, unused-level), true
+}
+
+// fill refills a share's level from one time (µs) to a later one at rate,
+// up to capacity; a later from leaves it as it is.
+func fill(level float64, from, to int64, capacity, rate float64) float64 {
+	if to > from {
+		return min(capacity, level+float64(to-from)*rate)
+	}
+	return level
 }
 
 func microsCeil(us float64) time.Duration {

@@ -34,7 +34,7 @@ type Config struct {
 	// HeartbeatInterval is how often a closed breaker heartbeats (100 ms).
 	HeartbeatInterval time.Duration
 	// HeartbeatTTL is how long after its last heartbeat an instance counts
-	// as missing (300 ms). Until then, plus one interval, the others do not
+	// as missing (300 ms). Until then, plus two intervals, the others do not
 	// hold its share back, so a cut-off instance's fallback share does not
 	// count capacity that frees up in that time: shorter is better for
 	// goodput during an outage, as long as heartbeats are not missed.

@@ -274,15 +274,16 @@ func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) key {
 	return l.seeds.Key(p, id)
 }
 
-// confirmedAt is when (store µs) the other instances can know this one is
-// missing: they count it as missing HeartbeatTTL after its last heartbeat,
-// and learn so at their next heartbeat.
+// confirmedAt is when (store µs) the other instances hold this one's share
+// back: they count it as missing HeartbeatTTL after its last heartbeat, and
+// hold it back from the second of their heartbeats that finds it missing
+// (setFleet).
 func (l *Limiter) confirmedAt() int64 {
 	beat := l.lastBeat.Load()
 	if beat == 0 {
 		return 0 // never in the fleet's view: nobody decides unaware of it
 	}
-	return beat + l.offset.Load() + (l.cfg.HeartbeatTTL + l.cfg.HeartbeatInterval).Microseconds()
+	return beat + l.offset.Load() + (l.cfg.HeartbeatTTL + 2*l.cfg.HeartbeatInterval).Microseconds()
 }
 
 // storeNow estimates the store's clock in µs.
@@ -299,7 +300,7 @@ func (l *Limiter) fleetSize() int64 {
 
 // weight holds back the shares of suspect instances in store decisions.
 func (l *Limiter) weight() ratelimit.Weight {
-	live, suspect := l.live.Load(), l.suspect.Load()
+	live, suspect := l.live.Load(), l.heldBack.Load()
 	if suspect <= 0 || live <= 0 {
 		return ratelimit.Weight{}
 	}

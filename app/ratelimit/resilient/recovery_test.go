@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -447,6 +448,110 @@ func (c *child) status(t *testing.T) resilient.Status {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestReplayIsNetOfRefill: through an outage longer than a full refill,
+// four instances grant an abusive key (at four times its rate) and a polite
+// one (at 40 % of it) from their shares, then replay. Redis must then hold
+// no more than an ideal limiter fed every grant in time order, and not much
+// less: at most the refill the shares could not count before the others
+// held them back (TTL + two heartbeat intervals), and a unit per instance of
+// rounding. Folding each instance's grants in turn charged the later
+// instances' grants without refill: the abusive key ended in debt (0 left
+// where the ideal held 80-93) and the polite key 16-35 units below the
+// ideal.
+func TestReplayIsNetOfRefill(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(string(alg), func(t *testing.T) {
+			srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
+			ls := startInstances(t, srv.Addr())
+			p := ratelimit.Policy{Name: "short-" + strings.ReplaceAll(string(alg), "_", "-"), Algorithm: alg, Limit: 100, Window: 2 * time.Second}
+			var (
+				mu     sync.Mutex
+				grants = map[string][]ratelimit.Grant{}
+				wg     sync.WaitGroup
+			)
+			ctx, stop := context.WithCancel(context.Background())
+			send := func(key string, every time.Duration) {
+				defer wg.Done()
+				for i := 0; ctx.Err() == nil; i++ {
+					d, err := ls[i%len(ls)].Decide(ctx, ratelimit.Request{Policy: p, Key: key})
+					if err == nil && d.Allowed {
+						mu.Lock()
+						grants[key] = append(grants[key], ratelimit.Grant{At: d.State.Now, Cost: 1})
+						mu.Unlock()
+					}
+					time.Sleep(every)
+				}
+			}
+			wg.Add(2)
+			go send("abusive", 5*time.Millisecond) // 200/s against 50/s
+			go send("polite", 50*time.Millisecond) // 20/s
+			time.Sleep(time.Second)
+			srv.Kill()
+			waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.Open))
+			time.Sleep(5 * time.Second)
+			stop()
+			wg.Wait()
+			srv.Restart(t)
+			waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.Closed))
+
+			// The abusive key's shares ran dry: the refill before the others
+			// held them back is lost to them. The polite key's never did.
+			cfg := recoveryConfig("")
+			rate := float64(p.Limit) / p.Window.Seconds()
+			slacks := map[string]int64{
+				"abusive": int64(rate*(cfg.HeartbeatTTL+2*cfg.HeartbeatInterval).Seconds()) + instances + 8,
+				"polite":  instances + 2,
+			}
+			for _, key := range []string{"abusive", "polite"} {
+				slack := slacks[key]
+				d, err := ls[0].Decide(context.Background(), ratelimit.Request{Policy: p, Key: key})
+				if err != nil || d.Mode != ratelimit.ModeRedis {
+					t.Fatalf("%s probe: %+v %v", key, d, err)
+				}
+				var now int64
+				ideal := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+				sorted := slices.Clone(grants[key])
+				algorithm.SortGrants(sorted)
+				for _, g := range sorted {
+					now = g.At
+					_, _ = ideal.Decide(context.Background(), ratelimit.Request{Policy: p, Key: key})
+				}
+				now = d.State.Now
+				want, _ := ideal.Decide(context.Background(), ratelimit.Request{Policy: p, Key: key})
+				t.Logf("%s: %d granted, %d remaining after replay, ideal %d", key, len(sorted), d.Remaining, want.Remaining)
+				if d.Remaining > want.Remaining+1 || d.Remaining < want.Remaining-slack {
+					t.Errorf("%s: %d remaining after replay, want %d (an ideal limiter fed the %d grants) down to %d",
+						key, d.Remaining, want.Remaining, len(sorted), want.Remaining-slack)
+				}
+			}
+		})
+	}
+}
+
+// TestRecoveryWarmsThePool: an instance that started while Redis was down
+// (or whose connections an outage took) holds warm connections once its
+// breaker has closed, so its first decisions do not each pay a dial.
+func TestRecoveryWarmsThePool(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
+	srv.Kill()
+	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{srv.Addr()}, Timeout: fleetTimeout, PoolSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	l, err := resilient.New(redisstore.New(c), recoveryConfig("app1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ls := []*resilient.Limiter{l}
+	waitFor(t, "the breaker open", 5*time.Second, allIn(ls, resilient.Open))
+	time.Sleep(time.Second) // past the start's own warm-up (its dials give up after 500 ms)
+	srv.Restart(t)
+	waitFor(t, "the breaker closed", 10*time.Second, allIn(ls, resilient.Closed))
+	waitFor(t, "warm connections", 2*time.Second, func() bool { return c.PoolStats().IdleConns >= 8 })
 }
 
 // TestCrashDuringOutage: a limiter process SIGKILLed during an outage is

@@ -39,7 +39,9 @@ type Store interface {
 	Ping(ctx context.Context) error
 	// Heartbeat records the instance as live and returns how many
 	// instances are live and how many are suspect (missing for less than
-	// grace), the store's data generation and its clock.
+	// grace), the store's data generation and its clock. With an error, a
+	// Fleet whose Live is above 0 still carries current counts (the
+	// fleet's part answered, another failed).
 	Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (ratelimit.Fleet, error)
 	// Generation returns the store's data generation, which changes when
 	// the store loses its data.
@@ -49,6 +51,28 @@ type Store interface {
 	// Replay folds journaled grants into the store, each batch at most
 	// once (see ratelimit.ReplayBatch).
 	Replay(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error)
+}
+
+// suspender is a Store that can mark an instance as deciding locally, so
+// that the others hold its share back at once (redisstore.Limiter is one).
+type suspender interface {
+	Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error
+}
+
+// warmer is implemented by a store that can open its connections ahead of
+// the first decisions (redisstore).
+type warmer interface {
+	Warm(ctx context.Context, n int)
+}
+
+// warmConnections is how many connections a start, and a recovery, open
+// ahead.
+const warmConnections = 8
+
+// sharded is implemented by a store whose keys live on several nodes that
+// fail independently (redisstore on a Redis Cluster).
+type sharded interface {
+	Sharded() bool
 }
 
 // Limiter is a fault-tolerant ratelimit.Limiter. It is safe for concurrent
@@ -67,14 +91,29 @@ type Limiter struct {
 	offsetErr atomic.Int64 // how far off offset may be, µs (half the round trip it came from)
 	live      atomic.Int64
 	suspect   atomic.Int64
+	// heldBack is how many instances decisions hold shares back for: the
+	// suspect count, once two heartbeats in a row found that many
+	// missing (the smaller of the two counts). One late heartbeat is a
+	// stalled process far more often than a partition: holding back on
+	// it cut every key to a share of its quota for an interval (polite
+	// clients refused in the healthy phase of TestFleetFaults and of
+	// the chaos suite on a loaded host). confirmedAt counts the interval
+	// it costs a partitioned instance.
+	heldBack  atomic.Int64
+	warming   atomic.Bool // a Warm is running
 	fleetSeen atomic.Bool
-	lastBeat  atomic.Int64           // local µs of the last heartbeat Redis acknowledged
-	gen       atomic.Pointer[string] // the store's data generation last seen
+	lastBeat  atomic.Int64 // local µs of the last heartbeat Redis acknowledged
+	// missedBeats counts the heartbeats failed in a row.
+	missedBeats atomic.Int64
+	gen         atomic.Pointer[string] // the store's data generation last seen
 	// liveBefore is the live count when the breaker last opened: a store
 	// that lost its data forgot the others' heartbeats, and recovery waits
 	// for them to come back all the same.
 	liveBefore atomic.Int64
 	restores   atomic.Uint64
+	raises     atomic.Uint64
+	// raisedUnits is the usage raises put back.
+	raisedUnits atomic.Uint64
 
 	keys *keyTable
 
@@ -136,11 +175,23 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	}
 	l.br.threshold = cfg.FailureThreshold
 	l.br.slowWindow = cfg.SlowWindow
+	// On a sharded store (a Redis Cluster) a refused call says that one
+	// master is down, not the store: the calls to the others must go on.
+	if s, ok := store.(sharded); ok && s.Sharded() {
+		l.br.shardedStore = true
+	}
 	l.br.now = cfg.Now
 	l.br.lastSuccess.Store(cfg.Now().UnixMicro())
 	l.br.onChange = func(from, to BreakerState, reason string) {
 		if to == Open && from == Closed {
 			l.liveBefore.Store(l.live.Load())
+			if s, ok := store.(suspender); ok {
+				go func() { // best effort: the store may well be out
+					ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+					defer cancel()
+					_ = s.Suspend(ctx, cfg.Instance, cfg.HeartbeatTTL, cfg.LeaseGrace)
+				}()
+			}
 		}
 		l.cfg.Logger.Warn("rate limiter breaker transition", "from", from.String(), "to", to.String(), "reason", reason)
 		if cfg.OnTransition != nil {

@@ -27,6 +27,7 @@ type fakeStore struct {
 	gen         atomic.Pointer[string]
 	down, hang  atomic.Bool
 	failReplay  atomic.Bool
+	failBeats   atomic.Bool  // heartbeats refused, decisions answered (a Cluster master down)
 	slowBeats   atomic.Int64 // heartbeats left that outlive their deadline (a store busy with other instances' replays)
 	live, susp  atomic.Int64
 	lastRequest atomic.Pointer[ratelimit.Request]
@@ -66,6 +67,9 @@ func newFakeStore() *fakeStore {
 		HeartbeatFunc: func(ctx context.Context, _ string, _, _ time.Duration) (ratelimit.Fleet, error) {
 			if f.down.Load() || f.hang.Load() {
 				return ratelimit.Fleet{}, fail(ctx)
+			}
+			if f.failBeats.Load() {
+				return ratelimit.Fleet{}, fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable)
 			}
 			if f.slowBeats.Add(-1) >= 0 {
 				<-ctx.Done()
@@ -171,6 +175,93 @@ func TestBreakerSlowStoreStaysClosed(t *testing.T) {
 	})
 }
 
+// One refused call makes the store suspect at once: when Redis dies, the
+// calls in flight fail with a reset, and the next ones dial an address that
+// no longer answers (a dead container's drops packets). Those must not each
+// wait out the timeout: one probes, the others are decided locally at once.
+func TestRefusedCallProbesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{Timeout: 50 * time.Millisecond})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: 10 * time.Second}
+		admit(t, l, p, "k", 1, ratelimit.ModeRedis)
+		f.down.Store(true)
+		admit(t, l, p, "k", 1, ratelimit.ModeLocal) // the call in flight: reset
+		f.down.Store(false)
+		f.hang.Store(true) // the next ones: no answer
+		calls := len(f.DecideCalls())
+		start := time.Now()
+		var waited atomic.Int64
+		var wg sync.WaitGroup
+		for i := range 20 {
+			wg.Go(func() {
+				t0 := time.Now()
+				d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: fmt.Sprint("c", i)})
+				if err != nil || d.Mode != ratelimit.ModeLocal {
+					t.Errorf("call %d: %+v, %v; want a local decision", i, d, err)
+				}
+				if time.Since(t0) > 0 {
+					waited.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		if n := len(f.DecideCalls()) - calls; n != 1 || waited.Load() != 1 {
+			t.Fatalf("%d store calls, %d callers waited (%v); want 1 probe, the other 19 local at once",
+				n, waited.Load(), time.Since(start))
+		}
+		// A success ends it: the store answers every call again.
+		f.hang.Store(false)
+		admit(t, l, p, "k", 1, ratelimit.ModeRedis)
+		calls = len(f.DecideCalls())
+		for i := range 5 {
+			wg.Go(func() {
+				_, _ = l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: fmt.Sprint("d", i)})
+			})
+		}
+		wg.Wait()
+		if n := len(f.DecideCalls()) - calls; n != 5 {
+			t.Fatalf("after a success: %d of 5 calls reached the store", n)
+		}
+		if got := l.Breaker(); got != resilient.Closed {
+			t.Fatalf("breaker %s, want closed", got)
+		}
+	})
+}
+
+// shardedFake is the fake store as a Redis Cluster: its masters fail on
+// their own.
+type shardedFake struct{ *fakeStore }
+
+func (shardedFake) Sharded() bool { return true }
+
+// On a sharded store a refused call says one master is down, not the store:
+// the calls after it still go to the store (on a Cluster they reach the
+// healthy masters), none is decided locally for it.
+func TestRefusedCallOnAShardedStore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, shardedFake{f}, resilient.Config{Timeout: 50 * time.Millisecond})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: 10 * time.Second}
+		admit(t, l, p, "k", 1, ratelimit.ModeRedis)
+		f.down.Store(true)
+		admit(t, l, p, "k", 1, ratelimit.ModeLocal) // a call to the dead master
+		f.down.Store(false)
+		f.hang.Store(true) // calls in flight for a while: the store is asked, each one
+		calls := len(f.DecideCalls())
+		var wg sync.WaitGroup
+		for i := range 20 {
+			wg.Go(func() {
+				_, _ = l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: fmt.Sprint("c", i)})
+			})
+		}
+		wg.Wait()
+		if n := len(f.DecideCalls()) - calls; n != 20 {
+			t.Fatalf("%d of 20 calls reached the store after one refusal on a sharded store", n)
+		}
+	})
+}
+
 func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
 	for _, hang := range []bool{false, true} {
 		t.Run(map[bool]string{false: "refused", true: "hung"}[hang], func(t *testing.T) {
@@ -228,6 +319,53 @@ func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
 	}
 }
 
+// A refused heartbeat opens the breaker at once, even while decisions are
+// answered: on a Cluster with one master down, an instance whose requests
+// mostly reach the other masters would otherwise stay in Redis while the
+// rest of the fleet, its heartbeats refused too, decides locally.
+func TestRefusedHeartbeatOpensAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{Timeout: 50 * time.Millisecond})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second}
+		admit(t, l, p, "k", 5, ratelimit.ModeRedis)
+		f.failBeats.Store(true)
+		time.Sleep(100 * time.Millisecond) // one heartbeat interval
+		synctest.Wait()
+		if got := l.Breaker(); got != resilient.Open {
+			t.Fatalf("one refused heartbeat later: %s, want open", got)
+		}
+		admit(t, l, p, "k", 1, ratelimit.ModeLocal)
+	})
+}
+
+// Two heartbeats that outlive their deadline are a busy store and leave the
+// breaker closed; three in a row open it, even while decisions are answered
+// (a Cluster whose master holding the fleet's keys hangs).
+func TestSlowHeartbeatsOpenAfterThree(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{Timeout: 50 * time.Millisecond})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: 10 * time.Second}
+		busy := func(d time.Duration) { // a decision answered every 20 ms
+			for range d / (20 * time.Millisecond) {
+				_, _ = l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		f.slowBeats.Store(2)
+		busy(400 * time.Millisecond)
+		if st := l.Status(); st.Opens != 0 {
+			t.Fatalf("after two slow heartbeats: opened %d times, want never", st.Opens)
+		}
+		f.slowBeats.Store(3)
+		busy(400 * time.Millisecond)
+		if st := l.Status(); st.Opens != 1 {
+			t.Fatalf("after three slow heartbeats in a row: opened %d times, want once", st.Opens)
+		}
+	})
+}
+
 func TestReplayRunsBeforeClosing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeStore()
@@ -264,6 +402,49 @@ func TestReplayRunsBeforeClosing(t *testing.T) {
 	})
 }
 
+// A replay that fails right after the probe's ping was answered (a store
+// that just came back, its first new connections slow) is tried again at
+// the next tick, not a ProbeInterval later; a store that keeps failing the
+// replay is probed at the ProbeInterval, not at every tick.
+func TestFailedReplayIsRetriedAtOnceThenAtTheInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{HeartbeatInterval: 100 * time.Millisecond, ProbeInterval: time.Second})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Minute}
+		f.down.Store(true)
+		settle(2 * time.Second)
+		if got := admit(t, l, p, "k", 5, ratelimit.ModeLocal); got != 5 {
+			t.Fatalf("local grants: %d of 5", got)
+		}
+		// The next probe's ping is answered and its replay fails, once.
+		f.failReplay.Store(true)
+		f.down.Store(false)
+		for len(f.ReplayCalls()) == 0 {
+			settle(10 * time.Millisecond)
+		}
+		failedAt := time.Now()
+		f.failReplay.Store(false)
+		for l.Breaker() != resilient.Closed && time.Since(failedAt) < 3*time.Second {
+			settle(10 * time.Millisecond)
+		}
+		if took := time.Since(failedAt); l.Breaker() != resilient.Closed || took > 250*time.Millisecond {
+			t.Fatalf("%s %v after the failed replay, want closed within a tick or two (not a probe interval)", l.Breaker(), took)
+		}
+		// A store that keeps failing the replay: one quick retry, then
+		// one probe per ProbeInterval.
+		f.down.Store(true)
+		settle(2 * time.Second)
+		admit(t, l, p, "k", 1, ratelimit.ModeLocal)
+		f.failReplay.Store(true)
+		f.down.Store(false)
+		before := len(f.PingCalls())
+		settle(5 * time.Second)
+		if n := len(f.PingCalls()) - before; n < 5 || n > 7 {
+			t.Fatalf("%d probes in 5 s of failing replays, want 5-7 (one per interval, and one quick retry)", n)
+		}
+	})
+}
+
 // TestFallbackShare checks the local budget per algorithm: this instance's
 // quarter of what the store last said was left, then refill or ageing.
 func TestFallbackShare(t *testing.T) {
@@ -275,10 +456,10 @@ func TestFallbackShare(t *testing.T) {
 		later int
 	}{
 		// 40 tokens left: 10 each. The refill counts only from when the
-		// others can know this instance is missing (last heartbeat + 300 ms
-		// TTL + 100 ms interval): 3.6 s of 4 s at 2.5 tokens/s.
-		{ratelimit.TokenBucket, 10, 4 * time.Second, 9},
-		{ratelimit.GCRA, 10, 4 * time.Second, 9},
+		// others hold this instance's share back (last heartbeat + 300 ms
+		// TTL + two 100 ms intervals): 3.5 s of 4 s at 2.5 tokens/s.
+		{ratelimit.TokenBucket, 10, 4 * time.Second, 8},
+		{ratelimit.GCRA, 10, 4 * time.Second, 8},
 		// 40 left in the window: 10 each; once the 60 age out (10 s) and the
 		// local 10 too, a quarter of 100.
 		{ratelimit.SlidingWindowLog, 10, 10 * time.Second, 25},
@@ -324,7 +505,7 @@ func TestFallbackShareIgnoresCapacityFreedBeforeConfirmation(t *testing.T) {
 		settle(9800 * time.Millisecond) // heartbeats go on: the last one at 9.8 s
 		f.down.Store(true)
 		// The 60 leave the window at 10 s, before the others can know
-		// (9.8 s + 0.4 s): their places count as taken until 20 s.
+		// (9.8 s + 0.5 s): their places count as taken until 20 s.
 		settle(2500 * time.Millisecond)
 		if got := admit(t, l, p, "k", 40, ratelimit.ModeLocal); got != 10 {
 			t.Fatalf("at 12.3 s: %d local grants, want 10 (a quarter of the 40 left)", got)
@@ -378,6 +559,37 @@ func TestSuspectInstancesAreHeldBack(t *testing.T) {
 		settle(time.Second) // next heartbeat
 		if got := admit(t, l, p, "k", 100, ratelimit.ModeRedis); got != 25 {
 			t.Fatalf("suspect gone: %d more admitted, want 25", got)
+		}
+	})
+}
+
+// TestOneMissedHeartbeatHoldsNothingBack: a heartbeat that finds three of
+// the four instances missing once (their process stalled; the next one finds
+// them back) holds nothing back, so a key keeps its whole quota; the second
+// such heartbeat in a row does.
+func TestOneMissedHeartbeatHoldsNothingBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: 10 * time.Second}
+		f.live.Store(1)
+		f.susp.Store(3)
+		settle(100 * time.Millisecond) // one heartbeat finds them missing
+		if got := admit(t, l, p, "k", 60, ratelimit.ModeRedis); got != 60 {
+			t.Fatalf("after one heartbeat with three missing: %d of 60 admitted, want all", got)
+		}
+		if w := f.lastRequest.Load().Weight; w != (ratelimit.Weight{}) {
+			t.Fatalf("weight %+v, want none", w)
+		}
+		settle(100 * time.Millisecond) // the second in a row
+		if got := admit(t, l, p, "k2", 60, ratelimit.ModeRedis); got != 25 {
+			t.Fatalf("after two heartbeats with three missing: %d of 60 admitted, want 25 (a quarter)", got)
+		}
+		f.susp.Store(0)
+		f.live.Store(4)
+		settle(100 * time.Millisecond) // they are back
+		if got := admit(t, l, p, "k2", 100, ratelimit.ModeRedis); got != 75 {
+			t.Fatalf("all back: %d more admitted, want 75", got)
 		}
 	})
 }

@@ -4,6 +4,7 @@
 package resilient
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -12,44 +13,122 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
 
-// restore puts back into a store that lost its data what this instance's
-// snapshots knew of each key's usage, as replay batches of synthetic grants:
-// the sliding window log's grants at the latest times their age buckets
-// allow, the counter's counts in their windows, the token bucket's and
-// GCRA's deficit at the snapshot's time. Each batch's marker names the new
-// generation and not the instance, so the first instance to restore a key
-// wins and the others' batches are refused: the usage is put back once,
-// from the most recent snapshot that reached the store first.
-func (l *Limiter) restore(ctx context.Context, old, gen string) error {
+// restore puts back into a store that lost data what this instance's
+// snapshots knew of each key's usage. What the store says each key lost
+// (lossy) decides how:
+//
+//   - All of it (Redis restarted empty): as replay batches of synthetic
+//     grants: the sliding window log's grants at the latest times their age
+//     buckets allow, the counter's counts in their windows, the token
+//     bucket's and GCRA's deficit at the snapshot's time. Each batch's marker
+//     names the new generation and not the instance, so the first instance
+//     to restore a key wins and the others' batches are refused: the usage
+//     is put back once, from the snapshot that reached the store first; then
+//     each instance raises the key to its own snapshot (below), so that the
+//     most recent one counts.
+//   - Its recent writes (a replica promoted while behind): the key still
+//     holds part of its usage, so adding would count that part twice. It is
+//     raised to the snapshot instead (raiser): a max-merge, harmless to
+//     repeat and to do from every instance. A raise after a journal's
+//     replay would undo the replay's additions wherever another instance's
+//     floor is higher, so when it raised anything, the caller replays its
+//     journal only once every instance is back (and so has raised).
+func (l *Limiter) restore(ctx context.Context, old, gen string) (raised bool, err error) {
 	now := l.storeNow()
 	sum := sha256.Sum256([]byte(gen))
 	marker := "restore-" + hex.EncodeToString(sum[:8])
-	inScope := func(ratelimit.Policy, ratelimit.Identity) bool { return true }
-	if s, ok := l.store.(scoped); ok {
-		inScope = s.RestoreScope(old, gen)
+	loss := func(ratelimit.Policy, ratelimit.Identity) ratelimit.Loss { return ratelimit.LossAll }
+	if s, ok := l.store.(lossy); ok {
+		loss = s.Loss(old, gen)
 	}
+	r, canRaise := l.store.(raiser)
 	var batches []ratelimit.ReplayBatch
+	var floors []ratelimit.Floor
 	l.keys.each(func(e *entry) {
-		if !e.snapValid || e.policy == nil || e.snap.Now < now-2*e.policy.WindowMicros() || !inScope(*e.policy, e.identity) {
+		if !e.snapValid || e.policy == nil || e.snap.Now < now-2*e.policy.WindowMicros() {
 			return
 		}
-		if g := restoreGrants(*e.policy, e.snap, marker); len(g) > 0 {
-			batches = append(batches, ratelimit.ReplayBatch{Policy: *e.policy, Identity: e.identity, Marker: marker, Grants: g})
+		switch loss(*e.policy, e.identity) {
+		case ratelimit.LossRecent:
+			if canRaise {
+				floors = append(floors, ratelimit.Floor{Policy: *e.policy, Identity: e.identity, State: e.snap})
+				return
+			}
+			fallthrough // adding counts the part that survived twice: too much, never too little
+		case ratelimit.LossAll:
+			if g := restoreGrants(*e.policy, e.snap, marker); len(g) > 0 {
+				batches = append(batches, ratelimit.ReplayBatch{Policy: *e.policy, Identity: e.identity, Marker: marker, Grants: g})
+			}
+			// The first instance's batch wins, and its snapshot may be
+			// older than another's: every instance also raises the key
+			// to its own, so the key ends up with the latest one.
+			if canRaise {
+				floors = append(floors, ratelimit.Floor{Policy: *e.policy, Identity: e.identity, State: e.snap})
+			}
 		}
 	})
-	l.cfg.Logger.Warn("Redis lost its data: restoring the usage the snapshots knew", "keys", len(batches))
-	if _, err := l.send(ctx, batches, func([]ratelimit.ReplayBatch, []ratelimit.ReplayResult) {}); err != nil {
-		return err
+	if len(batches) > 0 {
+		l.cfg.Logger.Warn("Redis lost its data: restoring the usage the snapshots knew", "keys", len(batches))
+		if _, err := l.send(ctx, batches, func([]ratelimit.ReplayBatch, []ratelimit.ReplayResult) {}); err != nil {
+			return false, err
+		}
+		l.restores.Add(1)
 	}
-	l.restores.Add(1)
-	return nil
+	if len(floors) > 0 {
+		units, err := l.raise(ctx, r, floors)
+		l.cfg.Logger.Warn("raised the keys to the usage the replies showed", "keys", len(floors), "units_put_back", units)
+		if err != nil {
+			return false, err
+		}
+		l.raises.Add(1)
+		return true, nil
+	}
+	return false, nil
 }
 
-// scoped is a Store whose data can be lost in parts (a Cluster's masters):
-// RestoreScope says which keys a change of generation from old to new lost.
+// raise sends floors to the store in pipelines of ReplayBatch keys, each
+// within ReplayTimeout, and returns the units put back. It stops at the
+// first pipeline with a failure; the caller retries the whole raise, which
+// is harmless (a max-merge).
+func (l *Limiter) raise(ctx context.Context, r raiser, floors []ratelimit.Floor) (uint64, error) {
+	var units uint64
+	for len(floors) > 0 {
+		chunk := floors[:min(len(floors), l.cfg.ReplayBatch)]
+		floors = floors[len(chunk):]
+		callCtx, cancel := context.WithTimeout(ctx, l.cfg.ReplayTimeout)
+		raised, errs := r.Raise(callCtx, chunk)
+		cancel()
+		var firstErr error
+		var got uint64
+		for i, err := range errs {
+			if err != nil {
+				firstErr = cmp.Or(firstErr, err)
+				continue
+			}
+			got += uint64(raised[i])
+		}
+		units += got
+		l.raisedUnits.Add(got)
+		if firstErr != nil {
+			return units, firstErr
+		}
+		l.br.success()
+	}
+	return units, nil
+}
+
+// lossy is a Store that can say what a change of its data generation lost
+// of each key: all of it (a wipe; on a Cluster, only the keys of the
+// masters that lost theirs) or its recent writes. Without it, every key is
+// taken as wiped. redisstore.Limiter is one.
+type lossy interface {
+	Loss(old, new string) func(ratelimit.Policy, ratelimit.Identity) ratelimit.Loss
+}
+
+// raiser is a Store that can raise keys to floors (ratelimit.Floor).
 // redisstore.Limiter is one.
-type scoped interface {
-	RestoreScope(old, new string) func(ratelimit.Policy, ratelimit.Identity) bool
+type raiser interface {
+	Raise(ctx context.Context, floors []ratelimit.Floor) ([]int64, []error)
 }
 
 // restoreGrants turns a snapshot into the grants that rebuild its usage.

@@ -37,6 +37,12 @@ type Status struct {
 	// Restores counts the times Redis came back without its data and this
 	// instance put back the usage its snapshots knew.
 	Restores uint64 `json:"restores"`
+	// Raises counts the times this instance raised its keys to the usage
+	// its replies had shown: when Redis came back having lost its recent
+	// writes (a replica promoted while behind), and after each restore of a
+	// wipe. RaisedUnits is the usage those raises put back.
+	Raises      uint64 `json:"raises"`
+	RaisedUnits uint64 `json:"raised_units"`
 	// Journal reconciles local grants: Granted + Reloaded = Replayed +
 	// Present + Dropped + DuplicateUnits + Pending.
 	Journal journal.Stats `json:"journal"`
@@ -68,6 +74,8 @@ func (l *Limiter) Status() Status {
 		LastRecovery:    l.lastRecovery.Load(),
 		ClockOffsetUS:   l.offset.Load(),
 		Restores:        l.restores.Load(),
+		Raises:          l.raises.Load(),
+		RaisedUnits:     l.raisedUnits.Load(),
 		Journal:         js,
 	}
 }

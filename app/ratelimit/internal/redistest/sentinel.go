@@ -254,6 +254,77 @@ func (s *Sentinel) WaitReplication(t testing.TB) {
 	}
 }
 
+// CutReplication stops the replica replicating, so that it falls behind
+// the master while the master keeps acknowledging writes, and returns once
+// the replica has everything written before the call. It points the replica
+// at the master through a Proxy, then disables the proxy. (A proxy in the
+// replica's configuration from the start would not last: the Sentinels
+// point a replica back at the master's own address some seconds after they
+// see it replicate from elsewhere, failover-timeout after they notice, so
+// a failover must follow the cut within that time: 5 s.)
+func (s *Sentinel) CutReplication(t testing.TB) {
+	t.Helper()
+	master, replica := s.Master(), s.Replica()
+	link := StartProxy(t, master.Addr())
+	_, port, _ := net.SplitHostPort(link.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), sentinelTimeout)
+	defer cancel()
+	rc := redis.NewClient(replica.probeOptions())
+	defer rc.Close()
+	if err := rc.ReplicaOf(ctx, "127.0.0.1", port).Err(); err != nil {
+		t.Fatalf("redistest: replicaof the proxy: %v", err)
+	}
+	err := poll(ctx, func(ctx context.Context) error {
+		info, err := rc.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		if infoField(info, "master_port") != port || infoField(info, "master_link_status") != "up" {
+			return fmt.Errorf("replica %s not yet replicating through the proxy", replica.Addr())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	s.WaitInSync(t)
+	link.Disable()
+}
+
+// WaitInSync polls until the replica has applied everything the master had
+// written when it was called, and fails the test after 30 s.
+func (s *Sentinel) WaitInSync(t testing.TB) {
+	t.Helper()
+	master, replica := s.Master(), s.Replica()
+	err := pollFor(sentinelTimeout, func(ctx context.Context) error {
+		offset := func(srv *Server, field string) (string, error) {
+			c := redis.NewClient(srv.probeOptions())
+			defer c.Close()
+			info, err := c.Info(ctx, "replication").Result()
+			return infoField(info, field), err
+		}
+		m, err := offset(master, "master_repl_offset")
+		if err != nil {
+			return err
+		}
+		r, err := offset(replica, "slave_repl_offset")
+		if err != nil {
+			return err
+		}
+		// The master first: a replica at or past the offset the master had
+		// then has everything written before the call.
+		mo, err1 := strconv.ParseInt(m, 10, 64)
+		ro, err2 := strconv.ParseInt(r, 10, 64)
+		if err1 != nil || err2 != nil || ro < mo {
+			return fmt.Errorf("replica at offset %q, master at %q", r, m)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("redistest: replica %s not in sync: %v", replica.Addr(), err)
+	}
+}
+
 // listsReplica reports whether a SENTINEL REPLICAS reply lists the replica on
 // port, not flagged as down or disconnected.
 func listsReplica(replicas []map[string]string, port int) bool {

@@ -45,6 +45,14 @@ local function num(v, what)
   return n
 end
 
+-- A sliding window log key that got entries up to newest lives until its
+-- newest entry (newest, or a later one already there) leaves the window.
+local function expire_log(key, newest, window, now)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local top = math.max(newest, num(last[2], 'score'))
+  redis.call('PEXPIRE', key, cdiv(top + window - now, 1000) + margin_ms)
+end
+
 -- The sliding window counter's counts of the window at start and the one
 -- before, from its hash {w, c, p} moved forward (ratelimit.WindowCounterState.Shift).
 local function counter_state(key, start, window)

@@ -1,11 +1,16 @@
 -- Fleet membership. KEYS[1]: sorted set of instance names scored by their
 -- last heartbeat (Redis time, ms). KEYS[2]: the data generation, a random
 -- string set once; a Redis that lost its data (restarted empty) has a new one.
--- ARGV: [1] instance  [2] "beat", "leave" or "peek" (generation only)
+-- KEYS[3]: the write counter, incremented by every call (see lost.go: a
+-- counter that goes back under the same generation is lost writes).
+-- ARGV: [1] instance  [2] "beat", "leave", "suspend" (the instance decides
+--       locally from now on: it counts as suspect at once, so the others
+--       hold its share back without waiting for its heartbeat to lapse) or
+--       "peek" (generation only)
 --       [3] missing after ms  [4] lease grace ms (how long a missing instance
 --       may still be granting its fallback share)  [5] a generation to set if
 --       none is
--- Reply: {live, suspect, now_us (Redis' clock), generation}. Live: heartbeat within [3].
+-- Reply: {live, suspect, now_us (Redis' clock), generation, write counter}. Live: heartbeat within [3].
 -- Suspect: missing for less than [4]: it may be cut off from Redis and
 -- spending its share.
 local t = redis.call('TIME')
@@ -17,9 +22,12 @@ if not gen then
   redis.call('SET', KEYS[2], ARGV[5])
   gen = ARGV[5]
 end
-if ARGV[2] == 'peek' then return {0, 0, now_us, gen} end
+local n = redis.call('INCR', KEYS[3])
+if ARGV[2] == 'peek' then return {0, 0, now_us, gen, n} end
 if ARGV[2] == 'leave' then
   redis.call('ZREM', key, ARGV[1])
+elseif ARGV[2] == 'suspend' then
+  redis.call('ZADD', key, 'XX', now - ttl - 1, ARGV[1])
 else
   redis.call('ZADD', key, now, ARGV[1])
 end
@@ -27,4 +35,4 @@ redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - ttl - grace))
 redis.call('PEXPIRE', key, ttl + grace + 60000)
 local live = redis.call('ZCOUNT', key, now - ttl, '+inf')
 local suspect = redis.call('ZCOUNT', key, now - ttl - grace, '(' .. (now - ttl))
-return {live, suspect, now_us, gen}
+return {live, suspect, now_us, gen, n}

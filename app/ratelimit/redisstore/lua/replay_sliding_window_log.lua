@@ -25,10 +25,6 @@ local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, 
       newest = math.max(newest or at[i], at[i])
     end
   end
-  if newest then
-    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    local top = math.max(newest, num(last[2], 'score'))
-    redis.call('PEXPIRE', key, cdiv(top + window - now, 1000) + margin_ms)
-  end
+  if newest then expire_log(key, newest, window, now) end
   return replayed, dropped, present, 0
 end
