@@ -201,23 +201,35 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) rat
 // netOfRefill returns what a token bucket or GCRA key's grants took from
 // this instance's share in an outage, net of the refill the share would
 // have thrown away at its capacity without them: the level of the share
-// left unused minus its level with the grants, both at the last grant (at).
-// Both start empty (or in the debt the snapshot showed) when the share
-// started (the snapshot's time, or the other instances' confirmation), not
-// at the level the snapshot showed: a stale snapshot may show tokens that
-// others took since, and crediting refill against them would erase usage.
-// ok is false when the snapshot cannot say (no fleet size in it).
+// left unused minus its level with the grants, both at now (store µs; the
+// last grant when that is later), which is also the time returned. Both
+// start empty (or in the debt the snapshot showed) when the share started
+// (the snapshot's time, or the other instances' confirmation), not at the
+// level the snapshot showed: a stale snapshot may show tokens that others
+// took since, and crediting refill against them would erase usage. ok is
+// false when the snapshot cannot say (no fleet size in it).
 //
-// Charging this once, at its time, into the store's state refilled to it
-// is order-free across instances, and never leaves the store above one
-// bucket fed every grant in time order: shares that start empty and cap
-// at their part of the capacity waste at least the refill that bucket
-// would. Folding the grants themselves, instance after instance, charged
-// every grant older than the state the previous replays left without
-// refill, an overcharge that grew with the outage. A key that expired in
-// the store during the outage (full by then without use) starts full, as
-// the unused share ends.
-func netOfRefill(p ratelimit.Policy, s journal.Snapshot, grants []ratelimit.Grant) (at int64, units float64, ok bool) {
+// Charging this once, at now, into the store's state refilled to it is
+// order-free across instances, and never leaves the store above one bucket
+// fed every grant in time order: shares that start empty and cap at their
+// part of the capacity waste at least the refill that bucket would.
+// Folding the grants themselves, instance after instance, charged every
+// grant older than the state the previous replays left without refill, an
+// overcharge that grew with the outage. A key that expired in the store
+// during the outage (full by then without use) starts full, as the unused
+// share ends.
+//
+// Why at now and not at the last grant: the store refills one bucket at the
+// whole rate, a share at its part of it. A charge dated at its last grant
+// was refilled by the store at the whole rate from then on, while the other
+// instances' shares went on refilling (and granting) at their parts until
+// their own last grants, which their charges already count: the same refill
+// credited twice, the rate over a share times the spread of the last grants
+// (compose redis-kill: the instances' last grants 0.3-1.2 s apart, GCRA and
+// token bucket over-admission 1.007-1.013 in settle, 1.3 units over the line
+// for the rest of the run). Dated now, a charge has decayed only at its
+// share's rate, and the store's refill starts when the store knows of it.
+func netOfRefill(p ratelimit.Policy, s journal.Snapshot, grants []ratelimit.Grant, now int64) (at int64, units float64, ok bool) {
 	if len(grants) == 0 || !(s.N >= 1) || math.IsInf(s.N, 0) {
 		return 0, 0, false
 	}
@@ -228,7 +240,7 @@ func netOfRefill(p ratelimit.Policy, s journal.Snapshot, grants []ratelimit.Gran
 	e.level = min(0, e.level)
 	capacity := sh.of(float64(p.Capacity()))
 	rate := sh.of(float64(p.Limit) / float64(p.WindowMicros()))
-	at = sorted[len(sorted)-1].At
+	at = max(now, sorted[len(sorted)-1].At)
 	unused := fill(e.level, e.at, at, capacity, rate)
 	level, t := e.level, e.at
 	for _, g := range sorted {

@@ -265,12 +265,14 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	if len(pending) == 0 {
 		return nil
 	}
+	// The store's clock now, at the earliest it can read (netOfRefill).
+	now := l.storeNow() - l.offsetErr.Load()
 	for i, b := range pending {
 		// A token bucket or GCRA key goes as one charge: its grants net of
 		// the refill its share would have wasted (netOfRefill). A zero
 		// charge still sets the batch's marker.
 		if a := b.Policy.Algorithm; (a == ratelimit.TokenBucket || a == ratelimit.GCRA) && snaps[i] != nil {
-			if at, units, ok := netOfRefill(b.Policy, *snaps[i], b.Grants); ok {
+			if at, units, ok := netOfRefill(b.Policy, *snaps[i], b.Grants, now); ok {
 				pending[i].Grants = []ratelimit.Grant{{At: at, Cost: int64(math.Ceil(units - 1e-9))}}
 			}
 		}

@@ -1,0 +1,85 @@
+package resilient
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+)
+
+// TestChargesLeaveNoMoreThanTheIdeal: four instances' token bucket and GCRA
+// charges, replayed one after another into a store whose bucket refilled
+// to full during a 20 s outage, leave it no more tokens than one bucket fed
+// every grant in time order holds at the replay. One instance's clients
+// left it 5 s before the outage ended: dated at its last grant, its charge
+// was refilled by the store at the whole rate for those 5 s while the other
+// shares granted that refill too (25 tokens left where the ideal held 13).
+func TestChargesLeaveNoMoreThanTheIdeal(t *testing.T) {
+	const sec = int64(time.Second / time.Microsecond)
+	t0 := int64(1_700_000_000) * sec
+	end := t0 + 20*sec
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(string(alg), func(t *testing.T) {
+			p := ratelimit.Policy{Name: "p", Algorithm: alg, Limit: 100, Window: 10 * time.Second}
+			w := p.WindowMicros()
+			// The store's state when the outage began: the key empty, as
+			// the fleet kept it, and the snapshot every instance took of it.
+			empty := ratelimit.State{Now: t0, TAT: t0 + w}
+			snap := journal.Snapshot{Policy: p, State: empty, Valid: true, N: 4, Confirmed: t0}
+			tb := algorithm.TokenBucketState{Tokens: 0, Last: t0}
+			gcra := algorithm.GCRAState{TAT: t0 + w}
+			decide := func(now, cost int64) ratelimit.Decision {
+				var d ratelimit.Decision
+				if alg == ratelimit.TokenBucket {
+					tb, d = algorithm.TokenBucketDecide(p, tb, now, cost, ratelimit.Weight{})
+				} else {
+					gcra, d = algorithm.GCRADecide(p, gcra, now, cost, ratelimit.Weight{})
+				}
+				return d
+			}
+			// Each share (a quarter: 2.5 tokens/s) granted as it refilled;
+			// the first instance's clients stopped at 15 s.
+			grants := make([][]ratelimit.Grant, 4)
+			var all []ratelimit.Grant
+			for i := range grants {
+				last := end
+				if i == 0 {
+					last = t0 + 15*sec
+				}
+				for at := t0 + 400_000; at <= last; at += 400_000 {
+					grants[i] = append(grants[i], ratelimit.Grant{At: at, Cost: 1})
+				}
+				all = append(all, grants[i]...)
+			}
+			algorithm.SortGrants(all)
+			for _, g := range all {
+				if d := decide(g.At, g.Cost); !d.Allowed {
+					t.Fatalf("the ideal bucket refused a share's grant at %d µs", g.At-t0)
+				}
+			}
+			ideal := decide(end, 0).Remaining
+
+			tb, gcra = algorithm.TokenBucketState{Tokens: 0, Last: t0}, algorithm.GCRAState{TAT: t0 + w}
+			for i := range grants {
+				at, units, ok := netOfRefill(p, snap, grants[i], end)
+				if !ok {
+					t.Fatal("no charge")
+				}
+				charge := []ratelimit.Grant{{At: at, Cost: int64(math.Ceil(units - 1e-9))}}
+				if alg == ratelimit.TokenBucket {
+					tb, _ = algorithm.TokenBucketReplay(p, tb, end, charge)
+				} else {
+					gcra, _ = algorithm.GCRAReplay(p, gcra, end, charge)
+				}
+			}
+			got := decide(end, 0).Remaining
+			t.Logf("%d grants; after the charges %d tokens left, the ideal bucket %d", len(all), got, ideal)
+			if got > ideal {
+				t.Errorf("the store holds %d tokens after the charges, more than the %d of one bucket fed every grant", got, ideal)
+			}
+		})
+	}
+}
