@@ -92,6 +92,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		flap      = fs.Duration("flap", 20*time.Second, "redis-flap: span of its four kill/restart cycles")
 		recovery  = fs.Duration("recovery", 0, "recovery phase (default: two windows)")
 		settle    = fs.Duration("settle", 0, "settle phase (default: one window)")
+		prime     = fs.Duration("prime", 0, "load on keys of their own before the measured run, then wait until every instance decides in Redis (default 3s; negative: none)")
 		quick     = fs.Bool("quick", false, "development only: fault 5 s, flap 8 s (not the contract's durations)")
 		timeout   = fs.Duration("redis-timeout", 100*time.Millisecond, "the apps' Redis call timeout, for the latency bound of fault and recovery (used unless /status reports redis_timeout_ms)")
 		seed      = fs.Uint64("seed", 1, "seed of the load's send schedule")
@@ -143,7 +144,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	default:
 		return fmt.Errorf("-stack %q: want local or compose", *stackName)
 	}
-	d := suite.Durations{Warmup: *warmup, Healthy: *healthy, Fault: *fault, Flap: *flap, Recovery: *recovery, Settle: *settle}
+	d := suite.Durations{Warmup: *warmup, Healthy: *healthy, Fault: *fault, Flap: *flap, Recovery: *recovery, Settle: *settle, Prime: *prime}
 	if *quick {
 		d.Fault, d.Flap = 5*time.Second, 8*time.Second
 		fmt.Fprintln(stderr, "chaos: -quick: fault 5 s, flap 8 s (development durations, not the contract's)")
