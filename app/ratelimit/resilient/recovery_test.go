@@ -730,6 +730,75 @@ func TestRestartDuringOutage(t *testing.T) {
 	})
 }
 
+// TestRestartDuringOutageChargesTheWholeShare: the grants of a process
+// killed during an outage and those of the process that took over from its
+// journal are one share: replayed, they leave the store no more tokens than
+// a bucket fed every grant in time order. Charged batch by batch, each
+// batch's share counted again the refill the other's grants took, and the
+// store ended with its bucket nearly full (99 where the ideal held 85).
+func TestRestartDuringOutageChargesTheWholeShare(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(string(alg), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				f := newFakeStore()
+				f.live.Store(1)
+				p := ratelimit.Policy{Name: "p", Algorithm: alg, Limit: 100, Window: 10 * time.Second}
+				cfg := resilient.Config{Instance: "app1", JournalDir: dir, ExpectedInstances: 1}
+				var now int64
+				ideal := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+				decide := func(l *resilient.Limiter, mode ratelimit.Mode) bool {
+					d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+					if err != nil || d.Mode != mode {
+						t.Fatalf("%+v %v, want a %s decision", d, err, mode)
+					}
+					if d.Allowed {
+						now = time.Now().UnixMicro()
+						_, _ = ideal.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+					}
+					return d.Allowed
+				}
+				first, err := resilient.New(f, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				synctest.Wait()
+				for range 100 {
+					decide(first, ratelimit.ModeRedis) // the bucket drained
+				}
+				f.down.Store(true)
+				for range 100 { // 20/s for 5 s against 10/s
+					decide(first, ratelimit.ModeLocal)
+					time.Sleep(50 * time.Millisecond)
+				}
+				_ = first.Close(context.Background()) // the store is down: nothing replayed, as a kill leaves it
+
+				second := newLimiter(t, f, cfg)
+				for range 100 {
+					decide(second, ratelimit.ModeLocal)
+					time.Sleep(50 * time.Millisecond)
+				}
+				time.Sleep(6 * time.Second)
+				f.down.Store(false)
+				settle(2 * time.Second)
+				if second.Breaker() != resilient.Closed {
+					t.Fatalf("%s, want closed after replay", second.Breaker())
+				}
+				d, err := second.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+				if err != nil || d.Mode != ratelimit.ModeRedis {
+					t.Fatalf("after replay: %+v %v", d, err)
+				}
+				now = time.Now().UnixMicro()
+				want, _ := ideal.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+				t.Logf("after replay %d left, an ideal bucket fed every grant %d", d.Remaining, want.Remaining)
+				if d.Remaining > want.Remaining {
+					t.Errorf("after replay the store holds %d, more than the %d of a bucket fed every grant", d.Remaining, want.Remaining)
+				}
+			})
+		})
+	}
+}
+
 // TestRecoveryDoesNotBounceOnASlowHeartbeat: while the fleet replays, Redis
 // is busy with the other instances' pipelines and a heartbeat can outlive
 // its 50 ms. The store has just taken this instance's replay: it is slow,
