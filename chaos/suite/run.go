@@ -610,7 +610,10 @@ func primeStack(ctx context.Context, cfg Config, info stack.Info, client *http.C
 			if err := json.Unmarshal(b, &st); err != nil {
 				return fmt.Errorf("%s: %w", a, err)
 			}
-			if l := st.Limiter; l != nil && (l.Breaker != "closed" || l.Journal.Pending > 0) {
+			// A status without the limiter's object, or without a breaker
+			// in it (another limiter behind the same HTTP surface), says
+			// nothing to wait for.
+			if l := st.Limiter; l != nil && (l.Breaker != "" && l.Breaker != "closed" || l.Journal.Pending > 0) {
 				return fmt.Errorf("%s: breaker %s, %d grants journaled", a, l.Breaker, l.Journal.Pending)
 			}
 		}

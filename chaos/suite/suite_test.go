@@ -390,8 +390,11 @@ func TestAlgorithmOf(t *testing.T) {
 func TestDurationDefaults(t *testing.T) {
 	d := Durations{}.withDefaults(10 * time.Second)
 	want := Durations{Warmup: 10 * time.Second, Healthy: 10 * time.Second, Fault: 15 * time.Second,
-		Recovery: 20 * time.Second, Settle: 10 * time.Second, Flap: 20 * time.Second}
+		Recovery: 20 * time.Second, Settle: 10 * time.Second, Flap: 20 * time.Second, Prime: 3 * time.Second}
 	if d != want {
 		t.Errorf("defaults %+v, want %+v", d, want)
+	}
+	if d := (Durations{Prime: -1}).withDefaults(10 * time.Second); d.Prime >= 0 {
+		t.Errorf("a negative Prime (none) became %v", d.Prime)
 	}
 }
