@@ -297,16 +297,36 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 			groups[k] = append(groups[k], i)
 		}
 	}
+	//
+	// A share an earlier pass charged through its time (chargedThrough) is
+	// the store's to refill from then on: the grants made after it (while
+	// recovering, waiting for the others) owe every unit. Netted against
+	// the outage's share, which by then looked full again, a second pass
+	// charged a fraction of them (compose redis-pause: the fleet's grants
+	// of the second it waited for a late instance mostly went uncharged;
+	// over-admission 1.01-1.017 in settle).
 	for _, k := range order {
 		idx := groups[k]
-		var grants []ratelimit.Grant
+		var early []ratelimit.Grant
+		late := int64(0)
+		charged := l.chargedThrough > 0 && max(k.snap.State.Now, k.snap.Confirmed) <= l.chargedThrough
 		for _, i := range idx {
-			grants = append(grants, pending[i].Grants...)
+			for _, g := range pending[i].Grants {
+				if charged && g.At > l.chargedThrough {
+					late += g.Cost
+				} else {
+					early = append(early, g)
+				}
+			}
 		}
-		at, units, ok := netOfRefill(k.policy, k.snap, grants, now)
-		if !ok {
-			continue
+		at, units := now, 0.0
+		if len(early) > 0 {
+			var ok bool
+			if at, units, ok = netOfRefill(k.policy, k.snap, early, now); !ok {
+				continue
+			}
 		}
+		units += float64(late)
 		for j, i := range idx {
 			cost := int64(0)
 			if j == 0 {
@@ -317,6 +337,9 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	}
 	start := l.cfg.Now()
 	replayed, err := l.send(ctx, pending, l.journal.Ack)
+	if len(order) > 0 && replayed > 0 {
+		l.chargedThrough = now
+	}
 	if err != nil {
 		return fmt.Errorf("replayed %d batches, then: %w", replayed, err)
 	}

@@ -86,6 +86,9 @@ type Limiter struct {
 	seq     atomic.Uint64
 	idBase  string
 	replay  sync.Mutex // one replay at a time
+	// chargedThrough is the store time (µs) through which the last replay
+	// pass charged token bucket and GCRA shares (guarded by replay).
+	chargedThrough int64
 
 	offset    atomic.Int64 // store clock minus local clock, µs
 	offsetErr atomic.Int64 // how far off offset may be, µs (half the round trip it came from)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -1005,4 +1006,83 @@ func TestRefusalAnsweredLocally(t *testing.T) {
 			t.Fatalf("after 31 s (3 tokens back): %+v, want admitted", d)
 		}
 	})
+}
+
+// TestGrantsAfterTheChargeAreChargedInFull: once a replay pass has charged
+// a token bucket or GCRA key's share through its time, the store refills the
+// key at the whole rate: the grants the instance still makes locally while
+// it waits for a missing instance owe every unit, and the next pass charges
+// all of them. Netted against the outage's share, which by then looked full
+// again, they were charged a fraction (1 unit for 10 grants here).
+func TestGrantsAfterTheChargeAreChargedInFull(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(string(alg), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFakeStore()
+				f.live.Store(2)
+				p := ratelimit.Policy{Name: "p", Algorithm: alg, Limit: 100, Window: 10 * time.Second}
+				var (
+					l              *resilient.Limiter
+					local, atFirst atomic.Int64
+					passes         [][]ratelimit.ReplayBatch
+				)
+				decide := func() {
+					d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if d.Allowed && d.Mode == ratelimit.ModeLocal {
+						local.Add(1)
+					}
+				}
+				inner := f.ReplayFunc
+				f.ReplayFunc = func(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+					if !f.down.Load() { // the passes that reach the store
+						if len(passes) == 0 {
+							atFirst.Store(local.Load())
+							// A request during the pass: the journal keeps the
+							// outage's snapshots for the grants after it.
+							time.Sleep(200 * time.Millisecond)
+							decide()
+						}
+						passes = append(passes, slices.Clone(batches))
+					}
+					return inner(ctx, batches)
+				}
+				l = newLimiter(t, f, resilient.Config{ExpectedInstances: 2})
+				send := func(n int, every time.Duration) {
+					for range n {
+						decide()
+						time.Sleep(every)
+					}
+				}
+				send(10, 50*time.Millisecond)
+				f.down.Store(true)
+				send(400, 50*time.Millisecond) // 20 s at 20/s against a share of 5/s
+				// The other instance stays away: this one replays, then waits
+				// for it (RecoveryWait), granting locally meanwhile at the
+				// share's own rate.
+				f.live.Store(1)
+				f.down.Store(false)
+				send(15, 200*time.Millisecond)
+				settle(time.Second)
+				if l.Breaker() != resilient.Closed || len(passes) < 2 {
+					t.Fatalf("breaker %s after %d replay passes, want closed after two or more", l.Breaker(), len(passes))
+				}
+				after := local.Load() - atFirst.Load()
+				var charged int64
+				for _, pass := range passes[1:] {
+					for _, b := range pass {
+						for _, g := range b.Grants {
+							charged += g.Cost
+						}
+					}
+				}
+				t.Logf("%d local grants after the first pass, %d units charged by the later passes", after, charged)
+				if after == 0 || charged != after {
+					t.Errorf("the passes after the first charged %d units for the %d grants made after it, want all of them", charged, after)
+				}
+			})
+		})
+	}
 }
