@@ -146,10 +146,12 @@ func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace tim
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
-	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey(), l.WritesKey()}, instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex()).Slice()
+	sent := time.Now()
+	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey(), l.WritesKey()}, instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op)).Slice()
 	if err != nil {
 		return ratelimit.Fleet{}, classify(ctx, err)
 	}
+	recv := time.Now()
 	if len(res) != 5 {
 		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
 	}
@@ -161,10 +163,38 @@ func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace tim
 	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || live < 0 || suspect < 0 || now <= 0 {
 		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
 	}
+	// Redis' clock against this host's, the reply taken as the middle of
+	// the round trip.
+	l.beatOffset.Store(now - (sent.UnixMicro() + recv.Sub(sent).Microseconds()/2))
+	l.beatOffsetKnown.Store(true)
 	if gen, err = l.checkCounter(callCtx, l.client, "", l.GenerationKey(), gen, writes); err != nil {
 		return ratelimit.Fleet{}, err
 	}
 	return ratelimit.Fleet{Live: int(live), Suspect: int(suspect), Generation: gen, Now: now}, nil
+}
+
+// staleBeatMargin is how long after its caller's deadline a heartbeat may
+// still be executed and count: more than the error of the clock offset (half
+// a round trip), less than the shortest TCP retransmission (200 ms).
+const staleBeatMargin = 100 * time.Millisecond
+
+// beatDeadline is the last moment, in Redis' time (ms), at which a heartbeat
+// sent now still counts (0: no limit; any other operation, or before Redis'
+// clock is known). A beat executed later was given up on by its caller, which
+// counted it as failed, and is not a beat. Where that happens: a partition
+// that drops packets (iptables, a cut link) and then heals. The timed-out
+// calls' data sat in the kernel's retransmission queues (go-redis closes a
+// timed-out connection; the orphaned socket keeps retransmitting), and Redis
+// ran those beats when the packets got through: the instance, still
+// granting locally with its grants not yet replayed, counted as live again,
+// and the others stopped holding its share back (compose partition-one:
+// sliding window log over-admission 1.25 in recovery).
+func (l *Limiter) beatDeadline(ctx context.Context, op string) int64 {
+	d, ok := ctx.Deadline()
+	if op != "beat" || !ok || !l.beatOffsetKnown.Load() {
+		return 0
+	}
+	return (d.Add(staleBeatMargin).UnixMicro() + l.beatOffset.Load()) / 1000
 }
 
 func (l *Limiter) callContext(ctx context.Context) (context.Context, context.CancelFunc) {

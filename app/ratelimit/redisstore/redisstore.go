@@ -129,9 +129,13 @@ type Limiter struct {
 	now          func() time.Time // tests only; nil: Redis TIME
 	idBase       string
 	seq          atomic.Uint64
-	co           *coalescer  // nil: every call its own round trip
-	shards       shardLayout // a Cluster's slot ranges (shards.go)
-	seen         seenWrites  // the write counters last seen (lost.go)
+	// beatOffset is Redis' clock minus this host's, µs, learned from the
+	// fleet script's replies (beatDeadline); beatOffsetKnown once one came.
+	beatOffset      atomic.Int64
+	beatOffsetKnown atomic.Bool
+	co              *coalescer  // nil: every call its own round trip
+	shards          shardLayout // a Cluster's slot ranges (shards.go)
+	seen            seenWrites  // the write counters last seen (lost.go)
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)

@@ -23,6 +23,7 @@ type Proxy struct {
 	upstream string
 
 	latency   atomic.Int64 // added to every reply, in ns
+	reqDelay  atomic.Int64 // added to every request, in ns (RequestLatency)
 	blackhole atomic.Bool  // drop the data in both directions
 
 	mu    sync.Mutex
@@ -96,16 +97,24 @@ func (p *Proxy) Enable() {
 // keep their order and are not serialised: each waits d from its arrival.
 func (p *Proxy) Latency(d time.Duration) { p.latency.Store(int64(max(d, 0))) }
 
+// RequestLatency delays every request (client to upstream) by d before it
+// reaches the upstream, one after another: a command that its client has
+// given up on still arrives and runs, as after a partition that dropped
+// packets heals and the kernel's retransmissions get through.
+// RequestLatency(0) removes it.
+func (p *Proxy) RequestLatency(d time.Duration) { p.reqDelay.Store(int64(max(d, 0))) }
+
 // Blackhole makes the upstream look hung: connections are still accepted but
 // the data in both directions is dropped, so requests never reach it and
 // nothing is answered. ClearToxics ends it, closing the connections that were
 // blackholed.
 func (p *Proxy) Blackhole() { p.blackhole.Store(true) }
 
-// ClearToxics removes Latency and Blackhole, restoring plain forwarding. It
+// ClearToxics removes Latency, RequestLatency and Blackhole, restoring plain forwarding. It
 // does not Enable a disabled proxy.
 func (p *Proxy) ClearToxics() {
 	p.latency.Store(0)
+	p.reqDelay.Store(0)
 	if p.blackhole.Swap(false) {
 		// Every open connection has had data dropped, or may have: a
 		// client would otherwise wait for replies that never come.
@@ -185,6 +194,9 @@ func (p *Proxy) forward(dst, src net.Conn, reply bool) {
 		for {
 			n, err := src.Read(buf)
 			if n > 0 && !p.blackhole.Load() {
+				if d := time.Duration(p.reqDelay.Load()); d > 0 {
+					time.Sleep(d)
+				}
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					return
 				}

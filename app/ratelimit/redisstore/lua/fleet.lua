@@ -9,7 +9,8 @@
 --       "peek" (generation only)
 --       [3] missing after ms  [4] lease grace ms (how long a missing instance
 --       may still be granting its fallback share)  [5] a generation to set if
---       none is
+--       none is  [6] the caller's deadline in Redis' time, ms (0: none): a
+--       beat executed after it is no beat (see fleet.go, beatDeadline)
 -- Reply: {live, suspect, now_us (Redis' clock), generation, write counter}. Live: heartbeat within [3].
 -- Suspect: missing for less than [4]: it may be cut off from Redis and
 -- spending its share.
@@ -29,7 +30,10 @@ if ARGV[2] == 'leave' then
 elseif ARGV[2] == 'suspend' then
   redis.call('ZADD', key, 'XX', now - ttl - 1, ARGV[1])
 else
-  redis.call('ZADD', key, now, ARGV[1])
+  local deadline = tonumber(ARGV[6] or '0') or 0
+  if deadline <= 0 or now <= deadline then
+    redis.call('ZADD', key, now, ARGV[1])
+  end
 end
 redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - ttl - grace))
 redis.call('PEXPIRE', key, ttl + grace + 60000)
