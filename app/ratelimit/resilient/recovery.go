@@ -297,7 +297,6 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 			groups[k] = append(groups[k], i)
 		}
 	}
-	//
 	// A share an earlier pass charged through its time (chargedThrough) is
 	// the store's to refill from then on: the grants made after it (while
 	// recovering, waiting for the others) owe every unit. Netted against
