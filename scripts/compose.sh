@@ -32,7 +32,10 @@ case ${1:-} in
     ;;
 --version)
     # v1 prints "docker-compose version 1.29.2, build unknown"; v2 "Docker Compose version v2.x"
-    if $cmd version 2>/dev/null | grep -qE 'version v?2\.'; then echo 2; else echo 1; fi
+    # The output is read whole first: grep -q exiting early would kill the writer with
+    # SIGPIPE, and pipefail would fail the test.
+    out=$($cmd version 2>/dev/null || true)
+    if grep -qE 'version v?2\.' <<<"$out"; then echo 2; else echo 1; fi
     exit 0
     ;;
 esac

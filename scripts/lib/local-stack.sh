@@ -740,7 +740,9 @@ ls_check_cluster() {
         else
             v=$(ls_info_field "$info" connected_slaves)
             ((${v:-0} >= 1)) || { echo "$n (master): no replica"; return 1; }
-            if grep -E '^slave[0-9]+:' <<<"$info" | grep -qv 'state=online'; then
+            # Not grep -q: exiting at the first match would kill the writer with SIGPIPE,
+            # and pipefail would fail the check.
+            if grep -E '^slave[0-9]+:' <<<"$info" | grep -v 'state=online' >/dev/null; then
                 echo "$n (master): a replica is not online yet"
                 return 1
             fi
