@@ -1,6 +1,7 @@
 package stack
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -84,6 +85,48 @@ func pidsNamed(name string) []int {
 		}
 		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); err == nil && strings.TrimSpace(string(b)) == name {
 			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// stackProcesses returns the pids recorded in dir's *.pid files that run,
+// and their children.
+func stackProcesses(dir string) []int {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.pid"))
+	own := map[int]bool{}
+	var out []int
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 || own[pid] {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+			continue
+		}
+		own[pid] = true
+		out = append(out, pid)
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || own[pid] {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 1 {
+			if ppid, err := strconv.Atoi(f[1]); err == nil && own[ppid] {
+				out = append(out, pid)
+			}
 		}
 	}
 	return out

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -164,6 +165,24 @@ func (r runner) run(ctx context.Context, name string, args ...string) error {
 	cmd.Env = append(os.Environ(), r.env...)
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+// runAt is run with the command's process at nice value nice from its
+// start (the processes it starts inherit it).
+func (r runner) runAt(ctx context.Context, nice int, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = r.root
+	cmd.Stdout, cmd.Stderr = r.log, r.log
+	cmd.Env = append(os.Environ(), r.env...)
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	_ = syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, nice)
+	if err := cmd.Wait(); err != nil {
 		return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
 	}
 	return nil
