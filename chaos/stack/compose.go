@@ -216,9 +216,14 @@ func (c *Compose) prioritize(service string) {
 		n++
 	}
 	if service == "" {
-		c.logf("compose: %d processes of the stack (containers, docker-proxy, the load generator) at nice %d", n, stackNice)
+		c.logf("compose: %d processes of the stack (containers, docker-proxy, the load generator) at nice %d; the docker and compose commands at %d", n, stackNice, scriptNice)
 	}
 	c.reniced = true
+	// The commands that inject faults below the stack: started by this
+	// process, they inherited its stackNice (the compose CLI, 60 % of a
+	// core at -10 beside the stack).
+	nice := scriptNice
+	c.r.nice = &nice
 }
 
 // published returns the host address (127.0.0.1:port) of a service's

@@ -103,11 +103,6 @@ func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 	return info, nil
 }
 
-// scriptNice is the nice value of local-service.sh while it restarts a
-// service: below the stack's (stackNice), so its shell work runs on what
-// the stack leaves.
-const scriptNice = 10
-
 // prioritize gives the native stack's processes (those of .run/pids/ and
 // their children: nginx's workers) and this process, which generates the
 // load and times it, stackNice, as the compose stack's (Compose.prioritize).
@@ -169,7 +164,8 @@ func (l *Local) runService(ctx context.Context, service string, args ...string) 
 			}
 		}
 	}()
-	err := l.r.runAt(ctx, scriptNice, l.serviceScript(), args...)
+	nice := scriptNice
+	err := l.r.runAt(ctx, &nice, l.serviceScript(), args...)
 	close(done)
 	<-watched
 	// Threads and children started since (Redis' background threads are

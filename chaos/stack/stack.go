@@ -6,6 +6,7 @@
 package stack
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -155,35 +156,45 @@ type runner struct {
 	root string
 	log  io.Writer
 	env  []string
+	// nice, when set, is the nice value commands run at from their start
+	// (what they start inherits it): once the stack's processes have
+	// stackNice, the commands that inject faults (a shell script, the
+	// docker CLI) get scriptNice, so their CPU comes from what the stack
+	// leaves.
+	nice *int
 }
+
+// scriptNice is the nice value of the commands run during a measured run.
+const scriptNice = 10
 
 // run runs name args, output to the log; the error carries the command.
 func (r runner) run(ctx context.Context, name string, args ...string) error {
+	return r.runAt(ctx, r.nice, name, args...)
+}
+
+// runAt is run at nice value *nice (nil: this process's).
+func (r runner) runAt(ctx context.Context, nice *int, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = r.root
 	cmd.Stdout, cmd.Stderr = r.log, r.log
 	cmd.Env = append(os.Environ(), r.env...)
 	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Run(); err != nil {
+	if err := start(cmd, nice); err != nil {
+		return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	if err := cmd.Wait(); err != nil {
 		return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
 	}
 	return nil
 }
 
-// runAt is run with the command's process at nice value nice from its
-// start (the processes it starts inherit it).
-func (r runner) runAt(ctx context.Context, nice int, name string, args ...string) error {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Dir = r.root
-	cmd.Stdout, cmd.Stderr = r.log, r.log
-	cmd.Env = append(os.Environ(), r.env...)
-	cmd.WaitDelay = 5 * time.Second
+// start starts cmd and gives its process *nice (nil: leaves it).
+func start(cmd *exec.Cmd, nice *int) error {
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+		return err
 	}
-	_ = syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, nice)
-	if err := cmd.Wait(); err != nil {
-		return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	if nice != nil {
+		_ = syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, *nice)
 	}
 	return nil
 }
@@ -195,11 +206,15 @@ func (r runner) output(ctx context.Context, name string, args ...string) ([]byte
 	cmd.Stderr = r.log
 	cmd.Env = append(os.Environ(), r.env...)
 	cmd.WaitDelay = 5 * time.Second
-	out, err := cmd.Output()
-	if err != nil {
-		return out, fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := start(cmd, r.nice); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
 	}
-	return out, nil
+	if err := cmd.Wait(); err != nil {
+		return out.Bytes(), fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	return out.Bytes(), nil
 }
 
 // PolicyFile is the policy file the suite runs its stacks with, relative
