@@ -428,7 +428,8 @@ func (j *Journal) Rotate() uint64 {
 
 // Pending returns the batches of epochs up to and including through, as
 // replay batches (the marker names the instance and epoch), and each
-// batch's key's latest snapshot (nil: none journaled).
+// batch's key's latest snapshot (nil: none journaled, or the key is not a
+// token bucket's or GCRA's, whose replays alone use it).
 func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -443,6 +444,7 @@ func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot)
 	out := make([]ratelimit.ReplayBatch, 0, n)
 	snaps := make([]*Snapshot, 0, n)
 	all := make([]ratelimit.Grant, 0, grants)
+	held := make([]Snapshot, 0, n) // the snapshots, in one array
 	markers := map[uint64]string{}
 	for k, b := range j.batches {
 		if k.epoch > through {
@@ -456,7 +458,14 @@ func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot)
 		start := len(all)
 		all = append(all, b.grants...)
 		out = append(out, ratelimit.ReplayBatch{Policy: b.policy.p, Identity: k.identity, Marker: m, Grants: all[start:len(all):len(all)]})
-		snaps = append(snaps, j.snapshotLocked(k.policy, k.identity))
+		var snap *Snapshot
+		if a := b.policy.p.Algorithm; a != ratelimit.TokenBucket && a != ratelimit.GCRA {
+			// Only their replays net a key's grants against its share.
+		} else if s, ok := j.snaps[snapKey{k.policy, k.identity}]; ok {
+			held = append(held, Snapshot{Policy: s.policy.p, Identity: k.identity, State: s.state, Valid: s.valid, N: s.n, Confirmed: s.confirmed})
+			snap = &held[len(held)-1] // held has room for n: never moved
+		}
+		snaps = append(snaps, snap)
 	}
 	return out, snaps
 }
@@ -468,12 +477,27 @@ func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.Repla
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.buf = j.buf[:0]
+	// A pass's batches share a few policies and markers: each is parsed
+	// once (a drain of 100 000 keys spent most of its Ack on them).
+	var (
+		lastMarker string
+		epoch      uint64
+		epochErr   error
+		fps        = map[ratelimit.Policy]string{}
+	)
 	for i, b := range batches {
-		epoch, err := strconv.ParseUint(b.Marker[strings.LastIndexByte(b.Marker, ':')+1:], 10, 64)
-		if err != nil {
+		if i == 0 || b.Marker != lastMarker {
+			lastMarker = b.Marker
+			epoch, epochErr = strconv.ParseUint(b.Marker[strings.LastIndexByte(b.Marker, ':')+1:], 10, 64)
+		}
+		if epochErr != nil {
 			continue
 		}
-		fp := b.Policy.Fingerprint()
+		fp, ok := fps[b.Policy]
+		if !ok {
+			fp = b.Policy.Fingerprint()
+			fps[b.Policy] = fp
+		}
 		k := batchKey{epoch: epoch, policy: b.Policy.Name + "/" + fp, identity: b.Identity}
 		held, ok := j.batches[k]
 		if !ok {

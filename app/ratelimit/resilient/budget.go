@@ -229,11 +229,14 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) rat
 // token bucket over-admission 1.007-1.013 in settle, 1.3 units over the line
 // for the rest of the run). Dated now, a charge has decayed only at its
 // share's rate, and the store's refill starts when the store knows of it.
+//
+// It sorts grants in place.
 func netOfRefill(p ratelimit.Policy, s journal.Snapshot, grants []ratelimit.Grant, now int64) (at int64, units float64, ok bool) {
 	if len(grants) == 0 || !(s.N >= 1) || math.IsInf(s.N, 0) {
 		return 0, 0, false
 	}
-	sorted := slices.SortedFunc(slices.Values(grants), func(a, b ratelimit.Grant) int { return cmp.Compare(a.At, b.At) })
+	sorted := grants // sorted in place: the caller's own copy
+	slices.SortFunc(sorted, func(a, b ratelimit.Grant) int { return cmp.Compare(a.At, b.At) })
 	sh := share{n: s.N, factor: p.Factor(), confirmed: s.Confirmed}
 	e := entry{snap: s.State, snapValid: s.Valid}
 	e.initLocal(p, sorted[0].At, sh)

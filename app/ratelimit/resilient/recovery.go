@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 )
 
 // loop heartbeats while closed and probes while open, until Close.
@@ -281,20 +280,46 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	// (a resent first batch is refused by its marker; were it acknowledged
 	// and a later one not, the later one is charged alone at the next pass:
 	// more, never less).
+	// Grouped by policy and identity (the key's snapshot is theirs), in
+	// the order of their first batch. Indices, not copies: a replay of
+	// 100 000 keys grouped them by value (a 370-byte map key and slice
+	// element each) in about 650 ms per instance, most of it growing and
+	// clearing fresh memory, before the first pipeline went out.
 	type chargeKey struct {
 		policy   ratelimit.Policy
 		identity ratelimit.Identity
-		snap     journal.Snapshot
 	}
-	groups := map[chargeKey][]int{}
-	var order []chargeKey
+	type chargeGroup struct {
+		first int   // the key's first batch, which holds its snapshot
+		more  []int // its other batches (rare: several epochs)
+	}
+	// The batches of one epoch (one marker) are of distinct keys: no map
+	// is needed then.
+	oneEpoch := true
+	for _, b := range pending {
+		if b.Marker != pending[0].Marker {
+			oneEpoch = false
+			break
+		}
+	}
+	var index map[chargeKey]int
+	if !oneEpoch {
+		index = make(map[chargeKey]int, len(pending))
+	}
+	groups := make([]chargeGroup, 0, len(pending))
+	grouped := 0
 	for i, b := range pending {
 		if a := b.Policy.Algorithm; (a == ratelimit.TokenBucket || a == ratelimit.GCRA) && snaps[i] != nil {
-			k := chargeKey{b.Policy, b.Identity, *snaps[i]}
-			if _, ok := groups[k]; !ok {
-				order = append(order, k)
+			grouped++
+			if index != nil {
+				k := chargeKey{b.Policy, b.Identity}
+				if g, ok := index[k]; ok {
+					groups[g].more = append(groups[g].more, i)
+					continue
+				}
+				index[k] = len(groups)
 			}
-			groups[k] = append(groups[k], i)
+			groups = append(groups, chargeGroup{first: i})
 		}
 	}
 	// A share an earlier pass charged through its time (chargedThrough) is
@@ -304,12 +329,19 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	// charged a fraction of them (compose redis-pause: the fleet's grants
 	// of the second it waited for a late instance mostly went uncharged;
 	// over-admission 1.01-1.017 in settle).
-	for _, k := range order {
-		idx := groups[k]
-		var early []ratelimit.Grant
+	charges := make([]ratelimit.Grant, grouped) // one charge per batch
+	free := make([]bool, len(pending))          // the batches charged nothing
+	var early []ratelimit.Grant
+	for _, grp := range groups {
+		policy, snap := pending[grp.first].Policy, *snaps[grp.first]
+		early = early[:0]
 		late := int64(0)
-		charged := l.chargedThrough > 0 && max(k.snap.State.Now, k.snap.Confirmed) <= l.chargedThrough
-		for _, i := range idx {
+		charged := l.chargedThrough > 0 && max(snap.State.Now, snap.Confirmed) <= l.chargedThrough
+		for j := -1; j < len(grp.more); j++ {
+			i := grp.first
+			if j >= 0 {
+				i = grp.more[j]
+			}
 			for _, g := range pending[i].Grants {
 				if charged && g.At > l.chargedThrough {
 					late += g.Cost
@@ -321,22 +353,43 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 		at, units := now, 0.0
 		if len(early) > 0 {
 			var ok bool
-			if at, units, ok = netOfRefill(k.policy, k.snap, early, now); !ok {
+			if at, units, ok = netOfRefill(policy, snap, early, now); !ok {
 				continue
 			}
 		}
 		units += float64(late)
-		for j, i := range idx {
-			cost := int64(0)
-			if j == 0 {
-				cost = int64(math.Ceil(units - 1e-9))
+		owed := int64(math.Ceil(units - 1e-9))
+		for j := -1; j < len(grp.more); j++ {
+			i, cost := grp.first, owed
+			if j >= 0 {
+				i, cost = grp.more[j], 0
 			}
-			pending[i].Grants = []ratelimit.Grant{{At: at, Cost: cost}}
+			charges[0] = ratelimit.Grant{At: at, Cost: cost}
+			pending[i].Grants, charges = charges[:1:1], charges[1:]
+			free[i] = owed == 0
 		}
 	}
+	// A key that owes nothing (its share's refill covered its grants)
+	// changes nothing in the store: its batches are acknowledged here,
+	// without a round trip. In an outage of many keys each used a little,
+	// most are such (a drain of 100 000 keys: about 60 % of the batches).
+	// The zero batches of a key that owes something still go, after its
+	// charge: acknowledged first, they would be lost were the charge not.
 	start := l.cfg.Now()
-	replayed, err := l.send(ctx, pending, l.journal.Ack)
-	if len(order) > 0 && replayed > 0 {
+	toSend, acked := pending[:0], make([]ratelimit.ReplayBatch, 0, grouped)
+	for i, b := range pending {
+		if free[i] {
+			acked = append(acked, b)
+		} else {
+			toSend = append(toSend, b)
+		}
+	}
+	if len(acked) > 0 {
+		l.journal.Ack(acked, make([]ratelimit.ReplayResult, len(acked)))
+	}
+	replayed, err := l.send(ctx, toSend, l.journal.Ack)
+	replayed += len(acked)
+	if len(groups) > 0 && replayed > 0 {
 		l.chargedThrough = now
 	}
 	if err != nil {

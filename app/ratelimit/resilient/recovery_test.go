@@ -890,3 +890,63 @@ func TestClusterShardWipeIsRestored(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayOfNothingIsNotSent: a token bucket key whose outage grants its
+// share's refill has covered by the time Redis is back owes nothing, and
+// its batch is acknowledged without touching Redis (its state, expired
+// once full, is not written again, nor a marker), while a key granted just
+// before Redis returned is charged and marked. The journal counts both as
+// replayed. (Sent, such batches were most of the replay work of an outage
+// of many keys: in a drain of 100 000 keys, about 60 % of the batches
+// charged nothing.)
+func TestReplayOfNothingIsNotSent(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
+	store := newStore(t, srv.Addr())
+	cfg := recoveryConfig("app1")
+	cfg.ExpectedInstances = 1
+	l, err := resilient.New(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	// A share refills its whole capacity in 2 s.
+	p := ratelimit.Policy{Name: "refills", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 2 * time.Second}
+	decide := func(k string, mode ratelimit.Mode) {
+		t.Helper()
+		if d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: k}); err != nil || !d.Allowed || d.Mode != mode {
+			t.Fatalf("%s: %+v %v, want admitted in mode %s", k, d, err, mode)
+		}
+	}
+	keys := []string{"old-0", "old-1", "old-2", "late"}
+	for _, k := range keys {
+		decide(k, ratelimit.ModeRedis)
+	}
+	srv.Kill()
+	waitFor(t, "the breaker open", 5*time.Second, func() bool { return l.Breaker() == resilient.Open })
+	for _, k := range keys[:3] {
+		decide(k, ratelimit.ModeLocal)
+	}
+	time.Sleep(2500 * time.Millisecond) // the old keys' shares are full again
+	for range 10 {
+		decide("late", ratelimit.ModeLocal)
+	}
+	srv.Restart(t)
+	waitFor(t, "the breaker closed with an empty journal", 10*time.Second, allIn([]*resilient.Limiter{l}, resilient.Closed))
+	if st := l.Status().Journal; st.Replayed != 13 || st.Pending != 0 {
+		t.Errorf("journal: %d replayed, %d pending; want 13 and 0", st.Replayed, st.Pending)
+	}
+	for _, k := range keys {
+		held, err := srv.Client().HGetAll(ctx, store.Key(p, k)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k == "late" {
+			if _, marked := held["m:app1"]; !marked {
+				t.Errorf("%s: charged, but Redis holds no replay marker: %v", k, held)
+			}
+		} else if len(held) > 0 {
+			t.Errorf("%s: charged nothing, yet the replay wrote %v", k, held)
+		}
+	}
+}
