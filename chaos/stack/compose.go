@@ -196,7 +196,7 @@ func (c *Compose) prioritize(service string) {
 		}
 		ps, _, err := containerPIDs(id)
 		if err != nil {
-			c.logf("compose: priority of %s: %v", svc, err)
+			c.r.logf("compose: priority of %s: %v", svc, err)
 			continue
 		}
 		pids = append(pids, ps...)
@@ -209,14 +209,14 @@ func (c *Compose) prioritize(service string) {
 	for _, pid := range pids {
 		if err := renice(pid, stackNice); err != nil {
 			if !c.reniced {
-				c.logf("compose: cannot raise the stack's priority (%v): the Docker engine's work for a fault competes with the requests", err)
+				c.r.logf("compose: cannot raise the stack's priority (%v): the Docker engine's work for a fault competes with the requests", err)
 			}
 			return
 		}
 		n++
 	}
 	if service == "" {
-		c.logf("compose: %d processes of the stack (containers, docker-proxy, the load generator) at nice %d; the docker and compose commands at %d", n, stackNice, scriptNice)
+		c.r.logf("compose: %d processes of the stack (containers, docker-proxy, the load generator) at nice %d; the docker and compose commands at %d", n, stackNice, scriptNice)
 	}
 	c.reniced = true
 	// The commands that inject faults below the stack: started by this
@@ -317,7 +317,7 @@ func (c *Compose) KillRedis(ctx context.Context) error {
 // the host may not signal it, docker kill does.
 func (c *Compose) kill(ctx context.Context, service string) error {
 	if err := c.signal(ctx, service, syscall.SIGKILL); err != nil {
-		c.logf("compose: SIGKILL from the host failed (%v); docker kill instead", err)
+		c.r.logf("compose: SIGKILL from the host failed (%v); docker kill instead", err)
 		return c.docker(ctx, service, "kill", "--signal", "KILL")
 	}
 	return nil
@@ -358,7 +358,7 @@ func (c *Compose) StartRedis(ctx context.Context, wipe bool) error {
 // not signal the process (not root), docker pause is used instead.
 func (c *Compose) PauseRedis(ctx context.Context) error {
 	if err := c.signal(ctx, "redis", syscall.SIGSTOP); err != nil {
-		c.logf("compose: SIGSTOP failed (%v); docker pause instead", err)
+		c.r.logf("compose: SIGSTOP failed (%v); docker pause instead", err)
 		c.paused = true
 		return c.docker(ctx, "redis", "pause")
 	}
@@ -380,7 +380,7 @@ func (c *Compose) signal(ctx context.Context, service string, sig syscall.Signal
 	if err != nil {
 		return err
 	}
-	c.logf("compose: %v to %s (pid %d)", sig, service, pid)
+	c.r.logf("compose: %v to %s (pid %d)", sig, service, pid)
 	return syscall.Kill(pid, sig)
 }
 
@@ -403,12 +403,6 @@ func (c *Compose) pid(ctx context.Context, service string) (int, error) {
 		return 0, fmt.Errorf("compose: %s is not running", service)
 	}
 	return pid, nil
-}
-
-func (c *Compose) logf(format string, args ...any) {
-	if c.r.log != nil {
-		fmt.Fprintf(c.r.log, format+"\n", args...)
-	}
 }
 
 // KillApp implements Stack: SIGKILL from the host (see kill).
@@ -442,7 +436,7 @@ func (c *Compose) Partition(ctx context.Context, app string, on bool) error {
 	if err == nil {
 		return nil
 	}
-	c.logf("compose: partition through nsenter failed (%v); disconnecting the container instead", err)
+	c.r.logf("compose: partition through nsenter failed (%v); disconnecting the container instead", err)
 	verb := "connect"
 	if on {
 		verb = "disconnect"

@@ -120,21 +120,15 @@ func (l *Local) prioritize() {
 	for _, pid := range pids {
 		if err := renice(pid, stackNice); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			if !l.reniced {
-				l.logf("local: cannot raise the stack's priority (%v): the fault injection's shell work competes with the requests", err)
+				l.r.logf("local: cannot raise the stack's priority (%v): the fault injection's shell work competes with the requests", err)
 			}
 			return
 		}
 	}
 	if !l.reniced {
-		l.logf("local: %d processes of the stack (and the load generator) at nice %d", len(pids), stackNice)
+		l.r.logf("local: %d processes of the stack (and the load generator) at nice %d", len(pids), stackNice)
 	}
 	l.reniced = true
-}
-
-func (l *Local) logf(format string, args ...any) {
-	if l.r.log != nil {
-		fmt.Fprintf(l.r.log, format+"\n", args...)
-	}
 }
 
 // runService runs local-service.sh args at scriptNice, and gives the

@@ -167,6 +167,13 @@ type runner struct {
 // scriptNice is the nice value of the commands run during a measured run.
 const scriptNice = 10
 
+// logf writes a line to the log, if there is one.
+func (r runner) logf(format string, args ...any) {
+	if r.log != nil {
+		fmt.Fprintf(r.log, format+"\n", args...)
+	}
+}
+
 // run runs name args, output to the log; the error carries the command.
 func (r runner) run(ctx context.Context, name string, args ...string) error {
 	return r.runAt(ctx, r.nice, name, args...)

@@ -458,12 +458,14 @@ func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot)
 		start := len(all)
 		all = append(all, b.grants...)
 		out = append(out, ratelimit.ReplayBatch{Policy: b.policy.p, Identity: k.identity, Marker: m, Grants: all[start:len(all):len(all)]})
+		// Only the token bucket's and GCRA's replays net a key's grants
+		// against its share's snapshot.
 		var snap *Snapshot
-		if a := b.policy.p.Algorithm; a != ratelimit.TokenBucket && a != ratelimit.GCRA {
-			// Only their replays net a key's grants against its share.
-		} else if s, ok := j.snaps[snapKey{k.policy, k.identity}]; ok {
-			held = append(held, Snapshot{Policy: s.policy.p, Identity: k.identity, State: s.state, Valid: s.valid, N: s.n, Confirmed: s.confirmed})
-			snap = &held[len(held)-1] // held has room for n: never moved
+		if a := b.policy.p.Algorithm; a == ratelimit.TokenBucket || a == ratelimit.GCRA {
+			if s, ok := j.snaps[snapKey{k.policy, k.identity}]; ok {
+				held = append(held, Snapshot{Policy: s.policy.p, Identity: k.identity, State: s.state, Valid: s.valid, N: s.n, Confirmed: s.confirmed})
+				snap = &held[len(held)-1] // held has room for n: never moved
+			}
 		}
 		snaps = append(snaps, snap)
 	}
