@@ -69,7 +69,12 @@ type Config struct {
 	// Out is the output directory (chaos-out).
 	Out string
 	// Routes are loaded and judged (loadtest.DefaultRoutes).
-	Routes    []string
+	Routes []string
+	// Mix is the load's keys per route, in the prime and in the measured
+	// run (loadtest.DefaultMix, the contract's load). The suite's own tests
+	// use a lighter one: their fake fleet runs in the test process, under
+	// the race detector, beside other packages' tests.
+	Mix       []loadtest.KeySpec
 	Durations Durations
 	// RedisTimeout is the apps' Redis call timeout, unless their /status
 	// reports one (redis_timeout_ms or redis_timeout).
@@ -355,6 +360,7 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 		_, err := loadtest.Run(loadCtx, loadtest.Config{
 			BaseURL:  info.NginxURL,
 			Routes:   cfg.Routes,
+			Mix:      cfg.Mix,
 			Policies: lp,
 			RunID:    rep.RunID,
 			Seed:     cfg.Seed,
@@ -583,6 +589,7 @@ func primeStack(ctx context.Context, cfg Config, info stack.Info, client *http.C
 	_, err := loadtest.Run(ctx, loadtest.Config{
 		BaseURL:      info.NginxURL,
 		Routes:       cfg.Routes,
+		Mix:          cfg.Mix,
 		Policies:     policies,
 		RunID:        "prime-" + loadtest.NewRunID(),
 		Seed:         cfg.Seed + 1,
