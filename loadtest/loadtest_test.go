@@ -159,6 +159,14 @@ type fakeService struct {
 	check *apikey.Verifier
 }
 
+// saw reports whether a request of key reached the handler. It locks: a
+// request the client gave up on (its timeout) can still be in the handler.
+func (f *fakeService) saw(key string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.keys[key]
+}
+
 func (f *fakeService) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := f.n.Add(1)
 	key := r.Header.Get("X-API-Key")
@@ -271,8 +279,8 @@ func TestRunAgainstFakeService(t *testing.T) {
 	}
 	// The probes are not records, but the service saw them.
 	for _, r := range DefaultRoutes {
-		if k := "probe-" + ShortRoute(r) + "-t1"; !svc.keys[k] || perKey[k] != 0 {
-			t.Errorf("probe %s: seen %v, recorded %d", k, svc.keys[k], perKey[k])
+		if k := "probe-" + ShortRoute(r) + "-t1"; !svc.saw(k) || perKey[k] != 0 {
+			t.Errorf("probe %s: seen %v, recorded %d", k, svc.saw(k), perKey[k])
 		}
 	}
 	if res.ByStatus[429] == 0 || res.ByStatus[200] == 0 {
@@ -303,8 +311,8 @@ func TestRunSignsKeys(t *testing.T) {
 		t.Fatal("no records")
 	}
 	for _, r := range recs {
-		if r.Status == http.StatusUnauthorized || !svc.keys[r.Key] {
-			t.Fatalf("record %+v: status %d, its key seen by the service: %v", r, r.Status, svc.keys[r.Key])
+		if r.Status == http.StatusUnauthorized || !svc.saw(r.Key) {
+			t.Fatalf("record %+v: status %d, its key seen by the service: %v", r, r.Status, svc.saw(r.Key))
 		}
 	}
 }
@@ -330,7 +338,7 @@ func TestRunBoundedByCount(t *testing.T) {
 	if time.Since(start) > 10*time.Second {
 		t.Errorf("took %v: the count bound did not stop the run", time.Since(start))
 	}
-	if svc.keys["probe-gcra-"+res.RunID] {
+	if svc.saw("probe-gcra-" + res.RunID) {
 		t.Error("probed a route whose policy was given")
 	}
 }
