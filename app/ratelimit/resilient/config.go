@@ -30,6 +30,8 @@ type Config struct {
 	// while the pings time out. A ping refused at once (Redis' process
 	// down, or loading) is repeated every HeartbeatInterval instead: it
 	// costs the store nothing, and a restarted Redis is seen within 100 ms.
+	// So is, once, a ping that timed out right after a refused one (a
+	// Redis starting answers its first connection late).
 	ProbeInterval time.Duration
 	// HeartbeatInterval is how often a closed breaker heartbeats (100 ms).
 	HeartbeatInterval time.Duration

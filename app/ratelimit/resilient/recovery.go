@@ -43,6 +43,16 @@ func (l *Limiter) loop(ctx context.Context) {
 	// another second. So the next probe goes at the next tick, once; if
 	// that fails too, the store is failing, and the interval applies.
 	again, retried := false, false
+	// starting: the last probe timed out right after one that was refused.
+	// That is a Redis starting more often than a hung one: its process
+	// listens before it answers, and the first connection to it (through
+	// a proxy, with AUTH and HELLO, while it loads its data) outlives a
+	// Timeout. Waiting ProbeInterval then kept one instance local for a
+	// second after the others had replayed, and the others waited for it
+	// (a drain of 100 000 keys closed about 1 s after Redis was back,
+	// where the other three had replayed in 1.3-1.4 s). So the next probe
+	// goes at the next tick, once, as after a failed pass.
+	starting := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -60,16 +70,18 @@ func (l *Limiter) loop(ctx context.Context) {
 				}
 			}
 		case Open:
-			soon := refused || (again && !retried)
+			soon := refused || ((again || starting) && !retried)
 			if now := l.cfg.Now(); soon || now.Sub(lastProbe) >= l.cfg.ProbeInterval-l.cfg.HeartbeatInterval/2 {
 				lastProbe = now
-				retried = again && !refused
+				retried = (again || starting) && !refused
+				wasRefused := refused
 				refused, again = l.probe(ctx)
+				starting = wasRefused && !refused && !again && l.br.State() == Open
 			}
 		case Recovering:
 			l.heartbeat(ctx)
 			l.maybeClose(ctx)
-			again, retried = l.br.State() == Open, false
+			again, retried, starting = l.br.State() == Open, false, false
 		}
 	}
 }

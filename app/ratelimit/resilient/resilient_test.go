@@ -30,6 +30,7 @@ type fakeStore struct {
 	failReplay  atomic.Bool
 	failBeats   atomic.Bool  // heartbeats refused, decisions answered (a Cluster master down)
 	slowBeats   atomic.Int64 // heartbeats left that outlive their deadline (a store busy with other instances' replays)
+	slowPings   atomic.Int64 // pings left that outlive their deadline (a Redis starting: its first connection is slow)
 	live, susp  atomic.Int64
 	lastRequest atomic.Pointer[ratelimit.Request]
 	// skew is the store's clock minus the local one, µs.
@@ -62,6 +63,10 @@ func newFakeStore() *fakeStore {
 		PingFunc: func(ctx context.Context) error {
 			if f.down.Load() || f.hang.Load() {
 				return fail(ctx)
+			}
+			if f.slowPings.Add(-1) >= 0 {
+				<-ctx.Done()
+				return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
 			}
 			return nil
 		},
@@ -337,6 +342,48 @@ func TestRefusedHeartbeatOpensAtOnce(t *testing.T) {
 			t.Fatalf("one refused heartbeat later: %s, want open", got)
 		}
 		admit(t, l, p, "k", 1, ratelimit.ModeLocal)
+	})
+}
+
+// A probe that times out right after refused ones is a Redis starting (its
+// first connection outlives the timeout), not a hung one: the next probe
+// goes at the next tick, not after ProbeInterval. A second timeout in a row
+// is a hung store, and waits the interval.
+func TestTimeoutAfterRefusalProbesAgainSoon(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		l := newLimiter(t, f, resilient.Config{Timeout: 50 * time.Millisecond})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second}
+		admit(t, l, p, "k", 1, ratelimit.ModeRedis)
+		back := func(slow int64) time.Duration {
+			t.Helper()
+			f.down.Store(true)
+			time.Sleep(500 * time.Millisecond) // opened, probes refused at every tick
+			synctest.Wait()
+			if got := l.Breaker(); got != resilient.Open {
+				t.Fatalf("store down: breaker %s, want open", got)
+			}
+			f.slowPings.Store(slow)
+			f.down.Store(false)
+			start := time.Now()
+			for l.Breaker() == resilient.Open {
+				time.Sleep(10 * time.Millisecond)
+			}
+			d := time.Since(start)
+			for l.Breaker() != resilient.Closed {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return d
+		}
+		// One slow ping: one tick to the slow probe, its timeout, one tick
+		// to the next (ProbeInterval is 1 s).
+		if d := back(1); d > 300*time.Millisecond {
+			t.Errorf("one slow ping after refused ones: open for %v after the store was back, want at most 300 ms", d)
+		}
+		// Two in a row: the second waits the interval.
+		if d := back(2); d < 900*time.Millisecond {
+			t.Errorf("two slow pings: open for %v, want ProbeInterval (1 s)", d)
+		}
 	})
 }
 
