@@ -34,25 +34,24 @@ func (l *Limiter) loop(ctx context.Context) {
 	// within a HeartbeatInterval. A probe that timed out (a hung or
 	// partitioned store) waits ProbeInterval.
 	refused := false
-	// again: the last probe's ping was answered but what follows it (the
-	// generation, a restore, the replay) failed. A store that just came
-	// back often fails the first pass: its first new connections are slow
-	// (on compose, a restarted Redis container's address timed the
-	// replay's dials out while the probe's connection worked). Waiting a
-	// whole ProbeInterval to try again kept every instance local for
-	// another second. So the next probe goes at the next tick, once; if
-	// that fails too, the store is failing, and the interval applies.
+	// again: the next probe goes at the next tick, once; if that fails too,
+	// the store is failing, and the interval applies. Two probes set it:
+	//   - one whose ping was answered but what follows it (the generation,
+	//     a restore, the replay) failed. A store that just came back often
+	//     fails the first pass: its first new connections are slow (on
+	//     compose, a restarted Redis container's address timed the
+	//     replay's dials out while the probe's connection worked). Waiting
+	//     a whole ProbeInterval kept every instance local for another
+	//     second;
+	//   - one that timed out right after a refused one: a Redis starting
+	//     more often than a hung one. Its process listens before it
+	//     answers, and the first connection to it (through a proxy, with
+	//     AUTH and HELLO, while it loads its data) outlives a Timeout.
+	//     Waiting ProbeInterval kept one instance local for a second after
+	//     the others, and they waited for it to close (in a drain of
+	//     100 000 keys one instance began its replay 0.94 s after the
+	//     other three, whose replays took 1.3-1.4 s).
 	again, retried := false, false
-	// starting: the last probe timed out right after one that was refused.
-	// That is a Redis starting more often than a hung one: its process
-	// listens before it answers, and the first connection to it (through
-	// a proxy, with AUTH and HELLO, while it loads its data) outlives a
-	// Timeout. Waiting ProbeInterval then kept one instance local for a
-	// second after the others, and the others waited for it to close (in
-	// a drain of 100 000 keys one instance began its replay 0.94 s after
-	// the other three, whose replays took 1.3-1.4 s). So the next probe
-	// goes at the next tick, once, as after a failed pass.
-	starting := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -70,18 +69,20 @@ func (l *Limiter) loop(ctx context.Context) {
 				}
 			}
 		case Open:
-			soon := refused || ((again || starting) && !retried)
+			soon := refused || (again && !retried)
 			if now := l.cfg.Now(); soon || now.Sub(lastProbe) >= l.cfg.ProbeInterval-l.cfg.HeartbeatInterval/2 {
 				lastProbe = now
-				retried = (again || starting) && !refused
+				retried = again && !refused
 				wasRefused := refused
-				refused, again = l.probe(ctx)
-				starting = wasRefused && !refused && !again && l.br.State() == Open
+				var answered bool
+				refused, answered = l.probe(ctx)
+				timedOut := !refused && !answered && l.br.State() == Open
+				again = answered || (wasRefused && timedOut)
 			}
 		case Recovering:
 			l.heartbeat(ctx)
 			l.maybeClose(ctx)
-			again, retried, starting = l.br.State() == Open, false, false
+			again, retried = l.br.State() == Open, false
 		}
 	}
 }
