@@ -83,3 +83,80 @@ func TestChargesLeaveNoMoreThanTheIdeal(t *testing.T) {
 		})
 	}
 }
+
+// TestWindowLogShareHoldsPlacesRetakenBeforeConfirmation: a sliding window
+// log key whose oldest age bucket straddles the time the other instances
+// hold this one's share back (confirmed). The places of that bucket that
+// freed before then may have been taken again in the store by the others (an
+// abusive key takes every place the moment it frees), for a window from
+// then. Four instances whose snapshots show the same log grant locally as
+// their shares allow; the store's log, the places retaken in it and every
+// local grant together must never exceed the limit in any window. Counted
+// free at the bucket's latest expiry, the shares granted 72 places of which
+// 37 had been retaken: 137 in a window of 100 (native shard-wipe: sliding
+// window log over-admission 1.01-1.16 in fault).
+func TestWindowLogShareHoldsPlacesRetakenBeforeConfirmation(t *testing.T) {
+	const ms = int64(time.Millisecond / time.Microsecond)
+	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: 10 * time.Second}
+	w := p.WindowMicros()
+	s := int64(1_700_000_000_000_000) // the snapshots' time, µs
+	confirmed := s + 500*ms
+	// The store's log at s: the end of a refresh burst (72 grants aged
+	// 9.06-9.95 s, the oldest bucket) and 28 newer ones.
+	var store []int64
+	for k := range int64(72) {
+		store = append(store, s-w+50*ms+k*125*ms/10)
+	}
+	for k := range int64(28) {
+		store = append(store, s-300*ms+k*10*ms)
+	}
+	var l algorithm.WindowLog
+	var snap ratelimit.State
+	for _, at := range store {
+		d := algorithm.WindowLogDecide(p, &l, at, 1, ratelimit.Weight{})
+		if !d.Allowed {
+			t.Fatal("setup: the store refused")
+		}
+	}
+	snap = algorithm.WindowLogDecide(p, &l, s, 0, ratelimit.Weight{}).State
+	if snap.Ages[7] != 72 || snap.Ages[0] != 28 {
+		t.Fatalf("setup: ages %v", snap.Ages)
+	}
+	// The others retake each place that frees before confirmed, at once.
+	var retaken []int64
+	for _, at := range store {
+		if at+w <= confirmed {
+			retaken = append(retaken, at+w)
+		}
+	}
+	sh := share{n: 4, factor: 1, confirmed: confirmed}
+	instances := make([]entry, 4)
+	var local []int64
+	inWindow := func(times []int64, now int64) int {
+		n := 0
+		for _, at := range times {
+			if at <= now && at > now-w {
+				n++
+			}
+		}
+		return n
+	}
+	for now := s; now < s+2*w; now += 10 * ms {
+		for i := range instances {
+			e := &instances[i]
+			if !e.localInit {
+				e.snap, e.snapValid = snap, true
+			}
+			if e.decideLocal(p, now, 1, sh).Allowed {
+				local = append(local, now)
+			}
+		}
+		if n := inWindow(store, now) + inWindow(retaken, now) + inWindow(local, now); n > int(p.Limit) {
+			t.Fatalf("at +%d ms the window holds %d (store %d, retaken %d, local %d), more than the limit %d",
+				(now-s)/ms, n, inWindow(store, now), inWindow(retaken, now), inWindow(local, now), p.Limit)
+		}
+	}
+	if len(local) == 0 {
+		t.Fatal("no local grant in two windows: the shares never freed")
+	}
+}
