@@ -149,19 +149,12 @@ func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) ratelim
 	var pre int64
 	if e.snapValid {
 		for i, n := range e.snap.Ages {
-			// Bucket i's grants leave the window in (first, last]. A place
-			// freed before the others can know this instance is missing
-			// (confirmed) may have been taken again by one of them, for a
-			// window from then at the latest: the whole bucket stays taken
-			// that long, as the histogram cannot say how many of its grants
-			// left before then. Counted free at last when only part of the
-			// bucket left before confirmed, the places an abusive key had
-			// taken again at once were granted a second time: the end of
-			// its refresh burst, shared by all four (native shard-wipe:
-			// sliding window log over-admission 1.01-1.16 in fault).
-			last := e.snap.Now + w - int64(i)*w/ratelimit.AgeBuckets
-			first := e.snap.Now + w - int64(i+1)*w/ratelimit.AgeBuckets
-			if last > now || first < e.confirmed && min(last, e.confirmed)+w > now {
+			// Bucket i leaves the window at the latest at expiry. If that
+			// is before the others can know this instance is missing, one
+			// of them may have taken the freed place: it stays taken for
+			// a window more.
+			expiry := e.snap.Now + w - int64(i)*w/ratelimit.AgeBuckets
+			if expiry > now || expiry <= e.confirmed && expiry+w > now {
 				pre += n
 			}
 		}
