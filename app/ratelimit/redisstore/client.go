@@ -73,8 +73,29 @@ func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
 	}
 	o.IsClusterMode = c.Cluster
 	o.MaxRetries = -1
-	o.MaxRedirects = 3
+	// One redirect, not go-redis' three: a MOVED or ASK is still followed
+	// once, but a connection error (the EOF of a killed master, then its
+	// refused dial) is retried once on the same node and then returned. With
+	// three, the Cluster client retried with back-off until the deadline,
+	// and a dead master's refusal came back as a timeout: heartbeats need
+	// three of those in a row to open the breaker, so the instances went on
+	// deciding in Redis for 0.36-0.45 s after a master died, taking places
+	// their peers' local shares had counted free (native shard-wipe:
+	// sliding window log over-admission up to 1.16). Fewer retries also
+	// mean fewer decisions counted twice.
+	o.MaxRedirects = 1
+	// That one retry goes at once: a back-off (10-20 ms by default) before
+	// it, and before the layout's re-read, took a heartbeat past its 50 ms.
+	o.MinRetryBackoff = -1
 	o.DialTimeout = max(timeout, 250*time.Millisecond)
+	// One dial per attempt, not five 100 ms apart: a refused dial (Redis'
+	// process is down) fails the call at once with the refusal, which opens
+	// the breaker at once. With five, go-redis slept between them until the
+	// call's deadline, and the refusal came back as a timeout (a Cluster
+	// decision on a SIGKILLed master took 835 ms to say "connection
+	// refused" with a 1 s deadline). The limiter tries again by itself, at
+	// the next heartbeat or probe.
+	o.DialerRetries = 1
 	o.ReadTimeout = timeout
 	o.WriteTimeout = timeout
 	o.PoolTimeout = timeout

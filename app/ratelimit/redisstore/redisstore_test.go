@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sort"
 	"strings"
 	"sync"
@@ -557,5 +558,58 @@ func TestResentRequestCountsOnce(t *testing.T) {
 				t.Errorf("a new request at the limit was admitted")
 			}
 		})
+	}
+}
+
+// TestClusterDeadMasterFailsAtOnce: with the shipped client, a heartbeat and
+// a decision that reach a Cluster master that was just SIGKILLed fail with
+// the refusal, not with their deadline. A refused heartbeat opens the
+// breaker at once; a timed-out one only at the third in a row. go-redis'
+// Cluster client retried a dead node's EOF and refused dials three times
+// with back-off until the 50 ms deadline, so the instances stayed in Redis
+// 0.36-0.45 s after the kill and took places their peers' local shares had
+// counted free (native shard-wipe: sliding window log over-admission up to
+// 1.16 in fault).
+func TestClusterDeadMasterFailsAtOnce(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: cl.Addrs(), Cluster: true, Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	l := redisstore.New(c)
+	ctx := context.Background()
+	p := ratelimit.Policy{Name: "dead", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: time.Minute}
+	fleetMaster := cl.MasterFor(l.FleetKey())
+	var key string
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprint("client-", i); cl.MasterFor(l.Key(p, k)) != fleetMaster {
+			key = k
+		}
+	}
+	if _, err := l.Heartbeat(ctx, "app1", 300*time.Millisecond, time.Second); err != nil {
+		t.Fatalf("heartbeat before the kill: %v", err)
+	}
+	if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: key}); err != nil {
+		t.Fatalf("decision before the kill: %v", err)
+	}
+	cl.MasterFor(l.Key(p, key)).Kill()
+	timedOut := func(err error) bool {
+		var ne net.Error
+		return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+	}
+	for i := range 3 {
+		callCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		_, err := l.Heartbeat(callCtx, "app1", 300*time.Millisecond, time.Second)
+		cancel()
+		if err == nil || timedOut(err) {
+			t.Fatalf("heartbeat %d after the kill: %v, want the refusal", i+1, err)
+		}
+		callCtx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
+		_, err = l.Decide(callCtx, ratelimit.Request{Policy: p, Key: key})
+		cancel()
+		if err == nil || timedOut(err) {
+			t.Fatalf("decision %d on the dead master: %v, want the refusal", i+1, err)
+		}
 	}
 }

@@ -982,7 +982,10 @@ func TestReplayOfNothingIsNotSent(t *testing.T) {
 	for _, k := range keys[:3] {
 		decide(k, ratelimit.ModeLocal)
 	}
-	time.Sleep(2500 * time.Millisecond) // the old keys' shares are full again
+	// The old keys' shares are full again: a share starts when the others
+	// hold it back (up to 0.5 s after the last heartbeat, before the kill)
+	// and refills its capacity, and the grant, in 2.2 s.
+	time.Sleep(3500 * time.Millisecond)
 	for range 10 {
 		decide("late", ratelimit.ModeLocal)
 	}
