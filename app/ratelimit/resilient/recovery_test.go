@@ -698,95 +698,72 @@ func TestDecideBatchThroughOutage(t *testing.T) {
 
 // TestRestartDuringOutage: an instance stopped during an outage (its journal
 // left as a kill leaves it) comes back, does not hand out the share it had
-// already spent, and replays its grants before trusting the store.
+// already spent, and replays its grants before trusting the store. Also when
+// its journal ends in a torn record and a 2 MiB tail of zeros with no
+// newline (what a crash mid-write can leave): it starts, serves, and replays
+// the grants journaled before the damage. Before the journal skipped
+// damage, the torn record panicked the start and the long tail failed it
+// ("token too long").
 func TestRestartDuringOutage(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		f := newFakeStore()
-		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: time.Hour}
-		cfg := resilient.Config{Instance: "app1", JournalDir: dir, ExpectedInstances: 4}
-		first, err := resilient.New(f, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		f.down.Store(true)
-		if got := admit(t, first, p, "k", 40, ratelimit.ModeLocal); got != 25 {
-			t.Fatalf("first process: %d local grants, want a quarter of 100", got)
-		}
-		_ = first.Close(context.Background()) // the store is down: nothing replayed, nothing acknowledged
+	damage := map[string]func(t *testing.T, dir string){
+		"clean journal": func(*testing.T, string) {},
+		"torn record and a 2 MiB zero tail": func(t *testing.T, dir string) {
+			jf, err := os.OpenFile(filepath.Join(dir, "journal.log"), os.O_APPEND|os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = jf.WriteString("A\t5\tj\n") // a torn acknowledgement: 3 of its fields
+			_, _ = jf.Write(make([]byte, 2<<20))
+			if err := jf.Close(); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}
+	for name, damage := range damage {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				dir := t.TempDir()
+				f := newFakeStore()
+				p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: time.Hour}
+				cfg := resilient.Config{Instance: "app1", JournalDir: dir, ExpectedInstances: 4}
+				first, err := resilient.New(f, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				synctest.Wait()
+				f.down.Store(true)
+				if got := admit(t, first, p, "k", 40, ratelimit.ModeLocal); got != 25 {
+					t.Fatalf("first process: %d local grants, want a quarter of 100", got)
+				}
+				_ = first.Close(context.Background()) // the store is down: nothing replayed, nothing acknowledged
+				damage(t, dir)
 
-		second := newLimiter(t, f, cfg)
-		if second.Breaker() != resilient.Open {
-			t.Fatalf("restarted with a journal: %s, want open until replayed", second.Breaker())
-		}
-		if got := admit(t, second, p, "k", 40, ratelimit.ModeLocal); got != 0 {
-			t.Fatalf("restarted: %d more local grants, want 0: the share was spent", got)
-		}
-		f.down.Store(false)
-		settle(2 * time.Second)
-		if second.Breaker() != resilient.Closed {
-			t.Fatalf("%s, want closed after replay", second.Breaker())
-		}
-		d, err := second.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
-		if err != nil || d.Mode != ratelimit.ModeRedis || d.Remaining != 74 {
-			t.Fatalf("after replay: %+v %v, want the store to hold the 25 grants (74 left)", d, err)
-		}
-	})
-}
-
-// TestRestartWithDamagedJournal: an instance killed during an outage whose
-// journal ends in a torn record and a 2 MiB tail of zeros with no newline
-// (what a crash mid-write can leave) starts, serves, and replays the grants
-// journaled before the damage. Before the journal skipped damage, the torn
-// record panicked the start and the long tail failed it ("token too long").
-func TestRestartWithDamagedJournal(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		f := newFakeStore()
-		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: time.Hour}
-		cfg := resilient.Config{Instance: "app1", JournalDir: dir, ExpectedInstances: 4}
-		first, err := resilient.New(f, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		f.down.Store(true)
-		if got := admit(t, first, p, "k", 40, ratelimit.ModeLocal); got != 25 {
-			t.Fatalf("first process: %d local grants, want a quarter of 100", got)
-		}
-		_ = first.Close(context.Background())
-		jf, err := os.OpenFile(filepath.Join(dir, "journal.log"), os.O_APPEND|os.O_WRONLY, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = jf.WriteString("A\t5\tj\n") // a torn acknowledgement: 3 of its fields
-		_, _ = jf.Write(make([]byte, 2<<20))
-		if err := jf.Close(); err != nil {
-			t.Fatal(err)
-		}
-
-		second, err := resilient.New(f, cfg)
-		if err != nil {
-			t.Fatalf("restart on a damaged journal: %v", err)
-		}
-		t.Cleanup(func() { _ = second.Close(context.Background()) })
-		if got := admit(t, second, p, "other", 10, ratelimit.ModeLocal); got != 10 {
-			t.Fatalf("restarted: %d of 10 requests of a fresh key admitted locally, want it to serve", got)
-		}
-		if got := admit(t, second, p, "k", 40, ratelimit.ModeLocal); got != 0 {
-			t.Fatalf("restarted: %d more local grants of k, want 0: the journal before the damage spent its share", got)
-		}
-		f.down.Store(false)
-		settle(2 * time.Second)
-		if second.Breaker() != resilient.Closed {
-			t.Fatalf("%s, want closed after replay", second.Breaker())
-		}
-		d, err := second.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
-		if err != nil || d.Mode != ratelimit.ModeRedis || d.Remaining != 74 {
-			t.Fatalf("after replay: %+v %v, want the store to hold the 25 grants from before the damage (74 left)", d, err)
-		}
-	})
+				second, err := resilient.New(f, cfg)
+				if err != nil {
+					t.Fatalf("restart: %v", err)
+				}
+				t.Cleanup(func() { _ = second.Close(context.Background()) })
+				if second.Breaker() != resilient.Open {
+					t.Fatalf("restarted with a journal: %s, want open until replayed", second.Breaker())
+				}
+				if got := admit(t, second, p, "other", 10, ratelimit.ModeLocal); got != 10 {
+					t.Fatalf("restarted: %d of 10 requests of a fresh key admitted locally, want it to serve", got)
+				}
+				if got := admit(t, second, p, "k", 40, ratelimit.ModeLocal); got != 0 {
+					t.Fatalf("restarted: %d more local grants, want 0: the share was spent", got)
+				}
+				f.down.Store(false)
+				settle(2 * time.Second)
+				if second.Breaker() != resilient.Closed {
+					t.Fatalf("%s, want closed after replay", second.Breaker())
+				}
+				d, err := second.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+				if err != nil || d.Mode != ratelimit.ModeRedis || d.Remaining != 74 {
+					t.Fatalf("after replay: %+v %v, want the store to hold the 25 grants (74 left)", d, err)
+				}
+			})
+		})
+	}
 }
 
 // TestRestartDuringOutageChargesTheWholeShare: the grants of a process
