@@ -104,8 +104,8 @@ func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
 	// No idle connections kept warm: while Redis is unreachable, go-redis
 	// refills them in the background (each refill was then a chain of five
 	// dials of DialTimeout), and once PoolSize dials have failed it fails
-	// every new dial at once with the last error until its own prober (once a second)
-	// gets through. On the compose stack (a dead container's address drops
+	// every new dial at once with the last error until its own prober
+	// (once a second) gets through. On the compose stack (a dead container's address drops
 	// packets) the refills reached that count within a 15 s outage: after
 	// Redis returned, the probe's ping was answered and the replay's new
 	// connections failed "dial tcp ...: i/o timeout" for 1-2 s, so recovery

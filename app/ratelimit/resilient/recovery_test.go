@@ -738,11 +738,7 @@ func TestRestartDuringOutage(t *testing.T) {
 				_ = first.Close(context.Background()) // the store is down: nothing replayed, nothing acknowledged
 				damage(t, dir)
 
-				second, err := resilient.New(f, cfg)
-				if err != nil {
-					t.Fatalf("restart: %v", err)
-				}
-				t.Cleanup(func() { _ = second.Close(context.Background()) })
+				second := newLimiter(t, f, cfg)
 				if second.Breaker() != resilient.Open {
 					t.Fatalf("restarted with a journal: %s, want open until replayed", second.Breaker())
 				}
