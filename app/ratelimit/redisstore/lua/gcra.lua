@@ -2,7 +2,9 @@
 -- remainder in 1/limit µs}. Twin of algorithm.GCRADecide.
 local now = now_us()
 local tolerance = capacity * window
-local st = redis.call('HMGET', key, 't', 'r')
+local st = redis.call('HMGET', key, 't', 'r', 'i')
+local again = seen(st[3])
+if again then cost = 0 end
 local tat, rem = now, 0
 if st[1] then
   local t0, r0 = num(st[1], 't'), num(st[2], 'r')
@@ -24,9 +26,10 @@ ahead = (tat - now) * limit + rem
 local remaining = wunits(tolerance - ahead, window)
 local reset = cdiv(ahead, limit)
 if reset > 0 then
-  redis.call('HSET', key, 't', str(tat), 'r', str(rem))
+  save(allowed, again, 't', str(tat), 'r', str(rem))
   redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 else
   redis.call('DEL', key)
 end
+if again then allowed, retry = 1, 0 end
 return reply(allowed, remaining, reset, retry, now, tat, rem)

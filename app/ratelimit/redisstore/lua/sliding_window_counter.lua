@@ -4,7 +4,9 @@
 local now = now_us()
 local limit = elimit
 local start = now - (now % window)
-local cur, prev = counter_state(key, start, window)
+local cur, prev, last = counter_state(key, start, window)
+local again = seen(last)
+if again then cost = 0 end
 local elapsed = now - start
 local used = prev * (window - elapsed) + cur * window
 local allowed, retry = 0, 0
@@ -38,7 +40,8 @@ elseif prev > 0 then
   reset = window - elapsed
 end
 if reset > 0 then
-  redis.call('HSET', key, 'w', str(start), 'c', str(cur), 'p', str(prev))
+  save(allowed, again, 'w', str(start), 'c', str(cur), 'p', str(prev))
   redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 end
+if again then allowed, retry = 1, 0 end
 return reply(allowed, remaining, reset, retry, now, start, cur, prev)

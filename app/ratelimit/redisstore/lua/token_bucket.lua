@@ -2,7 +2,9 @@
 -- Twin of algorithm.TokenBucketDecide.
 local now = now_us()
 local cap = capacity * window
-local st = redis.call('HMGET', key, 't', 'l')
+local st = redis.call('HMGET', key, 't', 'l', 'i')
+local again = seen(st[3])
+if again then cost = 0 end
 local tokens = cap
 if st[2] then
   tokens = refill(num(st[1], 't'), num(st[2], 'l'), now, cap, limit)
@@ -16,6 +18,7 @@ else
   retry = cdiv(need - tokens, limit)
 end
 local reset = cdiv(cap - tokens, limit)
-redis.call('HSET', key, 't', str(tokens), 'l', str(now))
+save(allowed, again, 't', str(tokens), 'l', str(now))
 redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
+if again then allowed, retry = 1, 0 end
 return reply(allowed, wunits(tokens, window), reset, retry, now, tokens)
