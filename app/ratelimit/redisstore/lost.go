@@ -38,7 +38,7 @@ import (
 //go:embed lua/raise.lua
 var raiseLua string
 
-var raiseScript = redis.NewScript(commonLua + raiseLua)
+var raiseScript = redis.NewScript(helpersLua + raiseLua)
 
 // lagScript replaces the generation ARGV[1] with ARGV[2]; a generation that
 // changed meanwhile is kept (another instance noticed first, or the data is

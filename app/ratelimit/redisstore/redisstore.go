@@ -38,6 +38,12 @@ import (
 const TagBuckets = 1024
 
 var (
+	//go:embed lua/arith.lua
+	arithLua string
+	//go:embed lua/fill.lua
+	fillLua string
+	//go:embed lua/counter.lua
+	counterLua string
 	//go:embed lua/common.lua
 	commonLua string
 	//go:embed lua/decide.lua
@@ -55,14 +61,18 @@ var (
 )
 
 // decideSrc is the decision script of each algorithm, and scripts the same
-// as go-redis scripts.
+// as go-redis scripts. A decision script holds only the helpers its
+// algorithm calls: Redis runs the whole script on every call, and each
+// helper defined is a closure made and collected per decision.
+// helpersLua is every helper, for the replay and repair scripts.
 var (
 	decideSrc = map[ratelimit.Algorithm]string{
-		ratelimit.TokenBucket:          commonLua + decideLua + onceLua + tokenBucketLua,
-		ratelimit.GCRA:                 commonLua + decideLua + onceLua + gcraLua,
-		ratelimit.SlidingWindowCounter: commonLua + decideLua + onceLua + windowCounterLua,
-		ratelimit.SlidingWindowLog:     commonLua + decideLua + windowLogLua,
+		ratelimit.TokenBucket:          arithLua + fillLua + decideLua + onceLua + tokenBucketLua,
+		ratelimit.GCRA:                 arithLua + decideLua + onceLua + gcraLua,
+		ratelimit.SlidingWindowCounter: arithLua + counterLua + decideLua + onceLua + windowCounterLua,
+		ratelimit.SlidingWindowLog:     arithLua + decideLua + windowLogLua,
 	}
+	helpersLua = arithLua + fillLua + counterLua + commonLua
 	scripts = newScripts(decideSrc)
 )
 

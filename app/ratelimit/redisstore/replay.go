@@ -32,10 +32,10 @@ var (
 // fold of one key, then the loop over the call's keys (lua/replay.lua).
 var (
 	replaySrc = map[ratelimit.Algorithm]string{
-		ratelimit.TokenBucket:          commonLua + replayTokenBucketLua + replayLua,
-		ratelimit.GCRA:                 commonLua + replayGCRALua + replayLua,
-		ratelimit.SlidingWindowCounter: commonLua + replayWindowCounterLua + replayLua,
-		ratelimit.SlidingWindowLog:     commonLua + replayWindowLogLua + replayLua,
+		ratelimit.TokenBucket:          helpersLua + replayTokenBucketLua + replayLua,
+		ratelimit.GCRA:                 helpersLua + replayGCRALua + replayLua,
+		ratelimit.SlidingWindowCounter: helpersLua + replayWindowCounterLua + replayLua,
+		ratelimit.SlidingWindowLog:     helpersLua + replayWindowLogLua + replayLua,
 	}
 	replayScripts = newScripts(replaySrc)
 )

@@ -1,0 +1,36 @@
+-- Arithmetic shared by every script. ARGV[1] is always the time override in µs
+-- (0: take the time from redis TIME, the production path).
+-- All arithmetic stays integral and below 2^53, so float64 Lua agrees with
+-- the Go twins (package ratelimit) to the bit.
+-- Keys outlive the time their state matters by this much (ms).
+local margin_ms = 1000
+
+local function now_us()
+  local n = tonumber(ARGV[1])
+  if n and n > 0 then return n end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- floor(a / b) for a >= 0, b > 0, exact despite float division.
+local function fdiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then q = q - 1 end
+  if (q + 1) * b <= a then q = q + 1 end
+  return q
+end
+
+-- ceil(a / b) for b > 0; 0 when a <= 0.
+local function cdiv(a, b)
+  if a <= 0 then return 0 end
+  return fdiv(a + b - 1, b)
+end
+
+-- Integers as exact decimal strings (redis would format numbers with %.17g).
+local function str(x) return string.format('%.0f', x) end
+
+local function num(v, what)
+  local n = tonumber(v)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then error('fleetlimit: corrupt state (' .. what .. ')') end
+  return n
+end
