@@ -1,0 +1,61 @@
+package statekey_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
+)
+
+// TestKeysDiffer: every field that shapes a key's state makes another key,
+// and so does the identity; the same inputs make the same key.
+func TestKeysDiffer(t *testing.T) {
+	s := statekey.NewSeeds()
+	base := ratelimit.Policy{Name: "api", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Minute}
+	id := ratelimit.IdentityOf("client")
+	variants := map[string]statekey.Key{}
+	add := func(what string, p ratelimit.Policy, id ratelimit.Identity) {
+		k := s.Key(p, id)
+		for other, ok := range variants {
+			if ok == k {
+				t.Errorf("%s and %s share a key", what, other)
+			}
+		}
+		variants[what] = k
+	}
+	add("base", base, id)
+	p := base
+	p.Name = "api2"
+	add("name", p, id)
+	p = base
+	p.Algorithm = ratelimit.TokenBucket
+	add("algorithm", p, id)
+	p = base
+	p.Limit = 101
+	add("limit", p, id)
+	p = base
+	p.Window = time.Hour
+	add("window", p, id)
+	p = base
+	p.Burst = 7
+	add("burst", p, id)
+	add("identity", base, ratelimit.IdentityOf("client2"))
+	long := base
+	long.Name = strings.Repeat("n", 300) // past the stack buffer
+	add("long name", long, id)
+	if s.Key(base, id) != variants["base"] || s.Key(long, id) != variants["long name"] {
+		t.Error("the same policy and identity made another key")
+	}
+}
+
+// TestKeyDoesNotAllocate for a policy name of ordinary length.
+func TestKeyDoesNotAllocate(t *testing.T) {
+	s := statekey.NewSeeds()
+	p := ratelimit.Policy{Name: "per-address-ceiling", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: time.Minute}
+	id := ratelimit.IdentityOf("client")
+	if n := testing.AllocsPerRun(100, func() { _ = s.Key(p, id) }); n != 0 {
+		t.Errorf("%v allocations per key", n)
+	}
+}
