@@ -73,7 +73,7 @@ var (
 		ratelimit.SlidingWindowLog:     arithLua + decideLua + windowLogLua,
 	}
 	helpersLua = arithLua + fillLua + counterLua + commonLua
-	scripts = newScripts(decideSrc)
+	scripts    = newScripts(decideSrc)
 )
 
 func newScripts(src map[ratelimit.Algorithm]string) map[ratelimit.Algorithm]*redis.Script {
