@@ -63,8 +63,9 @@ type Journal struct {
 	// (bounded by the policies configured, not by clients); dropped when
 	// the journal empties.
 	policies map[ratelimit.Policy]*policyRef
-	size     int    // grants held, plus snapshots (both count toward max)
-	pending  uint64 // the units of the grants held
+	lastRef  *policyRef // refLocked's last answer
+	size     int        // grants held, plus snapshots (both count toward max)
+	pending  uint64     // the units of the grants held
 	f        *os.File
 	buf      []byte
 	dirty    bool
@@ -86,12 +87,30 @@ type batchKey struct {
 	identity ratelimit.Identity
 }
 
-// batch is one key's grants of one epoch. A grant's request id is kept only
-// for the sliding window log, whose replay adds it as the member; the other
-// algorithms' replays do not read it.
+// batch is one key's grants of one epoch, their times and costs in an
+// array without pointers (the garbage collector does not scan it, and a
+// grant costs 16 bytes). A grant's request id is kept only for the sliding
+// window log, whose replay adds it as the member; the other algorithms'
+// replays do not read it.
 type batch struct {
 	policy *policyRef
-	grants []ratelimit.Grant
+	grants []grant
+	ids    []string // the sliding window log's: ids[i] is grants[i]'s
+	units  uint64   // the grants' costs, summed
+}
+
+type grant struct{ at, cost int64 }
+
+// appendTo appends the batch's grants to dst.
+func (b *batch) appendTo(dst []ratelimit.Grant) []ratelimit.Grant {
+	for i, g := range b.grants {
+		rg := ratelimit.Grant{At: g.at, Cost: g.cost}
+		if b.ids != nil {
+			rg.ID = b.ids[i]
+		}
+		dst = append(dst, rg)
+	}
+	return dst
 }
 
 // policyRef is a policy and its key (name and fingerprint), held once.
@@ -214,9 +233,7 @@ func (j *Journal) load(path string) error {
 	}
 	j.epoch = max(maxEpoch+1, epochNow())
 	for _, b := range j.batches {
-		for _, g := range b.grants {
-			j.stats.reloaded.Add(uint64(g.Cost))
-		}
+		j.stats.reloaded.Add(b.units)
 	}
 	if n := j.stats.corrupt.Load(); n > 0 {
 		j.log.Warn("journal: skipped unreadable lines", "file", path, "lines", n)
@@ -243,7 +260,7 @@ func (j *Journal) apply(line string, maxEpoch *uint64) bool {
 		k := batchKey{epoch: r.epoch, policy: r.policy.Name + "/" + r.fingerprint, identity: r.identity}
 		if b, ok := j.batches[k]; ok {
 			j.size -= len(b.grants)
-			j.pending -= units(b.grants)
+			j.pending -= b.units
 			delete(j.batches, k)
 		}
 	}
@@ -295,24 +312,21 @@ func readRecords(r io.Reader, fn func(line []byte)) error {
 // duplicate and its grants silently dropped.
 func epochNow() uint64 { return uint64(max(time.Now().UnixMicro(), 1)) }
 
-// units is the cost of grants.
-func units(grants []ratelimit.Grant) uint64 {
-	var n uint64
-	for _, g := range grants {
-		n += uint64(g.Cost)
-	}
-	return n
-}
-
 func policyKey(p ratelimit.Policy) string { return p.Name + "/" + p.Fingerprint() }
 
 // refLocked returns the journal's one copy of p.
+// The last one returned is checked first: an outage's grants mostly
+// share a policy, and comparing one is cheaper than hashing it.
 func (j *Journal) refLocked(p ratelimit.Policy) *policyRef {
+	if r := j.lastRef; r != nil && r.p == p {
+		return r
+	}
 	r := j.policies[p]
 	if r == nil {
 		r = &policyRef{key: policyKey(p), p: p}
 		j.policies[p] = r
 	}
+	j.lastRef = r
 	return r
 }
 
@@ -324,10 +338,11 @@ func (j *Journal) addLocked(epoch uint64, p ratelimit.Policy, id ratelimit.Ident
 		b = &batch{policy: ref}
 		j.batches[k] = b
 	}
-	if p.Algorithm != ratelimit.SlidingWindowLog {
-		g.ID = ""
+	b.grants = append(b.grants, grant{g.At, g.Cost})
+	if p.Algorithm == ratelimit.SlidingWindowLog {
+		b.ids = append(b.ids, g.ID)
 	}
-	b.grants = append(b.grants, g)
+	b.units += uint64(g.Cost)
 	j.pending += uint64(g.Cost)
 	j.size++
 }
@@ -456,7 +471,7 @@ func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot)
 			markers[k.epoch] = m
 		}
 		start := len(all)
-		all = append(all, b.grants...)
+		all = b.appendTo(all)
 		out = append(out, ratelimit.ReplayBatch{Policy: b.policy.p, Identity: k.identity, Marker: m, Grants: all[start:len(all):len(all)]})
 		// Only the token bucket's and GCRA's replays net a key's grants
 		// against its share's snapshot.
@@ -507,18 +522,16 @@ func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.Repla
 		}
 		delete(j.batches, k)
 		j.size -= len(held.grants)
-		j.pending -= units(held.grants)
+		j.pending -= held.units
 		if r := results[i]; r.Duplicate {
 			j.stats.duplicates.Add(1)
-			for _, g := range held.grants {
-				j.stats.dupUnits.Add(uint64(g.Cost))
-			}
+			j.stats.dupUnits.Add(held.units)
 		} else {
 			if a := b.Policy.Algorithm; a == ratelimit.TokenBucket || a == ratelimit.GCRA {
 				// Their folds drop nothing, and the batch may have gone
 				// to the store as one charge net of refill (resilient's
 				// replay): every grant it held is accounted for.
-				r.Replayed, r.Dropped, r.Present = int64(units(held.grants)), 0, 0
+				r.Replayed, r.Dropped, r.Present = int64(held.units), 0, 0
 			}
 			j.stats.replayed.Add(uint64(r.Replayed))
 			j.stats.dropped.Add(uint64(r.Dropped))
@@ -537,6 +550,7 @@ func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.Repla
 		j.size = 0
 		clear(j.snaps)
 		clear(j.policies)
+		j.lastRef = nil
 		if j.f != nil {
 			if err := j.f.Truncate(0); err == nil {
 				j.writeEpochLocked()
@@ -587,7 +601,7 @@ func (j *Journal) Each(fn func(p ratelimit.Policy, id ratelimit.Identity, g rate
 	var items []item
 	for k, b := range j.batches {
 		snap := j.snapshotLocked(k.policy, k.identity)
-		for _, g := range b.grants {
+		for _, g := range b.appendTo(nil) {
 			items = append(items, item{b.policy.p, k.identity, g, snap})
 		}
 	}
