@@ -65,7 +65,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 	store := redisstore.New(client,
 		redisstore.WithReplayClient(replayClient),
 		redisstore.WithTimeout(cfg.RedisTimeout),
-		redisstore.WithCoalescing(cfg.RedisPipelines),
+		redisstore.WithCoalescing(min(cfg.RedisPipelines, cfg.RedisPoolSize)),
 		redisstore.WithHooks(redisstore.Hooks{
 			OnDecision: func(_ ratelimit.Request, _ ratelimit.Decision, latency time.Duration) {
 				m.observeRedis(nil, latency)

@@ -30,7 +30,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		AdminAddr:         ":9090",
 		RedisTimeout:      50 * time.Millisecond,
 		RedisPoolSize:     64,
-		RedisPipelines:    0,
+		RedisPipelines:    4,
 		ReplayTimeout:     2 * time.Second,
 		ExpectedInstances: 1,
 		TrustedProxies:    []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")},
@@ -123,7 +123,7 @@ func TestLoadConfigErrors(t *testing.T) {
 		{"non-numeric instances", map[string]string{"RL_EXPECTED_INSTANCES": "four"}, "", "RL_EXPECTED_INSTANCES",
 			"RL_EXPECTED_INSTANCES: strconv.ParseInt", ""},
 		{"pool size", map[string]string{"RL_REDIS_POOL_SIZE": "0"}, "", "RL_REDIS_POOL_SIZE", "RL_REDIS_POOL_SIZE: must be at least 1", ""},
-		{"pipelines", map[string]string{"RL_REDIS_PIPELINES": "-1"}, "", "RL_REDIS_PIPELINES", "RL_REDIS_PIPELINES: must be between 0 (off) and RL_REDIS_POOL_SIZE", ""},
+		{"pipelines", map[string]string{"RL_REDIS_PIPELINES": "-1"}, "", "RL_REDIS_PIPELINES", "RL_REDIS_PIPELINES: must be 0 (off) or more", ""},
 		{"key capacity", map[string]string{"RL_KEY_CAPACITY": "-5"}, "", "RL_KEY_CAPACITY", "RL_KEY_CAPACITY: must be at least 1", ""},
 		{"bool", map[string]string{"RL_DEBUG_HEADERS": "maybe"}, "", "RL_DEBUG_HEADERS", "RL_DEBUG_HEADERS: strconv.ParseBool", ""},
 		{"trusted proxies", map[string]string{"RL_TRUSTED_PROXIES": "10.0.0.0/8,localhost"}, "", "RL_TRUSTED_PROXIES",
@@ -251,5 +251,19 @@ func TestParsePoliciesFull(t *testing.T) {
 		FailureMode: ratelimit.FailClosed, FallbackFactor: 0.5, Shadow: true}
 	if got := set.Routes[0].Policies; len(got) != 2 || got[0] != want || got[1].Name != "per-ip" {
 		t.Errorf("route policies = %+v", got)
+	}
+}
+
+// TestSmallPoolKeepsTheDefaultPipelines: a pool smaller than the default
+// pipelines in flight is a valid setting (the store uses at most one
+// pipeline per connection), not a start-up error about a variable the
+// operator did not set.
+func TestSmallPoolKeepsTheDefaultPipelines(t *testing.T) {
+	cfg, err := LoadConfig(envOf(map[string]string{"RL_INSTANCE": "app1", "RL_REDIS_POOL_SIZE": "2"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.RedisPoolSize != 2 || cfg.RedisPipelines != 4 {
+		t.Errorf("pool %d, pipelines %d", cfg.RedisPoolSize, cfg.RedisPipelines)
 	}
 }
