@@ -77,6 +77,7 @@ type Results struct {
 	Pool     int    `json:"pool"`
 	Coalesce int    `json:"coalesce"`
 	CellTime string `json:"cell_time"`
+	Rounds   int    `json:"rounds"` // each row's cell is split in this many slices, taken in turns
 	// CPUBusyPct and CPUStealPct are the machine's CPU use over the run
 	// (percent of all cores' time): busy, and taken by the hypervisor. A
 	// run with steal measured the host too; compare ratios within a run.
@@ -102,6 +103,7 @@ func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	addr := fs.String("redis", "127.0.0.1:6379", "a fresh Redis to measure against")
 	cell := fs.Duration("cell", 3*time.Second, "how long each row is measured")
+	rounds := fs.Int("rounds", 3, "each row is measured in this many slices of -cell, the rows taking turns, so a host that slows down during the run slows every row alike")
 	keys := fs.Int("keys", 10_000, "distinct keys")
 	levels := fs.String("goroutines", "1,16,64,256", "concurrency levels")
 	pool := fs.Int("pool", 300, "go-redis pool size, on every side")
@@ -139,16 +141,39 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("redis %s: %w", *addr, err)
 	}
 	res := Results{Machine: fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
-		Redis: redisVersion(ctx, client), Keys: *keys, Pool: *pool, Coalesce: *coalesce, CellTime: cell.String(), Ratios: map[string]float64{}}
+		Redis: redisVersion(ctx, client), Keys: *keys, Pool: *pool, Coalesce: *coalesce, CellTime: cell.String(), Rounds: *rounds, Ratios: map[string]float64{}}
 	names := make([]string, *keys)
 	for i := range names {
 		names[i] = "k" + strconv.Itoa(i)
 	}
 
+	if *rounds < 1 {
+		return fmt.Errorf("-rounds: %d", *rounds)
+	}
+	var jobs []*job
 	add := func(name string, g int, d decider) {
 		if strings.HasPrefix(name, *only) {
-			res.Rows = append(res.Rows, measure(ctx, name, g, *cell, names, d))
+			jobs = append(jobs, &job{name: name, g: g, d: d})
 		}
+	}
+	// measureAll measures the jobs added so far, in turns, and adds their
+	// rows.
+	measureAll := func(between func() error) error {
+		for r := range *rounds {
+			for _, j := range jobs {
+				j.run(ctx, *cell/time.Duration(*rounds), names, r == 0)
+			}
+			if between != nil {
+				if err := between(); err != nil {
+					return err
+				}
+			}
+		}
+		for _, j := range jobs {
+			res.Rows = append(res.Rows, j.row())
+		}
+		jobs = nil
+		return nil
 	}
 
 	// Ours, as deployed: resilient over redisstore, the service's settings.
@@ -180,9 +205,6 @@ func run(ctx context.Context, args []string) error {
 			})
 		}
 	}
-	if s := lim.Status(); s.LocalDecisions > 0 {
-		fmt.Fprintf(os.Stderr, "bench: warning: %d of our decisions were made locally (store calls failed or timed out)\n", s.LocalDecisions)
-	}
 
 	// The peers, on a client with the same settings.
 	rr := redis_rate.NewLimiter(client)
@@ -204,16 +226,32 @@ func run(ctx context.Context, args []string) error {
 		})
 	}
 
-	// The ceiling: our GCRA script by redis-benchmark, 64 connections.
-	for _, depth := range []int{1, 16} {
+	// The ceiling: our GCRA script by redis-benchmark, 64 connections, a
+	// slice after each round of the rows above.
+	var ceil [2][]Row
+	between := func() error {
 		if !strings.HasPrefix("ceiling/", *only) && !strings.HasPrefix(*only, "ceiling/") {
-			break
+			return nil
 		}
-		r, err := ceiling(ctx, client, *addr, depth, *keys)
-		if err != nil {
-			return err
+		for i, depth := range []int{1, 16} {
+			r, err := ceiling(ctx, client, *addr, depth, *keys, 300_000 / *rounds)
+			if err != nil {
+				return err
+			}
+			ceil[i] = append(ceil[i], r)
 		}
-		res.Rows = append(res.Rows, r)
+		return nil
+	}
+	if err := measureAll(between); err != nil {
+		return err
+	}
+	if s := lim.Status(); s.LocalDecisions > 0 {
+		fmt.Fprintf(os.Stderr, "bench: warning: %d of our decisions were made locally (store calls failed or timed out)\n", s.LocalDecisions)
+	}
+	for _, sl := range ceil {
+		if len(sl) > 0 {
+			res.Rows = append(res.Rows, sumCeiling(sl))
+		}
 	}
 
 	// The fallback's decision and the journal's append, in memory.
@@ -231,6 +269,9 @@ func run(ctx context.Context, args []string) error {
 					add("stack/"+route, g, d)
 				}
 			}
+		}
+		if err := measureAll(nil); err != nil {
+			return err
 		}
 	}
 
@@ -271,43 +312,57 @@ func httpDecider(url string) decider {
 	}
 }
 
-// measure runs d from g goroutines for about cell over random keys.
-func measure(ctx context.Context, name string, g int, cell time.Duration, keys []string, d decider) Row {
-	// Warm up: every key exists, the scripts are loaded.
-	for _, k := range keys[:min(len(keys), 1000)] {
-		_ = d(ctx, k)
+// job is one row measured in slices: its latencies and time so far.
+type job struct {
+	name    string
+	g       int
+	d       decider
+	lat     []time.Duration
+	elapsed time.Duration
+	errs    sync.Map
+}
+
+// run runs j's decider from j.g goroutines for about d over random keys,
+// after a warm-up (every key exists, the scripts are loaded) if warm.
+func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool) {
+	if warm {
+		for _, k := range keys[:min(len(keys), 1000)] {
+			_ = j.d(ctx, k)
+		}
 	}
-	lat := make([][]time.Duration, g)
-	var errs sync.Map
-	deadline := time.Now().Add(cell)
+	lat := make([][]time.Duration, j.g)
+	deadline := time.Now().Add(d)
 	var wg sync.WaitGroup
 	start := time.Now()
-	for i := range g {
+	for i := range j.g {
 		wg.Go(func() {
-			r := rand.New(rand.NewPCG(uint64(i), 7))
+			r := rand.New(rand.NewPCG(uint64(i), uint64(len(j.lat))))
 			for time.Now().Before(deadline) {
 				t := time.Now()
-				if err := d(ctx, keys[r.IntN(len(keys))]); err != nil {
-					errs.Store(err.Error(), true)
+				if err := j.d(ctx, keys[r.IntN(len(keys))]); err != nil {
+					j.errs.Store(err.Error(), true)
 				}
 				lat[i] = append(lat[i], time.Since(t))
 			}
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	var all []time.Duration
+	j.elapsed += time.Since(start)
 	for _, l := range lat {
-		all = append(all, l...)
+		j.lat = append(j.lat, l...)
 	}
-	slices.Sort(all)
-	errs.Range(func(k, _ any) bool {
-		fmt.Fprintf(os.Stderr, "bench: %s at %d: error: %v\n", name, g, k)
+}
+
+// row sums up j's slices.
+func (j *job) row() Row {
+	slices.Sort(j.lat)
+	j.errs.Range(func(k, _ any) bool {
+		fmt.Fprintf(os.Stderr, "bench: %s at %d: error: %v\n", j.name, j.g, k)
 		return false
 	})
-	row := Row{Name: name, Goroutines: g, DecisionsPerS: round(float64(len(all)) / elapsed.Seconds()),
-		P50us: pct(all, 0.50), P99us: pct(all, 0.99)}
-	fmt.Printf("%-28s %4d goroutines  %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", name, g, row.DecisionsPerS, row.P50us, row.P99us)
+	row := Row{Name: j.name, Goroutines: j.g, DecisionsPerS: round(float64(len(j.lat)) / j.elapsed.Seconds()),
+		P50us: pct(j.lat, 0.50), P99us: pct(j.lat, 0.99)}
+	fmt.Printf("%-28s %4d goroutines  %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", j.name, j.g, row.DecisionsPerS, row.P50us, row.P99us)
 	return row
 }
 
@@ -320,8 +375,27 @@ func pct(sorted []time.Duration, q float64) float64 {
 
 func round(x float64) float64 { return float64(int64(x*10+0.5)) / 10 }
 
+// sumCeiling sums up slices of one ceiling row: requests over their time,
+// and the median slice's p50 and p99 (redis-benchmark reports no
+// latencies to merge).
+func sumCeiling(sl []Row) Row {
+	var reqs, secs float64
+	p50s, p99s := make([]float64, len(sl)), make([]float64, len(sl))
+	for i, r := range sl {
+		n := 300_000 / float64(len(sl))
+		reqs, secs = reqs+n, secs+n/r.DecisionsPerS
+		p50s[i], p99s[i] = r.P50us, r.P99us
+	}
+	slices.Sort(p50s)
+	slices.Sort(p99s)
+	row := sl[0]
+	row.DecisionsPerS, row.P50us, row.P99us = round(reqs/secs), p50s[len(sl)/2], p99s[len(sl)/2]
+	fmt.Printf("%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs (%d slices)\n", row.Name, row.Goroutines, row.DecisionsPerS, row.P50us, row.P99us, len(sl))
+	return row
+}
+
 // ceiling runs redis-benchmark against our GCRA script by EVALSHA.
-func ceiling(ctx context.Context, client redis.UniversalClient, addr string, depth, keys int) (Row, error) {
+func ceiling(ctx context.Context, client redis.UniversalClient, addr string, depth, keys, n int) (Row, error) {
 	s := redisstore.Script(ratelimit.GCRA)
 	if err := s.Load(ctx, client).Err(); err != nil {
 		return Row{}, err
@@ -337,7 +411,7 @@ func ceiling(ctx context.Context, client redis.UniversalClient, addr string, dep
 	const conns = 64
 	// ARGV as redisstore sends them (lua/decide.lua): now override (0:
 	// Redis TIME), limit, window µs, capacity, cost, request id, weight.
-	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(conns), "-P", strconv.Itoa(depth), "-n", "300000",
+	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(conns), "-P", strconv.Itoa(depth), "-n", strconv.Itoa(n),
 		"-r", strconv.Itoa(keys), "--csv", "EVALSHA", s.Hash(), "1", "{rl:0000}:bench-ceiling:__rand_int__",
 		"0", strconv.Itoa(limit), "1000000", strconv.Itoa(limit), "1", "", "1", "1"}
 	outp, err := exec.CommandContext(ctx, bin, args...).Output()
@@ -527,8 +601,8 @@ func write(out, md string, res Results) error {
 		return err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (scripts/bench.sh, loadtest/cmd/bench) on %s; %s; %d keys, %s per row, every row against the same fresh redis-server in one run. The raw figures are in `bench-out/results.json`.\n\n",
-		time.Now().UTC().Format("2006-01-02"), res.Machine, res.Keys, res.CellTime)
+	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (scripts/bench.sh, loadtest/cmd/bench) on %s; %s; %d keys, %s per row, every row against the same fresh redis-server in one run, measured in %d slices with the rows taking turns (so a host that slows down during the run slows every row alike). The raw figures are in `bench-out/results.json`.\n\n",
+		time.Now().UTC().Format("2006-01-02"), res.Machine, res.Keys, res.CellTime, res.Rounds)
 	if res.CPUStealPct != nil {
 		fmt.Fprintf(&b, "Over the run the machine's cores were %.1f %% busy and the hypervisor took %.1f %% of their time (steal): with steal, every row is slower, so compare rows of one run only.\n\n", *res.CPUBusyPct, *res.CPUStealPct)
 	}
