@@ -26,21 +26,17 @@ func TestKeysDiffer(t *testing.T) {
 		variants[what] = k
 	}
 	add("base", base, id)
-	p := base
-	p.Name = "api2"
-	add("name", p, id)
-	p = base
-	p.Algorithm = ratelimit.TokenBucket
-	add("algorithm", p, id)
-	p = base
-	p.Limit = 101
-	add("limit", p, id)
-	p = base
-	p.Window = time.Hour
-	add("window", p, id)
-	p = base
-	p.Burst = 7
-	add("burst", p, id)
+	for what, change := range map[string]func(*ratelimit.Policy){
+		"name":      func(p *ratelimit.Policy) { p.Name = "api2" },
+		"algorithm": func(p *ratelimit.Policy) { p.Algorithm = ratelimit.TokenBucket },
+		"limit":     func(p *ratelimit.Policy) { p.Limit = 101 },
+		"window":    func(p *ratelimit.Policy) { p.Window = time.Hour },
+		"burst":     func(p *ratelimit.Policy) { p.Burst = 7 },
+	} {
+		p := base
+		change(&p)
+		add(what, p, id)
+	}
 	add("identity", base, ratelimit.IdentityOf("client2"))
 	long := base
 	long.Name = strings.Repeat("n", 300) // past the stack buffer
