@@ -13,7 +13,7 @@ import (
 // and so does the identity; the same inputs make the same key.
 func TestKeysDiffer(t *testing.T) {
 	s := statekey.NewSeeds()
-	base := ratelimit.Policy{Name: "api", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Minute}
+	base := ratelimit.Policy{Name: "api", Algorithm: ratelimit.GCRA, Limit: 100, Burst: 50, Window: time.Minute}
 	id := ratelimit.IdentityOf("client")
 	variants := map[string]statekey.Key{}
 	add := func(what string, p ratelimit.Policy, id ratelimit.Identity) {
