@@ -227,9 +227,12 @@ func TestReplayLeavesExactUsage(t *testing.T) {
 	}
 }
 
-// lossyStore applies replays but, the first time, reports failure for every
-// batch: the acknowledgements are lost, as when Redis dies right after
-// running the scripts or the instance crashes before clearing its journal.
+// lossyStore applies replays but, the first time every batch of a call was
+// applied, reports failure for every batch: the acknowledgements are lost,
+// as when Redis dies right after running the scripts or the instance
+// crashes before clearing its journal. (A call that really failed, say one
+// that timed out on a loaded machine before its scripts ran, is passed on
+// as it is: losing its acknowledgements would lose nothing.)
 type lossyStore struct {
 	*redisstore.Limiter
 	lost atomic.Bool
@@ -237,7 +240,8 @@ type lossyStore struct {
 
 func (s *lossyStore) Replay(ctx context.Context, b []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
 	res, errs := s.Limiter.Replay(ctx, b)
-	if !s.lost.Swap(true) {
+	if !s.lost.Load() && !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
+		s.lost.Store(true)
 		for i := range errs {
 			errs[i] = fmt.Errorf("%w: connection reset after the scripts ran", ratelimit.ErrUnavailable)
 		}
