@@ -96,10 +96,18 @@ type batch struct {
 	policy *policyRef
 	grants []grant
 	ids    []string // the sliding window log's: ids[i] is grants[i]'s
-	units  uint64   // the grants' costs, summed
 }
 
 type grant struct{ at, cost int64 }
+
+// units is the cost of the batch's grants.
+func (b *batch) units() uint64 {
+	var n uint64
+	for _, g := range b.grants {
+		n += uint64(g.cost)
+	}
+	return n
+}
 
 // appendTo appends the batch's grants to dst.
 func (b *batch) appendTo(dst []ratelimit.Grant) []ratelimit.Grant {
@@ -233,7 +241,7 @@ func (j *Journal) load(path string) error {
 	}
 	j.epoch = max(maxEpoch+1, epochNow())
 	for _, b := range j.batches {
-		j.stats.reloaded.Add(b.units)
+		j.stats.reloaded.Add(b.units())
 	}
 	if n := j.stats.corrupt.Load(); n > 0 {
 		j.log.Warn("journal: skipped unreadable lines", "file", path, "lines", n)
@@ -260,7 +268,7 @@ func (j *Journal) apply(line string, maxEpoch *uint64) bool {
 		k := batchKey{epoch: r.epoch, policy: r.policy.Name + "/" + r.fingerprint, identity: r.identity}
 		if b, ok := j.batches[k]; ok {
 			j.size -= len(b.grants)
-			j.pending -= b.units
+			j.pending -= b.units()
 			delete(j.batches, k)
 		}
 	}
@@ -342,7 +350,6 @@ func (j *Journal) addLocked(epoch uint64, p ratelimit.Policy, id ratelimit.Ident
 	if p.Algorithm == ratelimit.SlidingWindowLog {
 		b.ids = append(b.ids, g.ID)
 	}
-	b.units += uint64(g.Cost)
 	j.pending += uint64(g.Cost)
 	j.size++
 }
@@ -522,16 +529,16 @@ func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.Repla
 		}
 		delete(j.batches, k)
 		j.size -= len(held.grants)
-		j.pending -= held.units
+		j.pending -= held.units()
 		if r := results[i]; r.Duplicate {
 			j.stats.duplicates.Add(1)
-			j.stats.dupUnits.Add(held.units)
+			j.stats.dupUnits.Add(held.units())
 		} else {
 			if a := b.Policy.Algorithm; a == ratelimit.TokenBucket || a == ratelimit.GCRA {
 				// Their folds drop nothing, and the batch may have gone
 				// to the store as one charge net of refill (resilient's
 				// replay): every grant it held is accounted for.
-				r.Replayed, r.Dropped, r.Present = int64(held.units), 0, 0
+				r.Replayed, r.Dropped, r.Present = int64(held.units()), 0, 0
 			}
 			j.stats.replayed.Add(uint64(r.Replayed))
 			j.stats.dropped.Add(uint64(r.Dropped))

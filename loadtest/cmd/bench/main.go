@@ -375,21 +375,21 @@ func pct(sorted []time.Duration, q float64) float64 {
 
 func round(x float64) float64 { return float64(int64(x*10+0.5)) / 10 }
 
-// sumCeiling sums up slices of one ceiling row: requests over their time,
-// and the median slice's p50 and p99 (redis-benchmark reports no
-// latencies to merge).
+// sumCeiling sums up slices of one ceiling row, each of the same number of
+// calls: their rate over the slices' total time (the harmonic mean of
+// the slices' rates), and the median slice's p50 and p99 (redis-benchmark
+// reports no latencies to merge).
 func sumCeiling(sl []Row) Row {
-	var reqs, secs float64
+	var secsPerCall float64
 	p50s, p99s := make([]float64, len(sl)), make([]float64, len(sl))
 	for i, r := range sl {
-		n := 300_000 / float64(len(sl))
-		reqs, secs = reqs+n, secs+n/r.DecisionsPerS
+		secsPerCall += 1 / r.DecisionsPerS
 		p50s[i], p99s[i] = r.P50us, r.P99us
 	}
 	slices.Sort(p50s)
 	slices.Sort(p99s)
 	row := sl[0]
-	row.DecisionsPerS, row.P50us, row.P99us = round(reqs/secs), p50s[len(sl)/2], p99s[len(sl)/2]
+	row.DecisionsPerS, row.P50us, row.P99us = round(float64(len(sl))/secsPerCall), p50s[len(sl)/2], p99s[len(sl)/2]
 	fmt.Printf("%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs (%d slices)\n", row.Name, row.Goroutines, row.DecisionsPerS, row.P50us, row.P99us, len(sl))
 	return row
 }

@@ -22,9 +22,8 @@ type Seeds [2]maphash.Seed
 func NewSeeds() Seeds { return Seeds{maphash.MakeSeed(), maphash.MakeSeed()} }
 
 // Key returns the state key of identity id under policy p. It does not
-// allocate for policy names of up to 40 bytes: the hashed bytes (the same
-// as the streamed ones before, so keys are unchanged) are put together on
-// the stack and hashed twice in one call each.
+// allocate for policy names of up to 40 bytes: the bytes are put together
+// on the stack and hashed once per seed.
 func (s *Seeds) Key(p ratelimit.Policy, id ratelimit.Identity) Key {
 	var buf [128]byte
 	b := append(buf[:0], p.Name...)
