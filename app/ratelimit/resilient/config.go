@@ -55,8 +55,10 @@ type Config struct {
 	// Logger receives transitions and replays (slog.Default()); add the
 	// instance name with Logger.With if the log is shared.
 	Logger *slog.Logger
-	// Now is the local clock (time.Now). Decisions use the store's clock,
-	// estimated from the local one and the offset seen in replies.
+	// Now is the wall clock (time.Now), read once at New: from then on the
+	// limiter measures time on the monotonic clock, so a step of the wall
+	// clock does not move it. Decisions use the store's clock, estimated
+	// from the local one and the offset seen in replies.
 	Now func() time.Time
 	// OnTransition, if set, is called on every breaker transition, with
 	// the breaker's lock held: keep it short.

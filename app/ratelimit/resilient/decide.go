@@ -32,7 +32,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 		}
 		if ok, probe := l.br.admit(); ok {
 			callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-			sent := l.cfg.Now()
+			sent := l.clock.now()
 			d, err := l.store.Decide(callCtx, r)
 			cancel()
 			if probe {
@@ -86,7 +86,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			sent[j].Weight = w
 		}
 		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-		at := l.cfg.Now()
+		at := l.clock.now()
 		sds, serrs := ratelimit.DecideAll(callCtx, l.store, sent)
 		cancel()
 		if probe {
@@ -138,7 +138,7 @@ func (l *Limiter) settle(ctx context.Context, req ratelimit.Request, id ratelimi
 	case err == nil:
 		l.br.success()
 		l.stats.storeDecisions.Add(1)
-		l.remember(l.keyOfIdentity(req.Policy, id), req, id, d, sent, l.cfg.Now())
+		l.remember(l.keyOfIdentity(req.Policy, id), req, id, d, sent, l.clock.now())
 		return d, false, nil
 	case errors.Is(err, ratelimit.ErrInvalidRequest) || errors.Is(err, ratelimit.ErrInvalidPolicy):
 		return ratelimit.Decision{}, false, err
@@ -238,7 +238,7 @@ func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight
 		!atLeastAsStrict(w, e.refusedW) {
 		return ratelimit.Decision{}, false
 	}
-	margin := refusalMargin.Microseconds() + l.offsetErr.Load()
+	margin := refusalMargin.Microseconds() + l.offset.load().errUS
 	left := e.refusedUntil - now - margin
 	if left <= 0 {
 		return ratelimit.Decision{}, false
@@ -266,8 +266,7 @@ func (l *Limiter) learnOffset(storeNow int64, sent, recv time.Time) {
 		return
 	}
 	mid := sent.UnixMicro() + recv.Sub(sent).Microseconds()/2
-	l.offset.Store(storeNow - mid)
-	l.offsetErr.Store(recv.Sub(sent).Microseconds()/2 + 1)
+	l.offset.store(storeOffset{us: storeNow - mid, errUS: recv.Sub(sent).Microseconds()/2 + 1})
 }
 
 func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) key {
@@ -283,11 +282,11 @@ func (l *Limiter) confirmedAt() int64 {
 	if beat == 0 {
 		return 0 // never in the fleet's view: nobody decides unaware of it
 	}
-	return beat + l.offset.Load() + (l.cfg.HeartbeatTTL + 2*l.cfg.HeartbeatInterval).Microseconds()
+	return beat + l.offset.load().us + (l.cfg.HeartbeatTTL + 2*l.cfg.HeartbeatInterval).Microseconds()
 }
 
 // storeNow estimates the store's clock in µs.
-func (l *Limiter) storeNow() int64 { return l.cfg.Now().UnixMicro() + l.offset.Load() }
+func (l *Limiter) storeNow() int64 { return l.clock.now().UnixMicro() + l.offset.load().us }
 
 // fleetSize is the number of instances that may be granting: live and
 // suspect, as the last heartbeat said; ExpectedInstances before the first.

@@ -70,7 +70,7 @@ func (l *Limiter) loop(ctx context.Context) {
 			}
 		case Open:
 			soon := refused || (again && !retried)
-			if now := l.cfg.Now(); soon || now.Sub(lastProbe) >= l.cfg.ProbeInterval-l.cfg.HeartbeatInterval/2 {
+			if now := l.clock.now(); soon || now.Sub(lastProbe) >= l.cfg.ProbeInterval-l.cfg.HeartbeatInterval/2 {
 				lastProbe = now
 				retried = again && !refused
 				wasRefused := refused
@@ -108,7 +108,7 @@ const slowBeatsToOpen = 3
 func (l *Limiter) heartbeat(ctx context.Context) {
 	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
-	sent := l.cfg.Now()
+	sent := l.clock.now()
 	fleet, err := l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
 	if err != nil {
 		if fleet.Live > 0 {
@@ -147,7 +147,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	}
 	l.missedBeats.Store(0)
 	l.br.success()
-	l.learnOffset(fleet.Now, sent, l.cfg.Now())
+	l.learnOffset(fleet.Now, sent, l.clock.now())
 	live, suspect, gen := fleet.Live, fleet.Suspect, fleet.Generation
 	if l.generationChanged(gen) && l.br.State() == Closed {
 		// Redis lost its data between two heartbeats, too fast for the
@@ -163,7 +163,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 		l.gen.Store(&gen)
 	}
 	l.setFleet(live, suspect)
-	l.lastBeat.Store(l.cfg.Now().UnixMicro())
+	l.lastBeat.Store(l.clock.now().UnixMicro())
 }
 
 // probe pings the store; on success the breaker moves to recovering and the
@@ -174,11 +174,11 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 // later step failed).
 func (l *Limiter) probe(ctx context.Context) (refused, answered bool) {
 	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-	sent := l.cfg.Now()
+	sent := l.clock.now()
 	err := l.store.Ping(callCtx)
 	cancel()
 	if err != nil {
-		return !isTimeout(err) && l.cfg.Now().Sub(sent) < l.cfg.Timeout/2, false
+		return !isTimeout(err) && l.clock.now().Sub(sent) < l.cfg.Timeout/2, false
 	}
 	if !l.br.set(Open, Recovering, "probe succeeded") {
 		return false, false
@@ -220,7 +220,7 @@ func (l *Limiter) probe(ctx context.Context) (refused, answered bool) {
 			return false, true
 		}
 	}
-	l.recoverStart = l.cfg.Now()
+	l.recoverStart = l.clock.now()
 	l.heartbeat(ctx)
 	l.maybeClose(ctx)
 	return false, l.br.State() == Open
@@ -248,7 +248,7 @@ func (l *Limiter) maybeClose(ctx context.Context) {
 		return
 	}
 	missing := l.suspect.Load() > 0 || l.live.Load() < l.liveBefore.Load()
-	if missing && l.cfg.Now().Sub(l.recoverStart) < l.cfg.RecoveryWait {
+	if missing && l.clock.now().Sub(l.recoverStart) < l.cfg.RecoveryWait {
 		return
 	}
 	if err := l.replayJournal(ctx); err != nil {
@@ -256,7 +256,7 @@ func (l *Limiter) maybeClose(ctx context.Context) {
 		return
 	}
 	if l.br.set(Recovering, Closed, "recovered") {
-		now := l.cfg.Now()
+		now := l.clock.now()
 		l.lastRecovery.Store(&now)
 		if l.journal.Len() > 0 {
 			_ = l.replayJournal(ctx) // the few grants made during the last pass
@@ -279,7 +279,7 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 		return nil
 	}
 	// The store's clock now, at the earliest it can read (netOfRefill).
-	now := l.storeNow() - l.offsetErr.Load()
+	now := l.storeNow() - l.offset.load().errUS
 	// A token bucket or GCRA key goes as one charge: its grants net of the
 	// refill its share would have wasted (netOfRefill), over all of the
 	// key's batches of the same share. A key's grants can sit in several
@@ -388,7 +388,7 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	// most are such (a drain of 100 000 keys: about 60 % of the batches).
 	// The zero batches of a key that owes something still go, after its
 	// charge: acknowledged first, they would be lost were the charge not.
-	start := l.cfg.Now()
+	start := l.clock.now()
 	toSend, acked := pending[:0], make([]ratelimit.ReplayBatch, 0, grouped)
 	for i, b := range pending {
 		if free[i] {
@@ -408,7 +408,7 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("replayed %d batches, then: %w", replayed, err)
 	}
-	l.cfg.Logger.Info("journal replayed", "batches", replayed, "took", l.cfg.Now().Sub(start).String())
+	l.cfg.Logger.Info("journal replayed", "batches", replayed, "took", l.clock.now().Sub(start).String())
 	return nil
 }
 

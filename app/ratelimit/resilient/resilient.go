@@ -90,10 +90,10 @@ type Limiter struct {
 	// pass charged token bucket and GCRA shares (guarded by replay).
 	chargedThrough int64
 
-	offset    atomic.Int64 // store clock minus local clock, µs
-	offsetErr atomic.Int64 // how far off offset may be, µs (half the round trip it came from)
-	live      atomic.Int64
-	suspect   atomic.Int64
+	clock   localClock
+	offset  offsetHolder // the store's clock against clock
+	live    atomic.Int64
+	suspect atomic.Int64
 	// heldBack is how many instances decisions hold shares back for: the
 	// suspect count, once two heartbeats in a row found that many
 	// missing (the smaller of the two counts). One late heartbeat is a
@@ -148,7 +148,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, cfg: cfg, seeds: statekey.NewSeeds(), done: make(chan struct{})}
+	l := &Limiter{store: store, cfg: cfg, seeds: statekey.NewSeeds(), done: make(chan struct{}), clock: newLocalClock(cfg.Now())}
 	l.idBase = cfg.Instance + "-" + strconv.FormatInt(cfg.Now().UnixNano(), 36) + "-"
 	keys, err := newKeyTable(cfg.KeyCapacity, func() { l.stats.evictions.Add(1) })
 	if err != nil {
@@ -183,8 +183,8 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	if s, ok := store.(sharded); ok && s.Sharded() {
 		l.br.shardedStore = true
 	}
-	l.br.now = cfg.Now
-	l.br.lastSuccess.Store(cfg.Now().UnixMicro())
+	l.br.now = l.clock.now
+	l.br.lastSuccess.Store(l.clock.now().UnixMicro())
 	l.br.onChange = func(from, to BreakerState, reason string) {
 		if to == Open && from == Closed {
 			l.liveBefore.Store(l.live.Load())

@@ -72,7 +72,7 @@ func (l *Limiter) Status() Status {
 		Keys:            n,
 		Evictions:       l.stats.evictions.Load(),
 		LastRecovery:    l.lastRecovery.Load(),
-		ClockOffsetUS:   l.offset.Load(),
+		ClockOffsetUS:   l.offset.load().us,
 		Restores:        l.restores.Load(),
 		Raises:          l.raises.Load(),
 		RaisedUnits:     l.raisedUnits.Load(),
