@@ -331,13 +331,40 @@ func parseReply(a ratelimit.Algorithm, res []any) (ratelimit.Decision, error) {
 // rather than "this request is wrong": among them the refusals to write (OOM
 // under maxmemory with noeviction, MISCONF when persistence fails, READONLY
 // on a replica), which are an outage for a limiter whose every decision
-// writes.
-var unavailablePrefixes = []string{"NOSCRIPT", "LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY", "NOREPLICAS", "MOVED", "ASK", "OOM", "MISCONF"}
+// writes, and the refusals of the connection itself (NOAUTH, WRONGPASS,
+// NOPERM: a password or an ACL that changed, which every call meets).
+var unavailablePrefixes = []string{"NOSCRIPT", "LOADING", "READONLY", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "BUSY",
+	"NOREPLICAS", "MOVED", "ASK", "OOM", "MISCONF", "NOAUTH", "WRONGPASS", "NOPERM"}
+
+// unavailableMessages are error replies that Redis gives with the generic
+// ERR prefix but that mean it cannot serve now: a full connection table,
+// and a call too long for a client that has not authenticated (Redis
+// answers that before NOAUTH to a decision's EVALSHA).
+var unavailableMessages = []string{"ERR max number of clients reached", "ERR Protocol error: unauthenticated"}
+
+// unavailableReply reports whether a Redis error reply means "cannot serve
+// now": it starts with one of unavailablePrefixes (Redis 7 passes the error
+// of a command a script called through with its own prefix) or carries one
+// as "-PREFIX" inside a script error (Redis 6 wraps it: "ERR Error running
+// script ...: -OOM command not allowed ...").
+func unavailableReply(msg string) bool {
+	for _, p := range unavailablePrefixes {
+		if strings.HasPrefix(msg, p) || strings.Contains(msg, ": -"+p+" ") {
+			return true
+		}
+	}
+	for _, m := range unavailableMessages {
+		if strings.HasPrefix(msg, m) {
+			return true
+		}
+	}
+	return false
+}
 
 // classify wraps err as ErrUnavailable (the store cannot decide now: network,
-// timeout, a server that is loading or read-only) or ErrBadReply (the store
-// answered, but not with a decision). A cancelled caller context is returned
-// as is.
+// timeout, a server that is loading, read-only, out of memory or refusing
+// this client) or ErrBadReply (the store answered, but not with a
+// decision). A cancelled caller context is returned as is.
 func classify(ctx context.Context, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		if errors.Is(cerr, context.DeadlineExceeded) {
@@ -349,11 +376,8 @@ func classify(ctx context.Context, err error) error {
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) && !isNetError(err) {
-		msg := rerr.Error()
-		for _, p := range unavailablePrefixes {
-			if strings.HasPrefix(msg, p) {
-				return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
-			}
+		if unavailableReply(rerr.Error()) {
+			return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, err)
 		}
 		return fmt.Errorf("%w: %w", ratelimit.ErrBadReply, err)
 	}

@@ -613,3 +613,55 @@ func TestClusterDeadMasterFailsAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// A Redis that refuses the client (a password or an ACL that changed, a
+// full connection table) is unavailable, not a bad reply: every call meets
+// it, so the breaker must open on it and the fallback serve.
+func TestClientRefusalIsUnavailable(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{Password: "secret"})
+	ctx := context.Background()
+	admin := srv.Client()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "pinger", "on", ">pw", "~*", "-@all", "+ping", "+hello", "+auth").Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := ratelimit.Policy{Name: "refused", Algorithm: ratelimit.GCRA, Limit: 5, Window: time.Minute}
+	cases := []struct {
+		name string
+		opts redis.Options
+	}{
+		{"unauthenticated", redis.Options{}},
+		{"WRONGPASS", redis.Options{Password: "wrong"}},
+		{"NOPERM", redis.Options{Username: "pinger", Password: "pw"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := c.opts
+			o.Addr, o.MaxRetries, o.Protocol = srv.Addr(), -1, 2
+			client := redis.NewClient(&o)
+			t.Cleanup(func() { _ = client.Close() })
+			_, err := redisstore.New(client, redisstore.WithTimeout(time.Second)).Decide(ctx, ratelimit.Request{Policy: p, Key: "k"})
+			if !errors.Is(err, ratelimit.ErrUnavailable) || errors.Is(err, ratelimit.ErrBadReply) {
+				t.Fatalf("%v, want ErrUnavailable", err)
+			}
+			if !strings.Contains(err.Error(), c.name) {
+				t.Fatalf("%v: not the refusal the case is about", err)
+			}
+		})
+	}
+	t.Run("max clients", func(t *testing.T) {
+		if err := admin.ConfigSet(ctx, "maxclients", "1").Err(); err != nil {
+			t.Fatal(err)
+		}
+		defer admin.ConfigSet(ctx, "maxclients", "10000")
+		o := srv.Options()
+		o.MaxRetries = -1
+		client := redis.NewClient(o)
+		t.Cleanup(func() { _ = client.Close() })
+		_, err := redisstore.New(client, redisstore.WithTimeout(time.Second)).Decide(ctx, ratelimit.Request{Policy: p, Key: "k"})
+		if !errors.Is(err, ratelimit.ErrUnavailable) || errors.Is(err, ratelimit.ErrBadReply) {
+			t.Fatalf("%v, want ErrUnavailable", err)
+		}
+		// Redis answers the refusal and closes: the client sees the
+		// reply or the closed connection, whichever it reads first.
+	})
+}

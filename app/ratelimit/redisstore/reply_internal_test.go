@@ -58,3 +58,37 @@ func TestParseReply(t *testing.T) {
 		t.Errorf("unknown algorithm: error %v, want ErrBadReply", err)
 	}
 }
+
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
+// TestUnavailableReplies: a write or client refusal is ErrUnavailable, also
+// when a script error wraps it (Redis 6: "ERR Error running script ...:
+// -OOM ..."); an error about the request or the key is ErrBadReply.
+func TestUnavailableReplies(t *testing.T) {
+	cases := []struct {
+		reply       string
+		unavailable bool
+	}{
+		{"OOM command not allowed when used memory > 'maxmemory'. script: 0a9f, on @user_script:1.", true},
+		{"READONLY You can't write against a read only replica. script: 0a9f, on @user_script:1.", true},
+		{"ERR Error running script (call to f_0a9f): @user_script:12: @user_script: 12: -OOM command not allowed when used memory > 'maxmemory'.", true},
+		{"ERR Error running script (call to f_0a9f): @user_script:3: @user_script: 3: -READONLY You can't write against a read only replica.", true},
+		{"NOAUTH Authentication required.", true},
+		{"WRONGPASS invalid username-password pair or user is disabled.", true},
+		{"NOPERM this user has no permissions to run the 'evalsha' command", true},
+		{"ERR max number of clients reached", true},
+		{"ERR Protocol error: unauthenticated multibulk length", true},
+		{"WRONGTYPE Operation against a key holding the wrong kind of value", false},
+		{"ERR user_script:5: fleetlimit: corrupt state (t) script: 0a9f, on @user_script:5.", false},
+		{"ERR unknown command 'evalsha'", false},
+	}
+	for _, c := range cases {
+		err := classify(t.Context(), replyError(c.reply))
+		if got := errors.Is(err, ratelimit.ErrUnavailable); got != c.unavailable || errors.Is(err, ratelimit.ErrBadReply) == c.unavailable {
+			t.Errorf("%q: %v, want unavailable %v", c.reply, err, c.unavailable)
+		}
+	}
+}
