@@ -5,20 +5,12 @@
 // the journal (Pending, Ack) when the store is back.
 package journal
 
-// The file is one piece: the journal's memory and its file change together
-// under one lock (append, epoch, pending, ack, reload), and the invariant
-// that binds them is easier to check in one place. The record codec is in
-// record.go.
-
 import (
-	"bufio"
 	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,8 +21,8 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
 
-// ErrFull: the journal holds its maximum of grants; the grant was
-// made but not journaled (counted as overflow).
+// ErrFull: the journal holds its maximum of grants and snapshots; the grant
+// must not be made (it is counted as overflow).
 var ErrFull = errors.New("journal: full")
 
 // Journal records every local grant until the store has it. Grants are kept
@@ -38,18 +30,28 @@ var ErrFull = errors.New("journal: full")
 // appended to a file (written before the grant's response is sent, fsync
 // batched) so an instance killed during an outage reloads them.
 //
-// File format, one record a line, tab-separated:
+// A grant made for a request whose store call timed out is a doubt: the
+// store may have decided the request all the same, and will say so (see
+// ratelimit.LateReply). A doubt is held, and counts toward the key, but is
+// not replayed until it is resolved: dropped when the store had counted the
+// request, made an ordinary grant when it had not (or cannot say).
+//
+// File format, one record a line, tab-separated, each ending in the CRC-32
+// of the line before it (record.go):
 //
 //	E <epoch>                                      an epoch begins
 //	G <epoch> <policy> <alg> <limit> <window µs> <burst> <identity hex> <at µs> <cost> <request id>
+//	D <epoch> ... as G                             a doubt
+//	R <epoch> <request id> <0|1>                   the doubt was resolved (1: the store had it)
 //	A <epoch> <policy> <fingerprint> <identity hex>  the batch was applied
 //	S <epoch> <policy> <alg> <limit> <window µs> <burst> <identity hex> <snapshot...>
 //	                                               what the key's local share started from
 //
 // One codec writes and reads every record (record.go; FuzzRecord checks
 // that it is symmetric). A torn or corrupt line (a crash mid-write, a
-// zero-filled tail) is skipped and counted (Stats.Corrupt), and the
-// lines after it are still read (FuzzLoad). It is safe for concurrent use.
+// zero-filled tail) is skipped and counted (Stats.Corrupt), the lines after
+// it are still read (FuzzLoad), and a torn last line is cut off before the
+// file is appended to. It is safe for concurrent use.
 type Journal struct {
 	instance string
 	max      int
@@ -58,13 +60,16 @@ type Journal struct {
 	mu      sync.Mutex
 	epoch   uint64
 	batches map[batchKey]*batch
-	snaps   map[snapKey]snapEntry // the latest per key; dropped when the journal empties
+	epochs  map[uint64]int        // batches held per epoch
+	keys    map[snapKey]*keyEntry // per key: its snapshot and what it holds
+	doubts  map[string]*doubt     // by request id
 	// policies holds each policy once, for every batch and snapshot of it
 	// (bounded by the policies configured, not by clients); dropped when
 	// the journal empties.
 	policies map[ratelimit.Policy]*policyRef
 	lastRef  *policyRef // refLocked's last answer
-	size     int        // grants held, plus snapshots (both count toward max)
+	grants   int        // grants held, doubts included
+	size     int        // grants and snapshots held: bounded by max
 	pending  uint64     // the units of the grants held
 	f        *os.File
 	buf      []byte
@@ -121,10 +126,34 @@ func (b *batch) appendTo(dst []ratelimit.Grant) []ratelimit.Grant {
 	return dst
 }
 
+// doubt is a grant that waits for the store to say whether it counted the
+// request (see Journal).
+type doubt struct {
+	policy   *policyRef
+	identity ratelimit.Identity
+	grant    grant
+}
+
 // policyRef is a policy and its key (name and fingerprint), held once.
 type policyRef struct {
 	key string
 	p   ratelimit.Policy
+}
+
+// snapKey names a key: its policy (name and fingerprint) and identity.
+type snapKey struct {
+	policy   string
+	identity ratelimit.Identity
+}
+
+// keyEntry is what the journal holds of one key: the snapshot its local
+// share started from, and how many batches and doubts it has. It goes once
+// the key holds no grant, with its snapshot.
+type keyEntry struct {
+	snap    *snapEntry
+	batches int
+	doubts  int
+	units   int64 // the cost of its grants, doubts included
 }
 
 // snapEntry is a Snapshot as the journal holds it.
@@ -134,11 +163,6 @@ type snapEntry struct {
 	valid     bool
 	n         float64
 	confirmed int64
-}
-
-type snapKey struct {
-	policy   string
-	identity ratelimit.Identity
 }
 
 // Snapshot is what a key's local share started from in an outage: the last
@@ -154,10 +178,14 @@ type Snapshot struct {
 	Confirmed int64
 }
 
+func (s *snapEntry) snapshot(id ratelimit.Identity) Snapshot {
+	return Snapshot{Policy: s.policy.p, Identity: id, State: s.state, Valid: s.valid, N: s.n, Confirmed: s.confirmed}
+}
+
 // Stats are the journal's counters, in units (a grant of cost 3 is 3),
 // since this process started (Reloaded: found in the file at start).
 // Granted + Reloaded = Replayed + Present + Dropped + DuplicateUnits +
-// Pending; Overflow grants were made but could not be journaled.
+// Pending; Overflow grants were refused because the journal was full.
 type Stats struct {
 	Granted        uint64 `json:"granted"`
 	Reloaded       uint64 `json:"reloaded"`
@@ -168,9 +196,15 @@ type Stats struct {
 	DuplicateUnits uint64 `json:"duplicate_units"`
 	Duplicates     uint64 `json:"duplicate_batches"`
 	Pending        uint64 `json:"pending"`
-	Corrupt        uint64 `json:"corrupt_lines"`
-	WriteErrors    uint64 `json:"write_errors"`
-	Epoch          uint64 `json:"epoch"`
+	// Doubts are the grants held that wait for the store's late reply.
+	Doubts      int    `json:"doubts"`
+	Corrupt     uint64 `json:"corrupt_lines"`
+	WriteErrors uint64 `json:"write_errors"`
+	Epoch       uint64 `json:"epoch"`
+	// Held is how many grants and snapshots the journal holds, of at most
+	// Max: a full journal refuses local grants (Overflow).
+	Held int `json:"held"`
+	Max  int `json:"max"`
 }
 
 // Reconcile checks the journal's books: every grant given or reloaded was
@@ -183,133 +217,6 @@ func (s Stats) Reconcile() error {
 			s.Granted, s.Reloaded, in, s.Replayed, s.Present, s.Dropped, s.DuplicateUnits, s.Pending, out)
 	}
 	return nil
-}
-
-const journalFile = "journal.log"
-
-// Open opens (or creates) the journal in dir, reloading the grants it
-// holds; dir "" keeps the journal in memory only. max bounds the grants
-// held (0: one million).
-func Open(dir, instance string, max int, logger *slog.Logger) (*Journal, error) {
-	if max <= 0 {
-		max = 1_000_000
-	}
-	if logger == nil {
-		logger = slog.Default()
-	}
-	j := &Journal{instance: instance, max: max, log: logger, batches: map[batchKey]*batch{}, snaps: map[snapKey]snapEntry{},
-		policies: map[ratelimit.Policy]*policyRef{}, epoch: epochNow(),
-		stop: make(chan struct{}), done: make(chan struct{})}
-	if dir != "" {
-		if err := os.MkdirAll(dir, 0o750); err != nil {
-			return nil, fmt.Errorf("journal: %w", err)
-		}
-		path := filepath.Join(dir, journalFile)
-		if err := j.load(path); err != nil {
-			return nil, err
-		}
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
-		if err != nil {
-			return nil, fmt.Errorf("journal: %w", err)
-		}
-		j.f = f
-	}
-	j.mu.Lock()
-	j.writeEpochLocked()
-	j.mu.Unlock()
-	go j.syncLoop()
-	return j, nil
-}
-
-func (j *Journal) load(path string) error {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("journal: %w", err)
-	}
-	defer f.Close()
-	var maxEpoch uint64
-	err = readRecords(f, func(line []byte) {
-		if line == nil || !j.apply(string(line), &maxEpoch) {
-			j.stats.corrupt.Add(1)
-		}
-	})
-	if err != nil {
-		return fmt.Errorf("journal: read %s: %w", path, err)
-	}
-	j.epoch = max(maxEpoch+1, epochNow())
-	for _, b := range j.batches {
-		j.stats.reloaded.Add(b.units())
-	}
-	if n := j.stats.corrupt.Load(); n > 0 {
-		j.log.Warn("journal: skipped unreadable lines", "file", path, "lines", n)
-	}
-	if n := j.size - len(j.snaps); n > 0 {
-		j.log.Warn("journal: reloaded grants not yet in the store", "file", path, "grants", n, "keys", len(j.batches))
-	}
-	return nil
-}
-
-// apply replays one record into memory; false for a malformed one.
-func (j *Journal) apply(line string, maxEpoch *uint64) bool {
-	r, err := parseRecord(line)
-	if err != nil {
-		return false
-	}
-	*maxEpoch = max(*maxEpoch, r.epoch)
-	switch r.kind {
-	case 'G':
-		j.addLocked(r.epoch, r.policy, r.identity, r.grant)
-	case 'S':
-		j.putSnapLocked(r.snapshot())
-	case 'A':
-		k := batchKey{epoch: r.epoch, policy: r.policy.Name + "/" + r.fingerprint, identity: r.identity}
-		if b, ok := j.batches[k]; ok {
-			j.size -= len(b.grants)
-			j.pending -= b.units()
-			delete(j.batches, k)
-		}
-	}
-	return true
-}
-
-// maxRecord bounds a record's length; a longer line (a crash can leave a
-// zero-filled tail with no newline) is skipped as one corrupt record, and
-// reading goes on after its newline.
-const maxRecord = 64 << 10
-
-// readRecords calls fn with each line of r without its newline, and with nil
-// for a line longer than maxRecord. A last line without a newline (torn by a
-// crash) is passed as is: apply refuses it unless it is whole.
-func readRecords(r io.Reader, fn func(line []byte)) error {
-	br := bufio.NewReaderSize(r, maxRecord)
-	for {
-		line, err := br.ReadSlice('\n')
-		switch {
-		case errors.Is(err, bufio.ErrBufferFull):
-			fn(nil)
-			for errors.Is(err, bufio.ErrBufferFull) { // skip to the newline
-				_, err = br.ReadSlice('\n')
-			}
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-		case errors.Is(err, io.EOF):
-			if len(line) > 0 {
-				fn(line)
-			}
-			return nil
-		case err != nil:
-			return err
-		default:
-			fn(line[:len(line)-1])
-		}
-	}
 }
 
 // epochNow is the least epoch a journal opened or rotated now may use: the
@@ -338,53 +245,97 @@ func (j *Journal) refLocked(p ratelimit.Policy) *policyRef {
 	return r
 }
 
+// keyLocked returns the entry of the key (policy key, id), adding one.
+func (j *Journal) keyLocked(policy string, id ratelimit.Identity) *keyEntry {
+	k := snapKey{policy, id}
+	e := j.keys[k]
+	if e == nil {
+		e = &keyEntry{}
+		j.keys[k] = e
+	}
+	return e
+}
+
+// pruneKeyLocked drops the key's entry, and its snapshot, once it holds no
+// grant: snapshots do not outlive the grants they explain.
+func (j *Journal) pruneKeyLocked(k snapKey, e *keyEntry) {
+	if e.batches > 0 || e.doubts > 0 {
+		return
+	}
+	if e.snap != nil {
+		j.size--
+	}
+	delete(j.keys, k)
+}
+
 func (j *Journal) addLocked(epoch uint64, p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) {
 	ref := j.refLocked(p)
 	k := batchKey{epoch: epoch, policy: ref.key, identity: id}
 	b := j.batches[k]
+	ke := j.keyLocked(ref.key, id)
 	if b == nil {
 		b = &batch{policy: ref}
 		j.batches[k] = b
+		j.epochs[epoch]++
+		ke.batches++
 	}
 	b.grants = append(b.grants, grant{g.At, g.Cost})
 	if p.Algorithm == ratelimit.SlidingWindowLog {
 		b.ids = append(b.ids, g.ID)
 	}
+	ke.units += g.Cost
 	j.pending += uint64(g.Cost)
+	j.grants++
 	j.size++
+}
+
+// dropBatchLocked removes batch b (key k) with its grants.
+func (j *Journal) dropBatchLocked(k batchKey, b *batch) {
+	delete(j.batches, k)
+	if j.epochs[k.epoch]--; j.epochs[k.epoch] <= 0 {
+		delete(j.epochs, k.epoch)
+	}
+	units := b.units()
+	j.grants -= len(b.grants)
+	j.size -= len(b.grants)
+	j.pending -= units
+	sk := snapKey{k.policy, k.identity}
+	if ke := j.keys[sk]; ke != nil {
+		ke.batches--
+		ke.units -= int64(units)
+		j.pruneKeyLocked(sk, ke)
+	}
 }
 
 // putSnapLocked keeps s as its key's latest snapshot; a key's first counts
 // toward the bound.
 func (j *Journal) putSnapLocked(s Snapshot) {
 	ref := j.refLocked(s.Policy)
-	k := snapKey{ref.key, s.Identity}
-	if _, ok := j.snaps[k]; !ok {
+	ke := j.keyLocked(ref.key, s.Identity)
+	if ke.snap == nil {
 		j.size++
 	}
-	j.snaps[k] = snapEntry{policy: ref, state: s.State, valid: s.Valid, n: s.N, confirmed: s.Confirmed}
+	ke.snap = &snapEntry{policy: ref, state: s.State, valid: s.Valid, n: s.N, confirmed: s.Confirmed}
 }
 
-// snapshotLocked returns the latest snapshot of the key of policy (name and
-// fingerprint) and id, or nil.
-func (j *Journal) snapshotLocked(policy string, id ratelimit.Identity) *Snapshot {
-	s, ok := j.snaps[snapKey{policy, id}]
-	if !ok {
-		return nil
+// full reports, and counts, a grant of cost that does not fit.
+func (j *Journal) fullLocked(cost int64) bool {
+	if j.size < j.max {
+		return false
 	}
-	return &Snapshot{Policy: s.policy.p, Identity: id, State: s.state, Valid: s.valid, N: s.n, Confirmed: s.confirmed}
+	if j.stats.overflow.Add(uint64(cost)) == uint64(cost) {
+		j.log.Error("journal full: local grants are refused until the store takes the journal", "max", j.max)
+	}
+	return true
 }
 
-// Append journals a local grant. It returns ErrFull (the grant is
-// counted as overflow) when the journal is full, or the file's write error;
-// the grant stays in memory in the second case.
+// Append journals a local grant. It returns ErrFull when the journal is
+// full (the grant must be refused; it is counted as overflow), or the
+// file's write error; the grant stays in memory in the second case.
 func (j *Journal) Append(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.size >= j.max {
-		if j.stats.overflow.Add(uint64(g.Cost)) == uint64(g.Cost) {
-			j.log.Error("journal full: local grants are no longer journaled", "max", j.max)
-		}
+	if j.fullLocked(g.Cost) {
 		return ErrFull
 	}
 	j.addLocked(j.epoch, p, id, g)
@@ -396,32 +347,9 @@ func (j *Journal) Append(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.
 	return j.writeLocked(j.buf)
 }
 
-// writeLocked appends b to the file. A failed write (a full disk, say) is
-// counted and logged, the first and then every 1000th, so grants handed out
-// without a durable record show in /status, the metrics and the log; the
-// grant stays journaled in memory.
-func (j *Journal) writeLocked(b []byte) error {
-	if j.f == nil {
-		return nil
-	}
-	j.dirty = true
-	if _, err := j.f.Write(b); err != nil {
-		if n := j.stats.writeErrors.Add(1); n%1000 == 1 {
-			j.log.Error("journal: write failed: local grants are not durable until it succeeds", "err", err, "failed_writes", n)
-		}
-		return fmt.Errorf("journal: %w", err)
-	}
-	return nil
-}
-
-func (j *Journal) writeEpochLocked() {
-	if err := j.writeLocked(appendRecord(nil, record{kind: 'E', epoch: j.epoch})); err != nil {
-		j.log.Error("journal: write epoch", "err", err)
-	}
-}
-
 // AppendSnapshot journals what a key's local share started from (before its
-// first local grant). It counts toward the journal's bound.
+// first local grant). It counts toward the journal's bound, and goes when
+// the key's grants have gone.
 func (j *Journal) AppendSnapshot(s Snapshot) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -451,7 +379,8 @@ func (j *Journal) Rotate() uint64 {
 // Pending returns the batches of epochs up to and including through, as
 // replay batches (the marker names the instance and epoch), and each
 // batch's key's latest snapshot (nil: none journaled, or the key is not a
-// token bucket's or GCRA's, whose replays alone use it).
+// token bucket's or GCRA's, whose replays alone use it). Doubts are not
+// among them until they are resolved.
 func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -484,8 +413,8 @@ func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot)
 		// against its share's snapshot.
 		var snap *Snapshot
 		if a := b.policy.p.Algorithm; a == ratelimit.TokenBucket || a == ratelimit.GCRA {
-			if s, ok := j.snaps[snapKey{k.policy, k.identity}]; ok {
-				held = append(held, Snapshot{Policy: s.policy.p, Identity: k.identity, State: s.state, Valid: s.valid, N: s.n, Confirmed: s.confirmed})
+			if ke := j.keys[snapKey{k.policy, k.identity}]; ke != nil && ke.snap != nil {
+				held = append(held, ke.snap.snapshot(k.identity))
 				snap = &held[len(held)-1] // held has room for n: never moved
 			}
 		}
@@ -527,18 +456,17 @@ func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.Repla
 		if !ok {
 			continue
 		}
-		delete(j.batches, k)
-		j.size -= len(held.grants)
-		j.pending -= held.units()
+		units := held.units()
+		j.dropBatchLocked(k, held)
 		if r := results[i]; r.Duplicate {
 			j.stats.duplicates.Add(1)
-			j.stats.dupUnits.Add(held.units())
+			j.stats.dupUnits.Add(units)
 		} else {
 			if a := b.Policy.Algorithm; a == ratelimit.TokenBucket || a == ratelimit.GCRA {
 				// Their folds drop nothing, and the batch may have gone
 				// to the store as one charge net of refill (resilient's
 				// replay): every grant it held is accounted for.
-				r.Replayed, r.Dropped, r.Present = int64(held.units()), 0, 0
+				r.Replayed, r.Dropped, r.Present = int64(units), 0, 0
 			}
 			j.stats.replayed.Add(uint64(r.Replayed))
 			j.stats.dropped.Add(uint64(r.Dropped))
@@ -551,19 +479,8 @@ func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.Repla
 		}
 		j.buf = appendRecord(j.buf, record{kind: 'A', epoch: epoch, policy: b.Policy, fingerprint: fp, identity: b.Identity})
 	}
-	if j.size == len(j.snaps) {
-		// No grant left: the snapshots and policies go too, and the file
-		// starts afresh.
-		j.size = 0
-		clear(j.snaps)
-		clear(j.policies)
-		j.lastRef = nil
-		if j.f != nil {
-			if err := j.f.Truncate(0); err == nil {
-				j.writeEpochLocked()
-				return
-			}
-		}
+	if j.emptyLocked() {
+		return
 	}
 	if len(j.buf) > 0 {
 		if err := j.writeLocked(j.buf); err != nil {
@@ -572,11 +489,83 @@ func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.Repla
 	}
 }
 
-// Len returns the number of grants held.
+// emptyLocked starts the journal afresh, file included, when it holds no
+// grant, and reports whether it did.
+func (j *Journal) emptyLocked() bool {
+	if j.grants > 0 {
+		return false
+	}
+	j.size = 0
+	clear(j.keys)
+	clear(j.policies)
+	j.lastRef = nil
+	if j.f != nil {
+		if err := j.f.Truncate(0); err != nil {
+			return false
+		}
+		j.writeEpochLocked()
+	}
+	return true
+}
+
+// Len returns the number of grants held, doubts included.
 func (j *Journal) Len() int {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.size - len(j.snaps)
+	return j.grants
+}
+
+// Held returns the units the journal holds for the key of policy p and
+// identity id, doubts included: grants the store does not have (yet).
+func (j *Journal) Held(p ratelimit.Policy, id ratelimit.Identity) int64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.keys) == 0 {
+		return 0
+	}
+	if ke := j.keys[snapKey{j.refLocked(p).key, id}]; ke != nil {
+		return ke.units
+	}
+	return 0
+}
+
+// Key returns what the journal holds of the key of policy p and identity id:
+// its snapshot (nil: none) and its grants, doubts included, in time order.
+// The resilient limiter rebuilds a key's local share from them when it has
+// forgotten the key (evicted it, or restarted).
+func (j *Journal) Key(p ratelimit.Policy, id ratelimit.Identity) (*Snapshot, []ratelimit.Grant) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.keys) == 0 {
+		return nil, nil
+	}
+	ref := j.refLocked(p)
+	ke := j.keys[snapKey{ref.key, id}]
+	if ke == nil {
+		return nil, nil
+	}
+	var snap *Snapshot
+	if ke.snap != nil {
+		s := ke.snap.snapshot(id)
+		snap = &s
+	}
+	var grants []ratelimit.Grant
+	if ke.batches > 0 {
+		for epoch := range j.epochs {
+			if b := j.batches[batchKey{epoch: epoch, policy: ref.key, identity: id}]; b != nil {
+				grants = b.appendTo(grants)
+			}
+		}
+	}
+	if ke.doubts > 0 {
+		for reqID, d := range j.doubts {
+			if d.policy == ref && d.identity == id {
+				grants = append(grants, ratelimit.Grant{At: d.grant.at, Cost: d.grant.cost, ID: reqID})
+			}
+		}
+	}
+	slices.SortFunc(grants, func(a, b ratelimit.Grant) int { return cmp.Compare(a.At, b.At) })
+	return snap, grants
 }
 
 // Stats returns the counters, read at one instant under the journal's lock:
@@ -590,13 +579,14 @@ func (j *Journal) Stats() Stats {
 		Granted: s.granted.Load(), Reloaded: s.reloaded.Load(), Overflow: s.overflow.Load(),
 		Replayed: s.replayed.Load(), Present: s.present.Load(), Dropped: s.dropped.Load(),
 		DuplicateUnits: s.dupUnits.Load(), Duplicates: s.duplicates.Load(),
-		Pending: j.pending, Corrupt: s.corrupt.Load(), WriteErrors: s.writeErrors.Load(), Epoch: j.epoch,
+		Pending: j.pending, Doubts: len(j.doubts), Corrupt: s.corrupt.Load(), WriteErrors: s.writeErrors.Load(), Epoch: j.epoch,
+		Held: j.size, Max: j.max,
 	}
 }
 
-// Each calls fn for every grant held, with the key's snapshot if one was
-// journaled (for rebuilding budgets after a restart). fn runs without the
-// journal's lock.
+// Each calls fn for every grant held, doubts included, in time order, with
+// the key's snapshot if one was journaled (for rebuilding budgets after a
+// restart). fn runs without the journal's lock.
 func (j *Journal) Each(fn func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *Snapshot)) {
 	type item struct {
 		p  ratelimit.Policy
@@ -604,65 +594,28 @@ func (j *Journal) Each(fn func(p ratelimit.Policy, id ratelimit.Identity, g rate
 		g  ratelimit.Grant
 		s  *Snapshot
 	}
+	snapOf := func(policy string, id ratelimit.Identity) *Snapshot {
+		if ke := j.keys[snapKey{policy, id}]; ke != nil && ke.snap != nil {
+			s := ke.snap.snapshot(id)
+			return &s
+		}
+		return nil
+	}
 	j.mu.Lock()
 	var items []item
 	for k, b := range j.batches {
-		snap := j.snapshotLocked(k.policy, k.identity)
+		snap := snapOf(k.policy, k.identity)
 		for _, g := range b.appendTo(nil) {
 			items = append(items, item{b.policy.p, k.identity, g, snap})
 		}
+	}
+	for reqID, d := range j.doubts {
+		g := ratelimit.Grant{At: d.grant.at, Cost: d.grant.cost, ID: reqID}
+		items = append(items, item{d.policy.p, d.identity, g, snapOf(d.policy.key, d.identity)})
 	}
 	j.mu.Unlock()
 	slices.SortFunc(items, func(a, b item) int { return cmp.Compare(a.g.At, b.g.At) })
 	for _, it := range items {
 		fn(it.p, it.id, it.g, it.s)
 	}
-}
-
-// syncLoop fsyncs the file every 100 ms when it was written to.
-func (j *Journal) syncLoop() {
-	defer close(j.done)
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-j.stop:
-			j.sync()
-			return
-		case <-t.C:
-			j.sync()
-		}
-	}
-}
-
-func (j *Journal) sync() {
-	j.mu.Lock()
-	f, dirty := j.f, j.dirty
-	j.dirty = false
-	j.mu.Unlock()
-	if f != nil && dirty {
-		if err := f.Sync(); err != nil {
-			j.log.Error("journal: fsync", "err", err)
-		}
-	}
-}
-
-// Close syncs and closes the file. The grants it holds stay in the file for
-// the next start.
-func (j *Journal) Close() error {
-	select {
-	case <-j.stop:
-		return nil
-	default:
-	}
-	close(j.stop)
-	<-j.done
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.f == nil {
-		return nil
-	}
-	err := j.f.Close()
-	j.f = nil
-	return err
 }

@@ -168,3 +168,153 @@ func TestJournalEpochsUniqueAcrossLifetimes(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+func openJournal(t *testing.T, dir string, max int) *journal.Journal {
+	t.Helper()
+	j, err := journal.Open(dir, "app1", max, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+func appendLine(t *testing.T, dir, s string) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(dir, "journal.log"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A torn last line whose remains would parse (a request id cut short) is
+// refused by its checksum: a sliding window log replay would add the wrong
+// member, and the request would count twice.
+func TestJournalRefusesATornLineThatParses(t *testing.T) {
+	dir := t.TempDir()
+	j := openJournal(t, dir, 0)
+	_ = j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: 1, Cost: 1, ID: "request-0123456789"})
+	_ = j.Close()
+	data, err := os.ReadFile(filepath.Join(dir, "journal.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cut the line inside its checksum, then inside its request id.
+	for _, cut := range []int{4, 14} {
+		line := data[:len(data)-cut]
+		if err := os.WriteFile(filepath.Join(dir, "journal.log"), line, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		j := openJournal(t, dir, 0)
+		st := j.Stats()
+		_ = j.Close()
+		if st.Reloaded != 0 || st.Corrupt != 1 {
+			t.Fatalf("cut %d bytes: stats %+v, want the torn grant refused", cut, st)
+		}
+	}
+}
+
+// A torn last line is cut off when the journal opens: the next record is
+// not appended onto it, and a later reopen reads that record.
+func TestJournalDoesNotAppendToATornLine(t *testing.T) {
+	dir := t.TempDir()
+	j := openJournal(t, dir, 0)
+	_ = j.Close()
+	appendLine(t, dir, "G\t1\tj\tsliding_window_log\t10\t600")
+	j = openJournal(t, dir, 0)
+	_ = j.Append(jp, ratelimit.IdentityOf("b"), ratelimit.Grant{At: 2, Cost: 1, ID: "r2"})
+	_ = j.Close()
+	j = openJournal(t, dir, 0)
+	defer j.Close()
+	if st := j.Stats(); st.Reloaded != 1 || st.Corrupt != 0 {
+		t.Fatalf("stats %+v, want the grant after the torn line reloaded and nothing corrupt left", st)
+	}
+}
+
+// A key's snapshot goes with its last grant, while other keys' stay; and a
+// full journal refuses grants (counted as overflow) instead of making them
+// unrecorded.
+func TestJournalBoundsSnapshotsAndRefusesWhenFull(t *testing.T) {
+	j := openJournal(t, "", 4)
+	defer j.Close()
+	p := ratelimit.Policy{Name: "g", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Minute}
+	a, b := ratelimit.IdentityOf("a"), ratelimit.IdentityOf("b")
+	for _, id := range []ratelimit.Identity{a, b} {
+		if err := j.AppendSnapshot(journal.Snapshot{Policy: p, Identity: id, N: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Append(p, id, ratelimit.Grant{At: 1, Cost: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := j.Append(p, a, ratelimit.Grant{At: 2, Cost: 1}); err != journal.ErrFull {
+		t.Fatalf("append to a full journal: %v, want ErrFull", err)
+	}
+	epoch := j.Rotate()
+	pending, _ := j.Pending(epoch)
+	for _, bt := range pending {
+		if bt.Identity == a {
+			j.Ack([]ratelimit.ReplayBatch{bt}, []ratelimit.ReplayResult{{}})
+		}
+	}
+	if st := j.Stats(); st.Held != 2 || st.Overflow != 1 {
+		t.Fatalf("stats %+v: want b's grant and snapshot held (a's snapshot gone with its grant), 1 unit of overflow", st)
+	}
+	if snap, _ := j.Key(p, a); snap != nil {
+		t.Fatalf("a's snapshot outlived its grants: %+v", snap)
+	}
+	if err := j.Append(p, a, ratelimit.Grant{At: 3, Cost: 1}); err != nil {
+		t.Fatalf("append after the room was freed: %v", err)
+	}
+}
+
+// A doubt is held (it counts toward its key) but not replayed until it is
+// resolved: present, it goes; not, it is replayed with the other grants.
+// One left unresolved when the process died is replayed after a restart,
+// and once only, however often the journal is reopened.
+func TestJournalDoubts(t *testing.T) {
+	dir := t.TempDir()
+	j := openJournal(t, dir, 0)
+	a := ratelimit.IdentityOf("a")
+	for _, id := range []string{"d1", "d2", "d3"} {
+		if err := j.AppendDoubt(jp, a, ratelimit.Grant{At: 1, Cost: 1, ID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if pending, _ := j.Pending(j.Rotate()); len(pending) != 0 || j.Held(jp, a) != 3 {
+		t.Fatalf("doubts: %d batches pending, %d units held; want none pending, 3 held", len(pending), j.Held(jp, a))
+	}
+	j.Resolve("d1", true)
+	j.Resolve("d2", false)
+	pending, _ := j.Pending(j.Rotate())
+	if len(pending) != 1 || len(pending[0].Grants) != 1 || pending[0].Grants[0].ID != "d2" {
+		t.Fatalf("pending %+v, want d2 alone", pending)
+	}
+	j.Ack(pending, []ratelimit.ReplayResult{{Replayed: 1}})
+	if st := j.Stats(); st.Present != 1 || st.Replayed != 1 || st.Pending != 1 || st.Doubts != 1 {
+		t.Fatalf("stats %+v, want d1 present, d2 replayed, d3 still a doubt", st)
+	}
+	_ = j.Close()
+	for life := range 2 {
+		j = openJournal(t, dir, 0)
+		pending, _ = j.Pending(j.Rotate())
+		if life == 0 && (len(pending) != 1 || pending[0].Grants[0].ID != "d3") {
+			t.Fatalf("after a restart: pending %+v, want d3 as a grant", pending)
+		}
+		if life == 1 && len(pending) != 0 {
+			t.Fatalf("second restart: pending %+v, want nothing (d3 was acknowledged)", pending)
+		}
+		results := make([]ratelimit.ReplayResult, len(pending))
+		for i := range results {
+			results[i].Replayed = int64(len(pending[i].Grants))
+		}
+		j.Ack(pending, results)
+		if err := j.Stats().Reconcile(); err != nil {
+			t.Fatal(err)
+		}
+		_ = j.Close()
+	}
+}

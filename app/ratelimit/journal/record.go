@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"strconv"
 	"strings"
 	"time"
@@ -15,14 +16,15 @@ import (
 // codec writes and reads every kind: appendRecord and parseRecord are
 // inverses (FuzzRecord checks it).
 type record struct {
-	kind  byte // 'E', 'G', 'A' or 'S'
+	kind  byte // 'E', 'G', 'D', 'R', 'A' or 'S'
 	epoch uint64
-	// policy: G and S carry its name, algorithm, limit, window and burst;
-	// A its name, with fingerprint.
+	// policy: G, D and S carry its name, algorithm, limit, window and
+	// burst; A its name, with fingerprint.
 	policy      ratelimit.Policy
 	fingerprint string
-	identity    ratelimit.Identity // G, A, S
-	grant       ratelimit.Grant    // G
+	identity    ratelimit.Identity // G, D, A, S
+	grant       ratelimit.Grant    // G, D; R: only the request id
+	present     bool               // R: the store had the doubtful grant
 	// S: what the key's local share started from.
 	valid     bool
 	n         float64
@@ -30,37 +32,54 @@ type record struct {
 	state     ratelimit.State
 }
 
-// Record field counts.
+// Record field counts, without the checksum.
 const (
 	epochFields    = 2
 	grantFields    = 11
+	resolveFields  = 4
 	ackFields      = 5
 	snapshotFields = 8 + 3 + 7 + ratelimit.AgeBuckets
 )
+
+// crcLen is the length of a record's checksum: a tab and eight hex digits
+// of the CRC-32 (IEEE) of the line before it. A line torn by a crash, or
+// damaged on disk, fails it even where what is left would parse (a grant
+// whose cost lost its last digits, say).
+const crcLen = 9
+
+var crcTable = crc32.MakeTable(crc32.IEEE)
 
 // maxFleet bounds the fleet size an S record may name.
 const maxFleet = 1 << 20
 
 var errRecord = errors.New("journal: malformed record")
 
-// appendRecord appends r's line, with its newline, to b.
+// appendRecord appends r's line, with its checksum and newline, to b.
 func appendRecord(b []byte, r record) []byte {
+	start := len(b)
 	b = append(b, r.kind, '\t')
 	b = strconv.AppendUint(b, r.epoch, 10)
 	p := r.policy
 	switch r.kind {
+	case 'R':
+		b = append(append(b, '\t'), r.grant.ID...)
+		if r.present {
+			b = append(b, "\t1"...)
+		} else {
+			b = append(b, "\t0"...)
+		}
 	case 'A':
 		b = append(append(append(b, '\t'), p.Name...), '\t')
 		b = append(append(b, r.fingerprint...), '\t')
 		b = hex.AppendEncode(b, r.identity[:])
-	case 'G', 'S':
+	case 'G', 'D', 'S':
 		b = append(append(append(b, '\t'), p.Name...), '\t')
 		b = append(append(b, p.Algorithm...), '\t')
 		b = append(strconv.AppendInt(b, p.Limit, 10), '\t')
 		b = append(strconv.AppendInt(b, p.WindowMicros(), 10), '\t')
 		b = append(strconv.AppendInt(b, p.Burst, 10), '\t')
 		b = hex.AppendEncode(b, r.identity[:])
-		if r.kind == 'G' {
+		if r.kind != 'S' {
 			b = append(strconv.AppendInt(append(b, '\t'), r.grant.At, 10), '\t')
 			b = append(strconv.AppendInt(b, r.grant.Cost, 10), '\t')
 			b = append(b, r.grant.ID...)
@@ -80,12 +99,30 @@ func appendRecord(b []byte, r record) []byte {
 			b = strconv.AppendInt(append(b, '\t'), v, 10)
 		}
 	}
+	sum := crc32.Checksum(b[start:], crcTable)
+	b = append(b, '\t')
+	b = hex.AppendEncode(b, []byte{byte(sum >> 24), byte(sum >> 16), byte(sum >> 8), byte(sum)})
 	return append(b, '\n')
 }
 
 // parseRecord parses one line (without its newline). Whatever it accepts,
-// appendRecord writes back as the same line; anything else is errRecord.
+// appendRecord writes back as the same line; anything else (a checksum that
+// does not match included) is errRecord.
 func parseRecord(line string) (record, error) {
+	if len(line) < crcLen+1 || line[len(line)-crcLen] != '\t' {
+		return record{}, errRecord
+	}
+	body, sum := line[:len(line)-crcLen], line[len(line)-crcLen+1:]
+	want, err := hex.DecodeString(sum)
+	if err != nil || hex.EncodeToString(want) != sum ||
+		crc32.Checksum([]byte(body), crcTable) != uint32(want[0])<<24|uint32(want[1])<<16|uint32(want[2])<<8|uint32(want[3]) {
+		return record{}, errRecord
+	}
+	return parseBody(body)
+}
+
+// parseBody parses a record's line without its checksum.
+func parseBody(line string) (record, error) {
 	f := strings.Split(line, "\t")
 	if len(f) < 2 || len(f[0]) != 1 {
 		return record{}, errRecord
@@ -133,7 +170,12 @@ func parseRecord(line string) (record, error) {
 			return record{}, errRecord
 		}
 		r.policy.Name, r.fingerprint = f[2], f[3]
-	case 'G':
+	case 'R':
+		if len(f) != resolveFields || !requestID(f[2]) || f[2] == "" || (f[3] != "0" && f[3] != "1") {
+			return record{}, errRecord
+		}
+		r.grant.ID, r.present = f[2], f[3] == "1"
+	case 'G', 'D':
 		if len(f) != grantFields || !policy() || !identity(f[7]) {
 			return record{}, errRecord
 		}
@@ -142,7 +184,7 @@ func parseRecord(line string) (record, error) {
 			return record{}, errRecord
 		}
 		r.grant = ratelimit.Grant{At: n[0], Cost: n[1], ID: f[10]}
-		if f[10] != "" && (ratelimit.ValidateKey(f[10]) != nil || strings.ContainsAny(f[10], " #")) {
+		if !requestID(f[10]) || (r.kind == 'D' && f[10] == "") {
 			return record{}, errRecord
 		}
 	case 'S':
@@ -165,6 +207,12 @@ func parseRecord(line string) (record, error) {
 		return record{}, fmt.Errorf("%w: kind %q", errRecord, f[0])
 	}
 	return r, nil
+}
+
+// requestID reports whether s is a request id a record may hold: empty, or
+// a valid key without a space or '#'.
+func requestID(s string) bool {
+	return s == "" || ratelimit.ValidateKey(s) == nil && !strings.ContainsAny(s, " #")
 }
 
 // snapshot returns an S record's snapshot.

@@ -1,0 +1,133 @@
+// Doubts: grants whose requests' store calls timed out, held until the
+// store says whether it counted them.
+
+package journal
+
+import (
+	"fmt"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// AppendDoubt journals a local grant made for a request whose store call
+// timed out: the store may still decide it (see Journal). g.ID names it for
+// Resolve. Like Append, it returns ErrFull when the journal is full.
+func (j *Journal) AppendDoubt(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) error {
+	if g.ID == "" {
+		return fmt.Errorf("journal: a doubt needs a request id")
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if _, ok := j.doubts[g.ID]; ok {
+		return fmt.Errorf("journal: request %q is a doubt already", g.ID)
+	}
+	if j.fullLocked(g.Cost) {
+		return ErrFull
+	}
+	j.addDoubtLocked(p, id, g)
+	j.stats.granted.Add(uint64(g.Cost))
+	if j.f == nil {
+		return nil
+	}
+	j.buf = appendRecord(j.buf[:0], record{kind: 'D', epoch: j.epoch, policy: p, identity: id, grant: g})
+	return j.writeLocked(j.buf)
+}
+
+func (j *Journal) addDoubtLocked(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) {
+	if _, ok := j.doubts[g.ID]; ok {
+		return
+	}
+	ref := j.refLocked(p)
+	j.doubts[g.ID] = &doubt{policy: ref, identity: id, grant: grant{g.At, g.Cost}}
+	ke := j.keyLocked(ref.key, id)
+	ke.doubts++
+	ke.units += g.Cost
+	j.pending += uint64(g.Cost)
+	j.grants++
+	j.size++
+}
+
+// Resolve settles the doubt of request reqID: present, the store counted
+// the request, and the grant goes (counted as present); otherwise it
+// becomes an ordinary grant, replayed with the others. It returns the
+// doubt's policy, identity and cost, and false when there is no such doubt.
+func (j *Journal) Resolve(reqID string, present bool) (ratelimit.Policy, ratelimit.Identity, int64, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	d, ok := j.doubts[reqID]
+	if !ok {
+		return ratelimit.Policy{}, ratelimit.Identity{}, 0, false
+	}
+	j.resolveLocked(reqID, present, j.epoch)
+	if present {
+		j.stats.present.Add(uint64(d.grant.cost))
+	}
+	if !j.emptyLocked() && j.f != nil {
+		j.buf = appendRecord(j.buf[:0], record{kind: 'R', epoch: j.epoch, grant: ratelimit.Grant{ID: reqID}, present: present})
+		if err := j.writeLocked(j.buf); err != nil {
+			j.log.Error("journal: write resolution", "err", err)
+		}
+	}
+	return d.policy.p, d.identity, d.grant.cost, true
+}
+
+// resolveLocked settles the doubt of reqID, if there is one (see Resolve).
+// An ordinary grant made of it joins the batch of epoch, the one in force
+// when it was resolved: its own may have been replayed already, and a batch
+// sent again under a marker the store has seen would be refused.
+func (j *Journal) resolveLocked(reqID string, present bool, epoch uint64) {
+	d, ok := j.doubts[reqID]
+	if !ok {
+		return
+	}
+	delete(j.doubts, reqID)
+	sk := snapKey{d.policy.key, d.identity}
+	ke := j.keys[sk]
+	ke.doubts--
+	ke.units -= d.grant.cost
+	j.pending -= uint64(d.grant.cost)
+	j.grants--
+	j.size--
+	if !present {
+		j.addLocked(epoch, d.policy.p, d.identity, ratelimit.Grant{At: d.grant.at, Cost: d.grant.cost, ID: reqID})
+		return
+	}
+	j.pruneKeyLocked(sk, ke)
+}
+
+// settleDoubtsLocked makes every doubt reloaded from the file an ordinary
+// grant, and says so in the file: the late replies that would have
+// resolved them went to the process that died. Counting them may count a
+// request twice; dropping them could count it never.
+func (j *Journal) settleDoubtsLocked() {
+	for reqID := range j.doubts {
+		j.settleLocked(reqID)
+	}
+}
+
+// settleLocked makes the doubt reqID an ordinary grant, and says so in the
+// file.
+func (j *Journal) settleLocked(reqID string) {
+	j.resolveLocked(reqID, false, j.epoch)
+	if j.f != nil {
+		j.buf = appendRecord(j.buf[:0], record{kind: 'R', epoch: j.epoch, grant: ratelimit.Grant{ID: reqID}})
+		_ = j.writeLocked(j.buf)
+	}
+}
+
+// ExpireDoubts makes an ordinary grant of every doubt granted before
+// before (store µs), whose late reply never came, and returns how many
+// units it settled so.
+func (j *Journal) ExpireDoubts(before int64) int64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var n int64
+	for reqID, d := range j.doubts {
+		if d.grant.at >= before {
+			continue
+		}
+		n += d.grant.cost
+		j.settleLocked(reqID)
+	}
+	return n
+}
