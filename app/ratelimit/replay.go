@@ -81,4 +81,25 @@ type Fleet struct {
 	Generation string
 	// Now is the store's clock when it answered, in Unix µs.
 	Now int64
+	// Stages are the recovery stages the live instances last wrote with
+	// their heartbeats ("" for one that wrote none), for a store that
+	// keeps them (redisstore: Limiter.HeartbeatStage).
+	Stages []string
+}
+
+// LateReply is what became of a store call whose caller stopped waiting
+// (its context ended) before the answer came: a store that reports them
+// (redisstore with coalescing) keeps reading the reply and hands it over
+// once it has it, so that a decision the store made, and counted, is never
+// lost between the store and its caller.
+type LateReply struct {
+	Request Request
+	// Decision is the store's answer when Err is nil: the store decided
+	// the request, and counted it if it was allowed.
+	Decision Decision
+	// Err says why there is no answer. With NotSent the call never reached
+	// the store, which did not count it; otherwise the store may or may not
+	// have (the reply was lost, or did not come within the store's window).
+	Err     error
+	NotSent bool
 }

@@ -29,6 +29,10 @@ type ClientConfig struct {
 	Timeout time.Duration
 	// PoolSize is the number of connections per node. Default 64.
 	PoolSize int
+	// LateReplies is how long a reply is still read after its caller's
+	// deadline (Limiter.OnLate): the client's read timeout is Timeout plus
+	// this, and every call is bounded by its context instead. 0: none.
+	LateReplies time.Duration
 }
 
 // Options returns the universal options for the configuration, tuned for a
@@ -96,7 +100,7 @@ func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
 	// refused" with a 1 s deadline). The limiter tries again by itself, at
 	// the next heartbeat or probe.
 	o.DialerRetries = 1
-	o.ReadTimeout = timeout
+	o.ReadTimeout = timeout + max(c.LateReplies, 0)
 	o.WriteTimeout = timeout
 	o.PoolTimeout = timeout
 	o.ContextTimeoutEnabled = true

@@ -2,8 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
@@ -17,9 +19,8 @@ import (
 // keeps its own deadline (a call whose context ended before its pipeline
 // left is not sent; one that ends while its pipeline is out returns then,
 // and the pipeline goes on for the others) and gets the answers it would
-// get alone. n <= 0 turns
-// coalescing off (the default: one round trip per call). On a Cluster,
-// go-redis splits each pipeline per node.
+// get alone. n <= 0 turns coalescing off (the default: one round trip per
+// call). On a Cluster, go-redis splits each pipeline per node.
 func WithCoalescing(n int) Option {
 	return func(l *Limiter) {
 		if n > 0 {
@@ -28,25 +29,62 @@ func WithCoalescing(n int) Option {
 	}
 }
 
+// OnLate makes the store report what becomes of every decision whose caller
+// stopped waiting before its answer came (see ratelimit.LateReply): fn is
+// called once for each such request, from the goroutine that read the
+// pipeline, as soon as its fate is known: the reply itself when it comes
+// within window after the caller's deadline, else an error. It needs
+// coalescing (WithCoalescing), and a client whose read timeout allows the
+// window (ClientConfig.LateReplies); without coalescing it does nothing and
+// reports false. Call it before the first decision.
+//
+// A decision that times out on the client has often run in Redis all the
+// same (a slow Redis applies every call and answers late): with OnLate the
+// caller learns that it did, and what Redis answered, instead of guessing.
+func (l *Limiter) OnLate(window time.Duration, fn func(ratelimit.LateReply)) bool {
+	if l.co == nil || fn == nil {
+		return false
+	}
+	l.co.late, l.co.window = fn, max(window, 0)
+	return true
+}
+
 // coalescer queues calls and sends them in at most max pipelines at once.
 type coalescer struct {
 	max     int
 	timeout time.Duration // the store's own per-call bound (0: none)
 	send    func(context.Context, []ratelimit.Request) ([]ratelimit.Decision, []error)
+	// late, if set, is told the fate of calls their callers gave up on
+	// (OnLate); the pipelines then read replies for window past the last
+	// caller's deadline.
+	late   func(ratelimit.LateReply)
+	window time.Duration
 
 	mu       sync.Mutex
 	queue    []*call
 	inflight int
 }
 
+// The states of a call: its answer is handed either to its caller or, once
+// the caller has gone, to the late handler; never both, never neither.
+const (
+	waiting   int32 = iota
+	answered        // the caller takes ds and errs
+	abandoned       // the caller left; the answer goes to late
+)
+
 // call is one caller's requests, answered together.
 type call struct {
-	ctx  context.Context
-	reqs []ratelimit.Request
-	ds   []ratelimit.Decision
-	errs []error
-	done chan struct{} // closed once ds and errs are set
+	ctx   context.Context
+	reqs  []ratelimit.Request
+	ds    []ratelimit.Decision
+	errs  []error
+	state atomic.Int32
+	done  chan struct{} // closed once ds and errs are set for the caller
 }
+
+// errNotSent: the call's caller left before its pipeline went out.
+var errNotSent = errors.New("redisstore: the caller left before the call was sent")
 
 func (c *coalescer) do(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	cl := &call{ctx: ctx, reqs: reqs, done: make(chan struct{})}
@@ -57,16 +95,17 @@ func (c *coalescer) do(ctx context.Context, reqs []ratelimit.Request) ([]ratelim
 		batch := c.queue
 		c.queue = nil
 		c.mu.Unlock()
-		if len(batch) == 1 {
-			// Alone: the pipeline's deadline is this call's own, so it
-			// can be sent from here without a goroutine.
+		if len(batch) == 1 && c.late == nil {
+			// Alone, and nobody to hand a late answer to: the
+			// pipeline's deadline is this call's own, so it can be sent
+			// from here without a goroutine.
 			c.flush(batch)
 			if next := c.next(); next != nil {
 				go c.drain(next)
 			}
 		} else {
-			// Shared: the pipeline may outlive this call's deadline (it
-			// takes the latest of its calls'), and this call must not.
+			// Shared, or read past this call's deadline: the pipeline
+			// may outlive the call, and the call must not wait for it.
 			go c.drain(batch)
 		}
 	} else {
@@ -76,9 +115,19 @@ func (c *coalescer) do(ctx context.Context, reqs []ratelimit.Request) ([]ratelim
 	case <-cl.done:
 		return cl.ds, cl.errs
 	case <-ctx.Done():
+		if !cl.state.CompareAndSwap(waiting, abandoned) {
+			// The answer came as the context ended: it is this
+			// caller's, and Redis counted it.
+			<-cl.done
+			return cl.ds, cl.errs
+		}
 		errs := make([]error, len(reqs))
 		for i := range errs {
-			errs[i] = fmt.Errorf("redisstore: %w", ctx.Err())
+			if c.late != nil {
+				errs[i] = fmt.Errorf("redisstore: %w: %w", ctx.Err(), ratelimit.ErrPending)
+			} else {
+				errs[i] = fmt.Errorf("redisstore: %w", ctx.Err())
+			}
 		}
 		return make([]ratelimit.Decision, len(reqs)), errs
 	}
@@ -106,11 +155,31 @@ func (c *coalescer) drain(batch []*call) {
 	}
 }
 
+// answer hands ds and errs to cl's caller or, if it has left, to the late
+// handler (sent says whether the call reached the pipeline).
+func (c *coalescer) answer(cl *call, ds []ratelimit.Decision, errs []error, sent bool) {
+	cl.ds, cl.errs = ds, errs
+	if cl.state.CompareAndSwap(waiting, answered) {
+		close(cl.done)
+		return
+	}
+	if c.late == nil {
+		return
+	}
+	for i, r := range cl.reqs {
+		lr := ratelimit.LateReply{Request: r, Err: errs[i], NotSent: !sent}
+		if lr.Err == nil {
+			lr.Decision = ds[i]
+		}
+		c.late(lr)
+	}
+}
+
 // flush sends the calls of batch still wanted in one pipeline and answers
 // each. The pipeline is bounded by the latest of their deadlines (and the
-// store's own timeout): each caller stops waiting at its own deadline, so
-// no call is cut short by another's, and none waits longer than it would
-// alone.
+// store's own timeout), plus the late window: each caller stops waiting at
+// its own deadline, so no call is cut short by another's, and none waits
+// longer than it would alone.
 func (c *coalescer) flush(batch []*call) {
 	var reqs []ratelimit.Request
 	var deadline time.Time
@@ -118,12 +187,11 @@ func (c *coalescer) flush(batch []*call) {
 	live := batch[:0:0]
 	for _, cl := range batch {
 		if err := cl.ctx.Err(); err != nil {
-			cl.errs = make([]error, len(cl.reqs))
-			for i := range cl.errs {
-				cl.errs[i] = fmt.Errorf("redisstore: %w", err)
+			errs := make([]error, len(cl.reqs))
+			for i := range errs {
+				errs[i] = fmt.Errorf("redisstore: %w: %w", err, errNotSent)
 			}
-			cl.ds = make([]ratelimit.Decision, len(cl.reqs))
-			close(cl.done)
+			c.answer(cl, make([]ratelimit.Decision, len(cl.reqs)), errs, false)
 			continue
 		}
 		d, ok := cl.ctx.Deadline()
@@ -149,14 +217,13 @@ func (c *coalescer) flush(batch []*call) {
 		}
 	}
 	if !deadline.IsZero() {
-		ctx, cancel = context.WithDeadline(ctx, deadline)
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(c.window))
 	}
 	ds, errs := c.send(ctx, reqs)
 	cancel()
 	for _, cl := range live {
 		n := len(cl.reqs)
-		cl.ds, cl.errs = ds[:n:n], errs[:n:n]
+		c.answer(cl, ds[:n:n], errs[:n:n], true)
 		ds, errs = ds[n:], errs[n:]
-		close(cl.done)
 	}
 }

@@ -228,3 +228,100 @@ func TestCoalescedCallKeepsItsDeadline(t *testing.T) {
 		t.Errorf("the call with the later deadline failed with the shorter one's: %v", long)
 	}
 }
+
+// TestLateRepliesAccountForEveryDecision: callers with deadlines across the
+// round trip, on a Redis whose replies come at random times. Every request
+// ends exactly once: answered to its caller, or handed to the late handler
+// (OnLate) once the caller has gone. What Redis counted is what the
+// callers and the late handler were told was admitted: no decision Redis
+// made is lost between Redis and its caller, even when the answer and the
+// deadline come at the same moment.
+func TestLateRepliesAccountForEveryDecision(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	px := redistest.StartProxy(t, srv.Addr())
+	client, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{px.Addr()}, Timeout: time.Second, PoolSize: 16, LateReplies: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	l := redisstore.New(client, redisstore.WithCoalescing(2), redisstore.WithTimeout(time.Second))
+	var (
+		mu          sync.Mutex
+		late        = map[string]int{}
+		lateAllowed int
+	)
+	if !l.OnLate(5*time.Second, func(r ratelimit.LateReply) {
+		mu.Lock()
+		defer mu.Unlock()
+		late[r.Request.ID]++
+		if r.Err == nil && r.Decision.Allowed {
+			lateAllowed++
+		}
+	}) {
+		t.Fatal("OnLate refused with coalescing on")
+	}
+	p := ratelimit.Policy{Name: "late", Algorithm: ratelimit.SlidingWindowLog, Limit: 100_000, Window: time.Minute}
+	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
+		t.Fatal(err) // loads the script
+	}
+	px.LatencyJitter(0, 3*time.Millisecond)
+	var (
+		callerAllowed, pending atomic.Int64
+		pendingIDs             sync.Map
+		wg                     sync.WaitGroup
+	)
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 60 {
+				id := fmt.Sprintf("r%d-%d", g, i)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(100+(g*60+i)%30*100)*time.Microsecond)
+				d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: id})
+				cancel()
+				switch {
+				case err == nil && d.Allowed:
+					callerAllowed.Add(1)
+				case errors.Is(err, ratelimit.ErrPending):
+					pending.Add(1)
+					pendingIDs.Store(id, true)
+				case err == nil:
+					t.Errorf("%s refused with a limit of 100 000", id)
+				case !errors.Is(err, context.DeadlineExceeded):
+					t.Errorf("%s: %v", id, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := len(late)
+		mu.Unlock()
+		if int64(n) >= pending.Load() || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range late {
+		if _, ok := pendingIDs.Load(id); !ok || n != 1 {
+			t.Errorf("%s: %d late replies, pending %v: want one, for a call whose caller was told it is pending", id, n, ok)
+		}
+	}
+	if int64(len(late)) != pending.Load() {
+		t.Errorf("%d calls pending, %d late replies", pending.Load(), len(late))
+	}
+	counted, err := srv.Client().ZCard(context.Background(), l.Key(p, "k")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	told := callerAllowed.Load() + int64(lateAllowed)
+	t.Logf("Redis counted %d; callers were told %d, the late handler %d (%d pending)", counted, callerAllowed.Load(), lateAllowed, pending.Load())
+	if counted != told {
+		t.Fatalf("Redis counted %d, the callers and the late handler were told %d admissions", counted, told)
+	}
+	if pending.Load() == 0 || callerAllowed.Load() == 0 {
+		t.Fatal("no call was both answered and left pending: the test did not test")
+	}
+}

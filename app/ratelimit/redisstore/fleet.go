@@ -80,7 +80,16 @@ func (l *Limiter) Warm(ctx context.Context, n int) {
 // answered and a Cluster master's generation did not, the counts come back
 // with the error.
 func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (ratelimit.Fleet, error) {
-	f, err := l.fleet(ctx, instance, "beat", ttl, grace)
+	return l.HeartbeatStage(ctx, instance, ttl, grace, "")
+}
+
+// HeartbeatStage is Heartbeat, writing the instance's recovery stage beside
+// its heartbeat (stage "": none); the reply's Stages are every live
+// instance's. The resilient limiter's recovery waits on them: an instance
+// decides in Redis again only once every live one has replayed what it
+// granted locally.
+func (l *Limiter) HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (ratelimit.Fleet, error) {
+	f, err := l.fleet(ctx, instance, "beat", ttl, grace, stage)
 	if err != nil {
 		return f, err
 	}
@@ -109,7 +118,7 @@ func (l *Limiter) shardGeneration(ctx context.Context, gen *string) error {
 // Cluster it is one generation per slot range, so that a master that loses
 // its data alone is noticed too (shards.go).
 func (l *Limiter) Generation(ctx context.Context) (string, error) {
-	f, err := l.fleet(ctx, "-", "peek", time.Second, time.Second)
+	f, err := l.fleet(ctx, "-", "peek", time.Second, time.Second, "")
 	if err != nil {
 		return "", err
 	}
@@ -126,7 +135,7 @@ func (l *Limiter) WritesKey() string { return "{" + l.prefix + ":fleet}:writes" 
 // Leave removes instance's heartbeat (on a clean shutdown: a stopped
 // instance grants nothing, so nobody needs to hold its share).
 func (l *Limiter) Leave(ctx context.Context, instance string, ttl, grace time.Duration) error {
-	_, err := l.fleet(ctx, instance, "leave", ttl, grace)
+	_, err := l.fleet(ctx, instance, "leave", ttl, grace, "")
 	return err
 }
 
@@ -136,41 +145,54 @@ func (l *Limiter) Leave(ctx context.Context, instance string, ttl, grace time.Du
 // key's master often still answers while the instances go local one after
 // the other.
 func (l *Limiter) Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
-	_, err := l.fleet(ctx, instance, "suspend", ttl, grace)
+	_, err := l.fleet(ctx, instance, "suspend", ttl, grace, "")
 	return err
 }
 
-func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration) (ratelimit.Fleet, error) {
+// SyncKey holds the instances' recovery stages (HeartbeatStage).
+func (l *Limiter) SyncKey() string { return "{" + l.prefix + ":fleet}:sync" }
+
+func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration, stage string) (ratelimit.Fleet, error) {
 	if err := ratelimit.ValidateKey(instance); err != nil {
 		return ratelimit.Fleet{}, err
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
+	floors := l.seen.floors()
 	sent := time.Now()
-	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey(), l.WritesKey()}, instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op)).Slice()
+	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey(), l.WritesKey(), l.SyncKey()},
+		instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op), stage).Slice()
 	if err != nil {
 		return ratelimit.Fleet{}, classify(ctx, err)
 	}
 	recv := time.Now()
-	if len(res) != 5 {
+	if len(res) != 6 {
 		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
+	}
+	rawStages, ok6 := res[5].([]any)
+	stages := make([]string, len(rawStages))
+	for i, v := range rawStages {
+		var ok bool
+		if stages[i], ok = v.(string); !ok {
+			ok6 = false
+		}
 	}
 	live, ok1 := res[0].(int64)
 	suspect, ok2 := res[1].(int64)
 	now, ok3 := res[2].(int64)
 	gen, ok4 := res[3].(string)
 	writes, ok5 := res[4].(int64)
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || live < 0 || suspect < 0 || now <= 0 {
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || live < 0 || suspect < 0 || now <= 0 {
 		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
 	}
 	// Redis' clock against this host's, the reply taken as the middle of
 	// the round trip.
 	l.beatOffset.Store(now - (sent.UnixMicro() + recv.Sub(sent).Microseconds()/2))
 	l.beatOffsetKnown.Store(true)
-	if gen, err = l.checkCounter(callCtx, l.client, "", l.GenerationKey(), gen, writes); err != nil {
+	if gen, err = l.checkCounter(callCtx, l.client, floors, "", l.GenerationKey(), gen, writes); err != nil {
 		return ratelimit.Fleet{}, err
 	}
-	return ratelimit.Fleet{Live: int(live), Suspect: int(suspect), Generation: gen, Now: now}, nil
+	return ratelimit.Fleet{Live: int(live), Suspect: int(suspect), Generation: gen, Now: now, Stages: stages}, nil
 }
 
 // staleBeatMargin is how long after its caller's deadline a heartbeat may

@@ -71,25 +71,48 @@ type seenCounter struct {
 	n   int64
 }
 
+// floors returns the counters answered so far, per shard: a call sent now
+// runs after the calls they came from, so Redis must answer it more than
+// each, unless it lost writes. An instance's calls overlap (a heartbeat and
+// a suspension, say), and their replies come in any order: compared with
+// the highest counter seen when its reply came instead of when it was
+// sent, a reply overtaken by a later call's read as lost writes, and moved
+// the whole fleet to a raise (TestOverlappingFleetCallsAreNotLostWrites).
+func (s *seenWrites) floors() map[string]seenCounter {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.m) == 0 {
+		return nil
+	}
+	out := make(map[string]seenCounter, len(s.m))
+	for k, v := range s.m {
+		out[k] = v
+	}
+	return out
+}
+
 // LostWrites counts the times this instance found that Redis had lost
 // writes it acknowledged (a write counter that went back).
 func (l *Limiter) LostWrites() uint64 { return l.seen.lost.Load() }
 
 // checkCounter records the write counter n that shard answered under gen,
-// and returns the shard's generation: gen, or a new "lag-" one if n is not
-// above the highest this instance saw under gen (the shard lost writes).
-func (l *Limiter) checkCounter(ctx context.Context, client redis.Scripter, shard, genKey, gen string, n int64) (string, error) {
-	l.seen.mu.Lock()
-	last, ok := l.seen.m[shard]
-	if !ok || last.gen != gen || n > last.n {
+// to a call sent when the counters answered were floors, and returns the
+// shard's generation: gen, or a new "lag-" one if n is not above the
+// counter answered under gen before the call was sent (the shard lost
+// writes).
+func (l *Limiter) checkCounter(ctx context.Context, client redis.Scripter, floors map[string]seenCounter, shard, genKey, gen string, n int64) (string, error) {
+	floor, known := floors[shard]
+	if !known || floor.gen != gen || n > floor.n {
+		l.seen.mu.Lock()
 		if l.seen.m == nil {
 			l.seen.m = map[string]seenCounter{}
 		}
-		l.seen.m[shard] = seenCounter{gen: gen, n: n}
+		if last, ok := l.seen.m[shard]; !ok || last.gen != gen || n > last.n {
+			l.seen.m[shard] = seenCounter{gen: gen, n: n}
+		}
 		l.seen.mu.Unlock()
 		return gen, nil
 	}
-	l.seen.mu.Unlock()
 	next, err := lagScript.Run(ctx, client, []string{genKey}, gen, lagPrefix+randomHex(), randomHex()).Text()
 	if err != nil {
 		return "", classify(ctx, err)

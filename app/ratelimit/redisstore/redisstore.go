@@ -431,8 +431,8 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	}
 	for j, i := range at {
 		ds[i], errs[i] = vds[j], verrs[j]
-		if errs[i] != nil && ctx.Err() != nil {
-			errs[i] = fmt.Errorf("redisstore: %w", ctx.Err())
+		if err := ctx.Err(); errs[i] != nil && err != nil && !errors.Is(errs[i], err) {
+			errs[i] = fmt.Errorf("redisstore: %w: %w", err, errs[i])
 		}
 	}
 	return ds, errs

@@ -67,6 +67,7 @@ func (l *Limiter) clusterGeneration(ctx context.Context) (string, bool, error) {
 	if err != nil {
 		return "", true, err
 	}
+	floors := l.seen.floors()
 	pipe := cc.Pipeline()
 	cmds := make([]*redis.Cmd, len(ranges))
 	for i, r := range ranges {
@@ -90,7 +91,7 @@ func (l *Limiter) clusterGeneration(ctx context.Context) (string, bool, error) {
 			if !ok1 || !ok2 {
 				err = fmt.Errorf("%w: shard generation reply %v", ratelimit.ErrBadReply, res)
 			} else {
-				g, err = l.checkCounter(ctx, cc, fmt.Sprintf("%d-%d", r.first, r.last), r.key, g, n)
+				g, err = l.checkCounter(ctx, cc, floors, fmt.Sprintf("%d-%d", r.first, r.last), r.key, g, n)
 			}
 		}
 		if err != nil {

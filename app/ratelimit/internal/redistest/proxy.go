@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ type Proxy struct {
 	upstream string
 
 	latency   atomic.Int64 // added to every reply, in ns
+	jitter    atomic.Int64 // up to this much more, drawn per reply, in ns (LatencyJitter)
 	reqDelay  atomic.Int64 // added to every request, in ns (RequestLatency)
 	blackhole atomic.Bool  // drop the data in both directions
 
@@ -95,7 +97,20 @@ func (p *Proxy) Enable() {
 // Latency delays every reply (upstream to client) by d, on open and new
 // connections, replacing an earlier Latency. Latency(0) removes it. Replies
 // keep their order and are not serialised: each waits d from its arrival.
-func (p *Proxy) Latency(d time.Duration) { p.latency.Store(int64(max(d, 0))) }
+func (p *Proxy) Latency(d time.Duration) {
+	p.latency.Store(int64(max(d, 0)))
+	p.jitter.Store(0)
+}
+
+// LatencyJitter delays every reply by d plus a uniform random part of up to
+// jitter, drawn per reply: a Redis that is slow but not dead, whose replies
+// arrive some within a caller's deadline and some after it. Replies keep
+// their order (a reply drawn shorter than the one before it waits for it).
+// LatencyJitter(0, 0) removes it, as Latency(0) does.
+func (p *Proxy) LatencyJitter(d, jitter time.Duration) {
+	p.latency.Store(int64(max(d, 0)))
+	p.jitter.Store(int64(max(jitter, 0)))
+}
 
 // RequestLatency delays every request (client to upstream) by d before it
 // reaches the upstream, one after another: a command that its client has
@@ -110,10 +125,11 @@ func (p *Proxy) RequestLatency(d time.Duration) { p.reqDelay.Store(int64(max(d, 
 // blackholed.
 func (p *Proxy) Blackhole() { p.blackhole.Store(true) }
 
-// ClearToxics removes Latency, RequestLatency and Blackhole, restoring plain forwarding. It
+// ClearToxics removes Latency, LatencyJitter, RequestLatency and Blackhole, restoring plain forwarding. It
 // does not Enable a disabled proxy.
 func (p *Proxy) ClearToxics() {
 	p.latency.Store(0)
+	p.jitter.Store(0)
 	p.reqDelay.Store(0)
 	if p.blackhole.Swap(false) {
 		// Every open connection has had data dropped, or may have: a
@@ -212,7 +228,11 @@ func (p *Proxy) forward(dst, src net.Conn, reply bool) {
 	var writer sync.WaitGroup
 	writer.Go(func() {
 		for ch := range queue {
-			if d := time.Duration(p.latency.Load()); d > 0 {
+			d := time.Duration(p.latency.Load())
+			if j := p.jitter.Load(); j > 0 {
+				d += time.Duration(rand.Int64N(j + 1))
+			}
+			if d > 0 {
 				time.Sleep(time.Until(ch.at.Add(d)))
 			}
 			if _, err := dst.Write(ch.data); err != nil {

@@ -3,6 +3,8 @@
 -- string set once; a Redis that lost its data (restarted empty) has a new one.
 -- KEYS[3]: the write counter, incremented by every call (see lost.go: a
 -- counter that goes back under the same generation is lost writes).
+-- KEYS[4]: a hash of each instance's recovery stage (see resilient's
+-- recovery: "<generation token>:<stage>"), written by its beats.
 -- ARGV: [1] instance  [2] "beat", "leave", "suspend" (the instance decides
 --       locally from now on: it counts as suspect at once, so the others
 --       hold its share back without waiting for its heartbeat to lapse) or
@@ -24,19 +26,36 @@ if not gen then
   gen = ARGV[5]
 end
 local n = redis.call('INCR', KEYS[3])
-if ARGV[2] == 'peek' then return {0, 0, now_us, gen, n} end
+if ARGV[2] == 'peek' then return {0, 0, now_us, gen, n, {}} end
+local sync = KEYS[4]
 if ARGV[2] == 'leave' then
   redis.call('ZREM', key, ARGV[1])
+  if sync then redis.call('HDEL', sync, ARGV[1]) end
 elseif ARGV[2] == 'suspend' then
   redis.call('ZADD', key, 'XX', now - ttl - 1, ARGV[1])
 else
   local deadline = tonumber(ARGV[6] or '0') or 0
   if deadline <= 0 or now <= deadline then
     redis.call('ZADD', key, now, ARGV[1])
+    if sync and ARGV[7] and ARGV[7] ~= '' then redis.call('HSET', sync, ARGV[1], ARGV[7]) end
   end
 end
-redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - ttl - grace))
+local cutoff = '(' .. (now - ttl - grace)
+if sync then
+  local gone = redis.call('ZRANGEBYSCORE', key, '-inf', cutoff)
+  if #gone > 0 then redis.call('HDEL', sync, unpack(gone)) end
+end
+redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
 redis.call('PEXPIRE', key, ttl + grace + 60000)
 local live = redis.call('ZCOUNT', key, now - ttl, '+inf')
 local suspect = redis.call('ZCOUNT', key, now - ttl - grace, '(' .. (now - ttl))
-return {live, suspect, now_us, gen, n}
+local stages = {}
+if sync then
+  redis.call('PEXPIRE', sync, ttl + grace + 60000)
+  local names = redis.call('ZRANGEBYSCORE', key, now - ttl, '+inf')
+  if #names > 0 then
+    local v = redis.call('HMGET', sync, unpack(names))
+    for i = 1, #names do stages[i] = v[i] or '' end
+  end
+end
+return {live, suspect, now_us, gen, n, stages}
