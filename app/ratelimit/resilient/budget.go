@@ -33,13 +33,18 @@ type entry struct {
 	// Local state; valid while localVersion == version.
 	localVersion uint64
 	localInit    bool
+	localClosed  bool    // started with the breaker closed: no refill (decideLocal)
 	level        float64 // token bucket and GCRA: units left in this instance's share
 	at           int64   // µs (store time) of level
 	confirmed    int64   // share.confirmed when the local state began (see share)
 	n            float64 // share.n when the local state began
 	journaled    bool    // the start of the local state is in the journal
-	log          algorithm.WindowLog
-	wc           algorithm.WindowCounterState
+	// syncedUnits are units the store took (a replay, a late reply that
+	// found them counted) at store time syncedAt, later than the
+	// snapshot: a fresh share counts them until a reply that recent.
+	syncedUnits, syncedAt int64
+	log                   algorithm.WindowLog
+	wc                    algorithm.WindowCounterState
 }
 
 // share is this instance's part of the fleet's remaining quota.
@@ -58,11 +63,9 @@ func (s share) of(x float64) float64 { return x * s.factor / s.n }
 
 // decideLocal decides from the local budget at store time now (µs): this
 // instance's share of what the store last said was left, with refill and
-// ageing that mirror the store's semantics.
+// ageing that mirror the store's semantics. The caller has started the
+// local state (ensureLocal).
 func (e *entry) decideLocal(p ratelimit.Policy, now, cost int64, sh share) ratelimit.Decision {
-	if !e.localInit || e.localVersion != e.version {
-		e.initLocal(p, now, sh)
-	}
 	// The fleet size is the one the share started with (after a restart:
 	// the one the journal recorded), not the one assumed since.
 	sh.n = e.n
@@ -81,13 +84,58 @@ func (e *entry) decideLocal(p ratelimit.Policy, now, cost int64, sh share) ratel
 	return d
 }
 
-// charge applies a grant made before a restart (reloaded from the journal)
-// to the local state, whether or not it fits.
-func (e *entry) charge(p ratelimit.Policy, g ratelimit.Grant, sh share) {
-	if !e.localInit || e.localVersion != e.version {
-		e.initLocal(p, g.At, sh)
+// needsLocal reports whether the local state must be (re)started for a
+// decision with the breaker closed or not: it never was, a store reply
+// came since it was, or it was started with the breaker the other way.
+func (e *entry) needsLocal(closed bool) bool {
+	return !e.localInit || e.localVersion != e.version || e.localClosed != closed
+}
+
+// ensureLocal starts the local state from the latest snapshot when it
+// needs to (needsLocal), and charges it with hidden units: grants the
+// store does not have, which the snapshot cannot show (this instance's
+// grants not yet replayed, or replayed after the snapshot was taken).
+// Without them every store reply between two local decisions started a
+// fresh share, and the grants of the one before were forgotten
+// (TestGrayFailureKeepsTheShare).
+func (e *entry) ensureLocal(p ratelimit.Policy, now int64, sh share, closed bool, hidden func() int64) {
+	if !e.needsLocal(closed) {
+		return
 	}
-	sh.n = e.n
+	e.initLocal(p, now, sh)
+	e.localClosed = closed
+	if n := hidden(); n > 0 {
+		e.absorb(p, ratelimit.Grant{At: now, Cost: n})
+	}
+}
+
+// startFrom starts the local state of policy p for identity id from a
+// journaled snapshot (nil: none, and n instances assumed): what an earlier
+// process, or this one before it forgot the key, started the share from.
+func (e *entry) startFrom(p ratelimit.Policy, id ratelimit.Identity, s *journal.Snapshot, n float64) {
+	sh := share{n: n, factor: p.Factor()}
+	if s != nil {
+		sh.n, sh.confirmed = s.N, s.Confirmed
+		if s.Valid {
+			e.snap, e.snapValid, e.version = s.State, true, e.version+1
+		}
+	}
+	e.identity = id
+	at := int64(0)
+	if s != nil {
+		at = s.State.Now
+	}
+	e.initLocal(p, at, sh)
+}
+
+// charge applies a grant made before the key was forgotten (reloaded from
+// the journal after a restart or an eviction) to the local state, whether
+// or not it fits. The local state must be started (startFrom).
+func (e *entry) charge(p ratelimit.Policy, g ratelimit.Grant) { e.absorb(p, g) }
+
+// absorb takes g from the local state at its time, whether or not it fits.
+func (e *entry) absorb(p ratelimit.Policy, g ratelimit.Grant) {
+	sh := share{n: e.n, factor: p.Factor(), confirmed: e.confirmed}
 	switch p.Algorithm {
 	case ratelimit.TokenBucket, ratelimit.GCRA:
 		e.bucket(p, g.At, 0, sh) // refill up to the grant's time

@@ -76,6 +76,15 @@ type Config struct {
 	// Give the store a client whose own timeouts allow it
 	// (redisstore.WithReplayClient), or the client's read timeout cuts it.
 	ReplayTimeout time.Duration
+	// LateWindow is how long the store goes on reading a call's reply
+	// after the caller's deadline, so that a decision it made is not lost
+	// (LeaseGrace): a request decided locally meanwhile is a doubt in the
+	// journal until the store says whether it counted it (late.go). It
+	// needs a store that reports late replies (redisstore with
+	// coalescing, on a client whose read timeout allows the window:
+	// redisstore.ClientConfig.LateReplies); with any other, a timed-out
+	// call's local grant is replayed, and counted twice if the call ran.
+	LateWindow time.Duration
 	// RecoveryWait bounds how long a recovered instance keeps deciding
 	// locally while other instances are still missing (2 × ProbeInterval).
 	// Until every instance has replayed its journal, the store
@@ -119,5 +128,6 @@ func (c *Config) setDefaults() error {
 		c.ReplayBatch = 1000
 	}
 	def(&c.RecoveryWait, 2*c.ProbeInterval)
+	def(&c.LateWindow, c.LeaseGrace)
 	return nil
 }

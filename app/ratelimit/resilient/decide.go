@@ -7,6 +7,7 @@ package resilient
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -17,33 +18,40 @@ import (
 
 // Decide decides in the store while the breaker is closed, and locally
 // otherwise (or when this call fails). It returns an error only for an
-// invalid request or a cancelled context.
+// invalid request: a caller that goes away (its context ends) still gets
+// its request decided and counted, in the store or locally, so that no
+// request runs without a counted decision (the store call is bounded by
+// Timeout, not by ctx).
 func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 	if err := l.prepare(&req); err != nil {
 		return ratelimit.Decision{}, err
 	}
 	id := ratelimit.IdentityOf(req.Key)
+	k := l.keyOfIdentity(req.Policy, id)
+	pending := false
 	if l.br.State() == Closed {
 		req = l.withID(req)
 		r := req
 		r.Weight = l.weight()
-		if d, ok := l.cachedRefusal(l.keyOfIdentity(req.Policy, id), r, r.Weight); ok {
+		if d, ok := l.cachedRefusal(k, r, r.Weight); ok {
 			return d, nil
 		}
 		if ok, probe := l.br.admit(); ok {
-			callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+			callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.Timeout)
 			sent := l.clock.now()
 			d, err := l.store.Decide(callCtx, r)
 			cancel()
 			if probe {
 				l.br.done()
 			}
-			if d, local, err := l.settle(ctx, r, id, d, err, sent, true); !local {
+			var local bool
+			if d, local, err = l.settle(k, r, id, d, err, sent, true); !local {
 				return d, err
 			}
+			pending = l.lateReplies && errors.Is(err, ratelimit.ErrPending)
 		}
 	}
-	return l.decideLocal(l.keyOfIdentity(req.Policy, id), id, req), nil
+	return l.decideLocal(k, id, req, pending), nil
 }
 
 // DecideBatch decides several requests as Decide does each, in one round
@@ -53,10 +61,12 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
 	reqs = slices.Clone(reqs)
 	ids := make([]ratelimit.Identity, len(reqs))
+	keys := make([]key, len(reqs))
 	pending := make([]int, 0, len(reqs))
 	for i := range reqs {
 		if errs[i] = l.prepare(&reqs[i]); errs[i] == nil {
 			ids[i] = ratelimit.IdentityOf(reqs[i].Key)
+			keys[i] = l.keyOfIdentity(reqs[i].Policy, ids[i])
 			pending = append(pending, i)
 		}
 	}
@@ -68,7 +78,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			reqs[i] = l.withID(reqs[i])
 			r := reqs[i]
 			r.Weight = w
-			if d, cached := l.cachedRefusal(l.keyOfIdentity(r.Policy, ids[i]), r, w); cached {
+			if d, cached := l.cachedRefusal(keys[i], r, w); cached {
 				ds[i] = d
 				continue
 			}
@@ -79,13 +89,14 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			ok, probe = l.br.admit()
 		}
 	}
+	late := make([]bool, len(reqs)) // decided locally while the store still has the call
 	if ok {
 		sent := make([]ratelimit.Request, len(pending))
 		for j, i := range pending {
 			sent[j] = reqs[i]
 			sent[j].Weight = w
 		}
-		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+		callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.Timeout)
 		at := l.clock.now()
 		sds, serrs := ratelimit.DecideAll(callCtx, l.store, sent)
 		cancel()
@@ -95,10 +106,11 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		local := make([]int, 0, len(pending))
 		counted := false
 		for j, i := range pending {
-			d, fallback, err := l.settle(ctx, sent[j], ids[i], sds[j], serrs[j], at, !counted)
+			d, fallback, err := l.settle(keys[i], sent[j], ids[i], sds[j], serrs[j], at, !counted)
 			if fallback {
 				counted = true
 				local = append(local, i)
+				late[i] = l.lateReplies && errors.Is(err, ratelimit.ErrPending)
 				continue
 			}
 			ds[i], errs[i] = d, err
@@ -106,7 +118,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		pending = local
 	}
 	for _, i := range pending {
-		ds[i] = l.decideLocal(l.keyOfIdentity(reqs[i].Policy, ids[i]), ids[i], reqs[i])
+		ds[i] = l.decideLocal(keys[i], ids[i], reqs[i], late[i])
 	}
 	return ds, errs
 }
@@ -130,30 +142,32 @@ func (l *Limiter) withID(req ratelimit.Request) ratelimit.Request {
 }
 
 // settle takes the store's answer (d, err) to req, sent at sent: a decision
-// is remembered and returned, an invalid request or a cancelled caller
-// returned as an error, and any other failure counted (against the breaker
-// too when countFailure is set) and reported as local: decide it locally.
-func (l *Limiter) settle(ctx context.Context, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, err error, sent time.Time, countFailure bool) (_ ratelimit.Decision, local bool, _ error) {
+// is remembered and returned, an invalid request returned as an error, and
+// any other failure counted (against the breaker too when countFailure is
+// set) and reported as local: decide it locally. The failure is returned
+// with it, so the caller can tell a call the store still has (pending).
+func (l *Limiter) settle(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, err error, sent time.Time, countFailure bool) (_ ratelimit.Decision, local bool, _ error) {
 	switch {
 	case err == nil:
 		l.br.success()
 		l.stats.storeDecisions.Add(1)
-		l.remember(l.keyOfIdentity(req.Policy, id), req, id, d, sent, l.clock.now())
+		l.remember(k, req, id, d, sent, l.clock.now())
 		return d, false, nil
 	case errors.Is(err, ratelimit.ErrInvalidRequest) || errors.Is(err, ratelimit.ErrInvalidPolicy):
 		return ratelimit.Decision{}, false, err
-	case ctx.Err() != nil:
-		return ratelimit.Decision{}, false, ctx.Err()
 	}
 	l.stats.failures.Add(1)
 	l.stats.failedDecisions.Add(1)
 	if countFailure && !errors.Is(err, ratelimit.ErrBadReply) { // one odd key is no outage
 		l.br.failure(err.Error(), isTimeout(err))
 	}
-	return ratelimit.Decision{}, true, nil
+	return ratelimit.Decision{}, true, err
 }
 
-func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Request) ratelimit.Decision {
+// decideLocal decides req from the key's local share. pending: the store
+// still has the request's call (it timed out), and will say whether it
+// counted it: a grant is a doubt until then (late.go).
+func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Request, pending bool) ratelimit.Decision {
 	l.stats.localDecisions.Add(1)
 	p := req.Policy
 	if p.Algorithm == ratelimit.SlidingWindowLog {
@@ -168,9 +182,25 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 		return ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
 	default:
 		part := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
+		closed := l.br.State() == Closed
+		if closed {
+			// The store still decides (this call timed out, or waits
+			// behind a probe), and grants whatever refills or ages out:
+			// the share has only what the snapshot showed left
+			// (TestGrayFailureDoesNotGrantTheRefillTwice).
+			part.confirmed = math.MaxInt64
+		}
 		sh := l.keys.shard(k)
 		sh.mu.Lock()
-		e := sh.entry(k)
+		e, fresh := sh.get(k)
+		if fresh {
+			l.rebuild(e, p, id)
+		}
+		if e.policy == nil || *e.policy != p {
+			e.policy = l.keys.policyRef(p)
+		}
+		e.identity = id
+		e.ensureLocal(p, now, part, closed, func() int64 { return l.hidden(e, p, id) })
 		d = e.decideLocal(p, now, req.Units(), part)
 		if d.Allowed && !e.journaled {
 			// What this share started from, before its first grant, so a
@@ -180,22 +210,114 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 		}
 		sh.mu.Unlock()
 	}
-	if d.Allowed {
-		// Journaled before the response is sent; a full journal or a
-		// failed write is counted and logged by the journal itself.
-		_ = l.journal.Append(p, id, ratelimit.Grant{At: now, Cost: req.Units(), ID: req.ID})
+	if !d.Allowed {
+		if pending {
+			l.late.refuse(req, now)
+		}
+		return d
+	}
+	// Journaled before the response is sent; a failed write is counted
+	// and logged by the journal itself. A full journal refuses the grant:
+	// a grant the journal cannot hold would never reach the store.
+	g := ratelimit.Grant{At: now, Cost: req.Units(), ID: req.ID}
+	if err := l.journalGrant(p, id, g, pending); errors.Is(err, journal.ErrFull) {
+		return ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval,
+			Mode: d.Mode, State: d.State}
 	}
 	return d
 }
 
+// hidden is what the key holds that the store does not show in e's
+// snapshot: the grants the journal holds for it (not yet replayed, or
+// doubts), and those replayed after the snapshot was taken. The shard's
+// lock is held.
+func (l *Limiter) hidden(e *entry, p ratelimit.Policy, id ratelimit.Identity) int64 {
+	n := l.journal.Held(p, id)
+	if e.syncedUnits > 0 {
+		if e.snapValid && e.snap.Now >= e.syncedAt {
+			e.syncedUnits = 0 // the snapshot has them
+		}
+		n += e.syncedUnits
+	}
+	return n
+}
+
+// synced records that the store took units of the key of p and id at
+// store time at (a replay, or a late reply that found them counted): until
+// a snapshot as recent, a fresh local share must still count them.
+func (l *Limiter) synced(p ratelimit.Policy, id ratelimit.Identity, units, at int64) {
+	k := l.keyOfIdentity(p, id)
+	sh := l.keys.shard(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.lru.Peek(k)
+	if !ok {
+		return
+	}
+	e.syncedUnits += units
+	e.syncedAt = max(e.syncedAt, at)
+	// The journal lets go of a key's snapshot with its last grant: the
+	// next local grant journals it again.
+	e.journaled = false
+}
+
+// rebuild starts a fresh entry (one the table had forgotten: evicted, or
+// never seen) from what the journal holds of its key, as a restart does: a
+// key evicted during an outage comes back with no more than it had
+// (TestFloodDoesNotResetAHotKey). The shard's lock is held.
+func (l *Limiter) rebuild(e *entry, p ratelimit.Policy, id ratelimit.Identity) {
+	snap, grants := l.journal.Key(p, id)
+	if snap == nil && len(grants) == 0 {
+		return
+	}
+	l.stats.rebuilt.Add(1)
+	e.startFrom(p, id, snap, float64(l.fleetSize()))
+	for _, g := range grants {
+		e.charge(p, g)
+	}
+	e.journaled = snap != nil
+}
+
+// evicted is called for each entry a full shard evicts, with its lock held.
+// While the store is out, a key's local state must survive its eviction:
+// its grants are in the journal already; a key whose share started from a
+// snapshot and granted nothing yet (a spent key, refused locally) leaves
+// the snapshot there, so that it does not come back with a fresh share.
+func (l *Limiter) evicted(_ key, e *entry) {
+	l.stats.evictions.Add(1)
+	if l.br.State() == Closed || e.journaled || !e.snapValid || e.policy == nil {
+		return
+	}
+	n, confirmed := float64(l.fleetSize()), l.confirmedAt()
+	if e.localInit && e.localVersion == e.version {
+		n, confirmed = e.n, e.confirmed
+	}
+	if l.journal.AppendSnapshot(journal.Snapshot{Policy: *e.policy, Identity: e.identity, State: e.snap, Valid: true, N: n, Confirmed: confirmed}) == nil {
+		l.stats.spilled.Add(1)
+	}
+}
+
 // remember keeps the store's reply as the key's snapshot and updates the
 // clock offset (the reply's time is taken as the middle of the round trip).
+// A reply older than the snapshot held teaches the offset only: the callers
+// of a shared pipeline wake in any order, and a late reply comes after
+// newer ones.
 func (l *Limiter) remember(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, sent, recv time.Time) {
-	p := req.Policy
 	l.learnOffset(d.State.Now, sent, recv)
+	l.keep(k, req, id, d)
+}
+
+// keep keeps the store's reply d to req as the key's snapshot, unless the
+// one held is newer.
+func (l *Limiter) keep(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision) {
+	p := req.Policy
 	sh := l.keys.shard(k)
 	sh.mu.Lock()
 	e := sh.entry(k)
+	if e.snapValid && d.State.Now < e.snap.Now && e.policy != nil && *e.policy == p {
+		sh.mu.Unlock()
+		return
+	}
 	e.snap, e.snapValid = d.State, true
 	e.refusedUntil = 0
 	if !d.Allowed && d.RetryAfter > 0 && exactRetry(p.Algorithm) {

@@ -33,7 +33,9 @@ type keyShard struct {
 	_   [48]byte // 8 + 8 + 48 = 64: neighbouring shards' locks on different cache lines
 }
 
-func newKeyTable(capacity int, onEvict func()) (*keyTable, error) {
+// newKeyTable returns a table of capacity keys; onEvict is called, with the
+// shard's lock held, for each entry a full shard evicts.
+func newKeyTable(capacity int, onEvict func(key, *entry)) (*keyTable, error) {
 	if capacity <= 0 {
 		return nil, fmt.Errorf("key capacity %d: must be positive", capacity)
 	}
@@ -44,7 +46,7 @@ func newKeyTable(capacity int, onEvict func()) (*keyTable, error) {
 		if i < capacity%n {
 			c++
 		}
-		lru, err := simplelru.NewLRU[key, *entry](c, func(key, *entry) { onEvict() })
+		lru, err := simplelru.NewLRU[key, *entry](c, onEvict)
 		if err != nil {
 			return nil, err
 		}
@@ -61,12 +63,19 @@ func (t *keyTable) shard(k key) *keyShard {
 // entry returns k's entry, adding an empty one if there is none. s.mu must
 // be held.
 func (s *keyShard) entry(k key) *entry {
+	e, _ := s.get(k)
+	return e
+}
+
+// get returns k's entry, adding an empty one (fresh) if there is none. s.mu
+// must be held.
+func (s *keyShard) get(k key) (e *entry, fresh bool) {
 	e, ok := s.lru.Get(k)
 	if !ok {
 		e = &entry{}
 		s.lru.Add(k, e)
 	}
-	return e
+	return e, !ok
 }
 
 // len is the number of keys held.

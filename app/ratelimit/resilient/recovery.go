@@ -8,8 +8,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"net"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
@@ -57,6 +60,9 @@ func (l *Limiter) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if l.lateReplies {
+			l.expireLate()
 		}
 		switch l.br.State() {
 		case Closed:
@@ -109,7 +115,13 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
 	sent := l.clock.now()
-	fleet, err := l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
+	var fleet ratelimit.Fleet
+	var err error
+	if st, ok := l.store.(stager); ok {
+		fleet, err = st.HeartbeatStage(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace, l.stageToken())
+	} else {
+		fleet, err = l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
+	}
 	if err != nil {
 		if fleet.Live > 0 {
 			// The fleet's part answered and another part failed (on a
@@ -149,21 +161,114 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	l.br.success()
 	l.learnOffset(fleet.Now, sent, l.clock.now())
 	live, suspect, gen := fleet.Live, fleet.Suspect, fleet.Generation
-	if l.generationChanged(gen) && l.br.State() == Closed {
-		// Redis lost its data between two heartbeats, too fast for the
-		// breaker to notice: put back what the snapshots knew. Until that
-		// succeeds the new generation is not recorded, so the next
-		// heartbeat (or probe) tries again.
-		if _, err := l.restore(ctx, *l.gen.Load(), gen); err != nil {
-			l.br.failure("restore: "+err.Error(), isTimeout(err))
-		} else {
-			l.gen.Store(&gen)
-		}
-	} else if l.gen.Load() == nil {
-		l.gen.Store(&gen)
+	if _, ok := l.store.(stager); ok {
+		l.stages.Store(&fleet.Stages)
 	}
 	l.setFleet(live, suspect)
 	l.lastBeat.Store(l.clock.now().UnixMicro())
+	if l.gen.Load() == nil {
+		l.gen.Store(&gen)
+		l.beginSync(gen, stageReplayed)
+		return
+	}
+	if l.generationChanged(gen) && l.br.State() == Closed && l.br.set(Closed, Recovering, "the store lost data") {
+		// Redis lost its data between two heartbeats, too fast for the
+		// breaker to notice. Decide locally while the fleet puts back
+		// what the snapshots knew and replays its journals, as after an
+		// outage (resync).
+		l.liveBefore.Store(int64(live))
+		if !l.resync(ctx, gen) {
+			l.br.set(Recovering, Open, "restore failed")
+		}
+	}
+}
+
+// stager is a Store that keeps each instance's recovery stage beside its
+// heartbeat and returns the live instances' (redisstore.Limiter).
+type stager interface {
+	HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (ratelimit.Fleet, error)
+}
+
+// The recovery stages an instance writes beside its heartbeats, for the
+// data generation it recovers to. An instance decides in the store again
+// only once every live instance is at stageReplayed; after a restore that
+// raised keys, one replays only once every live instance has restored
+// (a raise after another's replay could undo part of it).
+const (
+	stageBack     = 0 // back; what the store lost not yet put back
+	stageRestored = 1 // put back (raised); journal not yet replayed
+	stageReplayed = 2 // journal replayed (or nothing to replay)
+)
+
+// beginSync starts the recovery to generation gen at stage.
+func (l *Limiter) beginSync(gen string, stage int32) {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(gen))
+	tok := strconv.FormatUint(uint64(h.Sum32()), 36)
+	l.syncGen.Store(&tok)
+	l.stage.Store(stage)
+}
+
+// stageToken is what this instance writes beside its heartbeat:
+// "<generation token>:<stage>", or "" before it knows a generation.
+func (l *Limiter) stageToken() string {
+	tok := l.syncGen.Load()
+	if tok == nil {
+		return ""
+	}
+	return *tok + ":" + strconv.Itoa(int(l.stage.Load()))
+}
+
+// fleetAt reports whether every live instance, at the last heartbeat, was
+// recovering to this instance's generation and at stage or later. A store
+// that keeps no stages says nothing against it.
+func (l *Limiter) fleetAt(stage int32) bool {
+	stages, tok := l.stages.Load(), l.syncGen.Load()
+	if stages == nil || tok == nil {
+		return true
+	}
+	for _, v := range *stages {
+		t, s, ok := strings.Cut(v, ":")
+		if !ok || t != *tok {
+			return false
+		}
+		if n, err := strconv.Atoi(s); err != nil || int32(n) < stage {
+			return false
+		}
+	}
+	return true
+}
+
+// resync puts back what a store that changed generation (to gen) lost, and
+// replays the journal unless the restore raised keys (then maybeClose
+// replays once every live instance has restored). It reports whether the
+// store took it all; the new generation is recorded only then, so a
+// failure is tried again by the next probe.
+func (l *Limiter) resync(ctx context.Context, gen string) bool {
+	l.recoverStart = l.clock.now()
+	l.beginSync(gen, stageBack)
+	raised := false
+	if l.generationChanged(gen) {
+		// Redis came back without its data, or without its last writes:
+		// put back what the snapshots knew of the usage before the outage,
+		// before the journal's grants go on top of it.
+		var err error
+		if raised, err = l.restore(ctx, *l.gen.Load(), gen); err != nil {
+			l.cfg.Logger.Warn("restore failed", "err", err.Error())
+			return false
+		}
+	}
+	l.gen.Store(&gen)
+	if raised {
+		l.stage.Store(stageRestored)
+		return true
+	}
+	if err := l.replayJournal(ctx); err != nil {
+		l.cfg.Logger.Warn("replay failed", "err", err.Error())
+		return false
+	}
+	l.stage.Store(stageReplayed)
+	return true
 }
 
 // probe pings the store; on success the breaker moves to recovering and the
@@ -197,30 +302,10 @@ func (l *Limiter) probe(ctx context.Context) (refused, answered bool) {
 		l.br.set(Recovering, Open, "generation: "+err.Error())
 		return false, true
 	}
-	raised := false
-	if l.generationChanged(gen) {
-		// Redis came back without its data, or without its last writes:
-		// put back what the snapshots knew of the usage before the outage,
-		// before the journal's grants go on top of it.
-		// Not recorded until the restore succeeded: a failed one is tried
-		// again at the next probe.
-		var err error
-		if raised, err = l.restore(ctx, *l.gen.Load(), gen); err != nil {
-			l.br.set(Recovering, Open, "restore failed: "+err.Error())
-			return false, true
-		}
+	if !l.resync(ctx, gen) {
+		l.br.set(Recovering, Open, "restore or replay failed")
+		return false, true
 	}
-	l.gen.Store(&gen)
-	// After a raise, the journal waits for maybeClose: every other
-	// instance raises its keys before it heartbeats again, and a raise
-	// that came after this replay could undo part of it.
-	if !raised {
-		if err := l.replayJournal(ctx); err != nil {
-			l.br.set(Recovering, Open, "replay failed: "+err.Error())
-			return false, true
-		}
-	}
-	l.recoverStart = l.clock.now()
 	l.heartbeat(ctx)
 	l.maybeClose(ctx)
 	return false, l.br.State() == Open
@@ -240,15 +325,32 @@ func (l *Limiter) setFleet(live, suspect int) {
 	l.suspect.Store(n)
 }
 
-// maybeClose closes a recovering breaker once no instance is missing (all
-// have replayed and heartbeat again) or RecoveryWait has passed, replaying
-// first the grants made while it waited.
+// maybeClose closes a recovering breaker once every instance is back and
+// has replayed its journal (fleetAt), or RecoveryWait has passed, replaying
+// first the grants made while it waited. After a restore that raised keys,
+// it replays this instance's journal once every live instance has
+// restored.
 func (l *Limiter) maybeClose(ctx context.Context) {
 	if l.br.State() != Recovering {
 		return
 	}
-	missing := l.suspect.Load() > 0 || l.live.Load() < l.liveBefore.Load()
-	if missing && l.clock.now().Sub(l.recoverStart) < l.cfg.RecoveryWait {
+	waited := l.clock.now().Sub(l.recoverStart) >= l.cfg.RecoveryWait
+	if l.stage.Load() < stageReplayed {
+		if !l.fleetAt(stageRestored) && !waited {
+			return
+		}
+		if err := l.replayJournal(ctx); err != nil {
+			l.br.set(Recovering, Open, "replay failed: "+err.Error())
+			return
+		}
+		// The others learn it from the next heartbeat.
+		l.stage.Store(stageReplayed)
+		if !waited {
+			return
+		}
+	}
+	missing := l.suspect.Load() > 0 || l.live.Load() < l.liveBefore.Load() || !l.fleetAt(stageReplayed)
+	if missing && !waited {
 		return
 	}
 	if err := l.replayJournal(ctx); err != nil {

@@ -908,6 +908,8 @@ func TestClusterShardWipeIsRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "a restore", 5*time.Second, func() bool { return l.Status().Restores >= 1 })
+	// Decisions are local until the fleet has put back and replayed.
+	waitFor(t, "the breaker closed", 5*time.Second, allIn([]*resilient.Limiter{l}, resilient.Closed))
 	for _, k := range keys {
 		d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: k})
 		if err != nil || d.Mode != ratelimit.ModeRedis {
@@ -984,4 +986,70 @@ func TestReplayOfNothingIsNotSent(t *testing.T) {
 			t.Errorf("%s: charged nothing, yet the replay wrote %v", k, held)
 		}
 	}
+}
+
+// TestNoInstanceClosesBeforeEveryOneReplayed: after Redis comes back empty,
+// an instance that restores (raises) its keys tells the fleet so with its
+// heartbeat before it replays its journal; the others must not take that
+// heartbeat for its replay. Here app2's replays are slow (its replay client
+// goes through a proxy that delays every request): app1, which recovered
+// first, decides in Redis again only once app2's journal is in Redis, or it
+// would admit what app2's unreplayed grants had already used.
+func TestNoInstanceClosesBeforeEveryOneReplayed(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
+	slow := redistest.StartProxy(t, srv.Addr())
+	var ls []*resilient.Limiter
+	for i := range 2 {
+		c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{srv.Addr()}, Timeout: fleetTimeout, PoolSize: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		replayAddr := srv.Addr()
+		if i == 1 {
+			replayAddr = slow.Addr()
+		}
+		rc, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{replayAddr}, Timeout: 5 * time.Second, PoolSize: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close(); _ = rc.Close() })
+		cfg := recoveryConfig(fmt.Sprint("app", i+1))
+		cfg.ExpectedInstances, cfg.RecoveryWait, cfg.ReplayTimeout = 2, 20*time.Second, 5*time.Second
+		l, err := resilient.New(redisstore.New(c, redisstore.WithReplayClient(rc)), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		ls = append(ls, l)
+	}
+	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == 2 && ls[1].Status().Live == 2 })
+	p := longPolicy(ratelimit.SlidingWindowLog)
+	for _, l := range ls { // snapshots to restore, so both raise
+		if d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "seen"}); err != nil || d.Mode != ratelimit.ModeRedis {
+			t.Fatalf("%+v %v", d, err)
+		}
+	}
+	srv.Kill()
+	waitFor(t, "both breakers open", 5*time.Second, allIn(ls, resilient.Open))
+	for _, l := range ls {
+		for range 20 {
+			if d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"}); err != nil || !d.Allowed {
+				t.Fatalf("local grant: %+v %v", d, err)
+			}
+		}
+	}
+	slow.RequestLatency(300 * time.Millisecond)
+	srv.RestartEmpty(t)
+	deadline := time.Now().Add(15 * time.Second)
+	for ls[0].Breaker() != resilient.Closed {
+		if time.Now().After(deadline) {
+			t.Fatal("app1 did not close")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st := ls[1].Status(); st.Journal.Pending > 0 {
+		t.Fatalf("app1 decides in Redis again while app2 still holds %d units unreplayed (app2's breaker %s)", st.Journal.Pending, st.Breaker)
+	}
+	slow.ClearToxics()
+	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.Closed))
 }

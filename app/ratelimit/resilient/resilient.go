@@ -65,6 +65,13 @@ type warmer interface {
 	Warm(ctx context.Context, n int)
 }
 
+// lateReporter is a Store that reports what became of the calls whose
+// callers stopped waiting (redisstore with coalescing; see
+// ratelimit.LateReply). OnLate reports false when it cannot.
+type lateReporter interface {
+	OnLate(window time.Duration, fn func(ratelimit.LateReply)) bool
+}
+
 // warmConnections is how many connections a start, and a recovery, open
 // ahead.
 const warmConnections = 8
@@ -109,6 +116,12 @@ type Limiter struct {
 	// missedBeats counts the heartbeats failed in a row.
 	missedBeats atomic.Int64
 	gen         atomic.Pointer[string] // the store's data generation last seen
+	// syncGen names the generation this instance recovers to (or is at),
+	// stage how far it got (recovery.go), and stages the live instances'
+	// as the last heartbeat returned them (nil: the store keeps none).
+	syncGen atomic.Pointer[string]
+	stage   atomic.Int32
+	stages  atomic.Pointer[[]string]
 	// liveBefore is the live count when the breaker last opened: a store
 	// that lost its data forgot the others' heartbeats, and recovery waits
 	// for them to come back all the same.
@@ -119,10 +132,15 @@ type Limiter struct {
 	raisedUnits atomic.Uint64
 
 	keys *keyTable
+	// lateReplies: the store reports the fate of abandoned calls, so a
+	// timed-out call's local grant is a doubt until it does (late.go).
+	lateReplies bool
+	late        lateBook
 
 	stats struct {
 		storeDecisions, localDecisions, cachedRefusals atomic.Uint64
 		failures, failedDecisions, evictions           atomic.Uint64
+		rebuilt, spilled                               atomic.Uint64
 	}
 	lastRecovery atomic.Pointer[time.Time]
 	recoverStart time.Time // owned by the loop goroutine
@@ -150,7 +168,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{store: store, cfg: cfg, seeds: statekey.NewSeeds(), done: make(chan struct{}), clock: newLocalClock(cfg.Now())}
 	l.idBase = cfg.Instance + "-" + strconv.FormatInt(cfg.Now().UnixNano(), 36) + "-"
-	keys, err := newKeyTable(cfg.KeyCapacity, func() { l.stats.evictions.Add(1) })
+	keys, err := newKeyTable(cfg.KeyCapacity, l.evicted)
 	if err != nil {
 		return nil, fmt.Errorf("resilient: %w", err)
 	}
@@ -159,22 +177,21 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		return nil, fmt.Errorf("resilient: %w", err)
 	}
 	if l.journal.Len() > 0 {
+		// No other goroutine yet: no locks.
 		l.journal.Each(func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *journal.Snapshot) {
 			k := l.keyOfIdentity(p, id)
-			e := l.keys.shard(k).entry(k) // no other goroutine yet: no lock
-			sh := share{n: float64(cfg.ExpectedInstances), factor: p.Factor()}
-			if s != nil {
-				// The share the last process started from.
-				sh.n, sh.confirmed = s.N, s.Confirmed
-				if !e.localInit && s.Valid {
-					e.snap, e.snapValid, e.version = s.State, true, 1
-				}
+			e, _ := l.keys.shard(k).get(k)
+			if !e.localInit {
+				e.startFrom(p, id, s, float64(cfg.ExpectedInstances))
 			}
-			e.charge(p, g, sh)
+			e.charge(p, g)
 			e.journaled = true
 		})
 		l.br.state.Store(int32(Open))
 		l.br.opens.Add(1)
+	}
+	if s, ok := store.(lateReporter); ok {
+		l.lateReplies = s.OnLate(cfg.LateWindow, l.onLate)
 	}
 	l.br.threshold = cfg.FailureThreshold
 	l.br.slowWindow = cfg.SlowWindow

@@ -924,9 +924,9 @@ func (s *nullStore) Replay(_ context.Context, b []ratelimit.ReplayBatch) ([]rate
 }
 
 // TestStatusIsOneInstant: local_grants and the journal's counters are read
-// at one instant, so every grant is in both or in neither, however busy
-// the instance (a killed instance's last status is compared with what its
-// successor finds in the journal file).
+// at one instant, so every grant is in both or in neither and the books
+// balance, however busy the instance (a killed instance's last status is
+// compared with what its successor finds in the journal file).
 func TestStatusIsOneInstant(t *testing.T) {
 	f := &nullStore{}
 	f.down.Store(true)
@@ -952,10 +952,10 @@ func TestStatusIsOneInstant(t *testing.T) {
 	}
 	for range 2000 {
 		s := l.Status()
-		if s.LocalGrants != s.Journal.Granted+s.Journal.Overflow {
+		if s.LocalGrants != s.Journal.Granted || s.Journal.Reconcile() != nil {
 			close(stop)
 			wg.Wait()
-			t.Fatalf("local_grants %d, but the journal granted %d and overflowed %d at the same instant", s.LocalGrants, s.Journal.Granted, s.Journal.Overflow)
+			t.Fatalf("local_grants %d, journal %+v at the same instant: %v", s.LocalGrants, s.Journal, s.Journal.Reconcile())
 		}
 	}
 	close(stop)
@@ -1131,5 +1131,33 @@ func TestGrantsAfterTheChargeAreChargedInFull(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestFullJournalRefuses: once the journal holds its maximum, local grants
+// are refused (and counted as overflow) instead of made without a record
+// that would bring them to the store.
+func TestFullJournalRefuses(t *testing.T) {
+	f := &nullStore{}
+	f.down.Store(true)
+	l, err := resilient.New(f, resilient.Config{Instance: "full", FailureThreshold: 1, JournalMax: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Minute}
+	allowed := 0
+	for i := range 300 {
+		d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: fmt.Sprint("k", i%10)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			allowed++
+		}
+	}
+	s := l.Status()
+	if allowed != int(s.Journal.Granted) || s.Journal.Held > 100 || s.Journal.Overflow == 0 || int(s.Journal.Granted)+int(s.Journal.Overflow) != 300 {
+		t.Fatalf("%d allowed; journal %+v: want every grant journaled, at most 100 held, the rest refused as overflow", allowed, s.Journal)
 	}
 }

@@ -26,9 +26,9 @@ type Status struct {
 	StoreFailures  uint64 `json:"store_failures"`
 	// FailedDecisions are decisions whose store call failed or timed out
 	// and that were decided locally instead. A timed-out call may still
-	// have run in the store: for the token bucket, GCRA and the counter
-	// each such request can be charged twice (the sliding window log
-	// dedups by request id), so this bounds that overcharge.
+	// have run in the store: with a store that reports late replies, Late
+	// says what became of those; with another, each such request can be
+	// charged twice (the sliding window log dedups by request id).
 	FailedDecisions uint64     `json:"failed_decisions"`
 	Keys            int        `json:"keys"`
 	Evictions       uint64     `json:"evictions"`
@@ -43,6 +43,14 @@ type Status struct {
 	// wipe. RaisedUnits is the usage those raises put back.
 	Raises      uint64 `json:"raises"`
 	RaisedUnits uint64 `json:"raised_units"`
+	// Rebuilt counts keys whose local state was rebuilt from the journal
+	// after the table had evicted them during an outage; Spilled, the
+	// snapshots evictions left in the journal for that.
+	Rebuilt uint64 `json:"rebuilt"`
+	Spilled uint64 `json:"spilled"`
+	// Late says what became of the requests decided locally while the
+	// store still had their calls (late.go).
+	Late LateStats `json:"late"`
 	// Journal reconciles local grants: Granted + Reloaded = Replayed +
 	// Present + Dropped + DuplicateUnits + Pending.
 	Journal journal.Stats `json:"journal"`
@@ -66,7 +74,7 @@ func (l *Limiter) Status() Status {
 		StoreDecisions:  l.stats.storeDecisions.Load(),
 		LocalDecisions:  l.stats.localDecisions.Load(),
 		CachedRefusals:  l.stats.cachedRefusals.Load(),
-		LocalGrants:     js.Granted + js.Overflow,
+		LocalGrants:     js.Granted,
 		StoreFailures:   l.stats.failures.Load(),
 		FailedDecisions: l.stats.failedDecisions.Load(),
 		Keys:            n,
@@ -76,6 +84,9 @@ func (l *Limiter) Status() Status {
 		Restores:        l.restores.Load(),
 		Raises:          l.raises.Load(),
 		RaisedUnits:     l.raisedUnits.Load(),
+		Rebuilt:         l.stats.rebuilt.Load(),
+		Spilled:         l.stats.spilled.Load(),
+		Late:            l.lateStats(),
 		Journal:         js,
 	}
 }

@@ -1,0 +1,179 @@
+// Late replies: a decision whose store call timed out is decided locally,
+// but the store often decided it too (a slow Redis runs every call and
+// answers late). The store reports each such call's fate
+// (ratelimit.LateReply), and the local grant waits for it as a doubt in the
+// journal: dropped when the store counted the request, replayed when it did
+// not. Without this, every timed-out call that ran was counted twice: in
+// the store, and again by the replay of its local grant, and a key of a
+// slow Redis was locked out after the fault (TestFleetFaults/redis-slow).
+
+package resilient
+
+import (
+	"sync"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// maxLate bounds the requests the late book follows (refused doubts and
+// replies that came before their doubt): far more than the calls a store
+// can hold at once. Past it a reply is not followed, and its doubt is
+// settled by expiry (counted).
+const maxLate = 1 << 16
+
+// lateBook follows the requests decided locally while the store still had
+// their calls, beside the journal's doubts (the ones granted):
+//   - refused: refused locally; if the store admitted it after all, it
+//     counted a request that was refused (see LateStats.Overcounted);
+//   - early: a late reply that came before its request was decided
+//     locally (the store answered just after the caller's deadline).
+//
+// Its lock is taken before the journal's.
+type lateBook struct {
+	mu      sync.Mutex
+	refused map[string]int64 // request id: store µs of the local refusal
+	early   map[string]earlyReply
+	stats   LateStats
+}
+
+// earlyReply is a late reply that came before its local decision, and when
+// (store µs).
+type earlyReply struct {
+	r  ratelimit.LateReply
+	at int64
+}
+
+// LateStats counts what became of the requests decided locally while the
+// store still had their calls.
+type LateStats struct {
+	// Present: granted locally, and the store had counted them: dropped
+	// from the journal (counted once).
+	Present uint64 `json:"present"`
+	// Counted: granted locally, and the store had not counted them (it
+	// refused, or never got the call): replayed.
+	Counted uint64 `json:"counted"`
+	// Unknown: granted locally, and the store's reply was lost or did not
+	// come in time: replayed, so counted twice if the store had counted
+	// them.
+	Unknown uint64 `json:"unknown"`
+	// Overcounted: refused locally, and admitted (so counted) by the
+	// store: usage the client did not get.
+	Overcounted uint64 `json:"overcounted"`
+	// Expired: doubts whose reply never came (the store was replaced, say):
+	// replayed.
+	Expired uint64 `json:"expired"`
+}
+
+// journalGrant journals a local grant: a doubt when the store still has the
+// request's call (pending), settled at once if its late reply came first.
+func (l *Limiter) journalGrant(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, pending bool) error {
+	if !pending {
+		return l.journal.Append(p, id, g)
+	}
+	b := &l.late
+	b.mu.Lock()
+	err := l.journal.AppendDoubt(p, id, g)
+	e, early := b.early[g.ID]
+	if early {
+		delete(b.early, g.ID)
+	}
+	b.mu.Unlock()
+	if err == nil && early {
+		l.onLate(e.r)
+	}
+	return err
+}
+
+// refuse notes a local refusal of req, whose call the store still has.
+func (b *lateBook) refuse(req ratelimit.Request, now int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e, ok := b.early[req.ID]; ok {
+		delete(b.early, req.ID)
+		if e.r.Err == nil && e.r.Decision.Allowed {
+			b.stats.Overcounted += uint64(req.Units())
+		}
+		return
+	}
+	if b.refused == nil {
+		b.refused = map[string]int64{}
+	}
+	if len(b.refused) < maxLate {
+		b.refused[req.ID] = now
+	}
+}
+
+// onLate settles a request by its late reply: it is the store's lateReporter
+// callback, called once per request whose caller stopped waiting.
+func (l *Limiter) onLate(r ratelimit.LateReply) {
+	counted := r.Err == nil && r.Decision.Allowed
+	if r.Err == nil {
+		// The reply is the store's state after the request: a snapshot
+		// like any other (keep keeps the newest). Not a clock reading:
+		// how long it took is not known.
+		id := ratelimit.IdentityOf(r.Request.Key)
+		l.keep(l.keyOfIdentity(r.Request.Policy, id), r.Request, id, r.Decision)
+	}
+	b := &l.late
+	b.mu.Lock()
+	p, id, units, ok := l.journal.Resolve(r.Request.ID, counted)
+	switch {
+	case ok && counted:
+		b.stats.Present += uint64(units)
+	case ok && r.Err != nil && !r.NotSent:
+		b.stats.Unknown += uint64(units)
+	case ok:
+		b.stats.Counted += uint64(units)
+	default:
+		if _, refused := b.refused[r.Request.ID]; refused {
+			delete(b.refused, r.Request.ID)
+			if counted {
+				b.stats.Overcounted += uint64(r.Request.Units())
+			}
+		} else if len(b.early) < maxLate {
+			// Its local decision is still being made.
+			if b.early == nil {
+				b.early = map[string]earlyReply{}
+			}
+			b.early[r.Request.ID] = earlyReply{r: r, at: l.storeNow()}
+		}
+	}
+	b.mu.Unlock()
+	if ok && counted {
+		l.synced(p, id, units, r.Decision.State.Now)
+	}
+}
+
+// expireLate settles what the late book and the journal still wait for
+// after the late window: a doubt whose reply never came is counted, and the
+// book forgets requests older than that.
+func (l *Limiter) expireLate() {
+	now := l.storeNow()
+	before := now - (l.cfg.LateWindow + 2*l.cfg.Timeout + l.cfg.ProbeInterval).Microseconds()
+	n := l.journal.ExpireDoubts(before)
+	b := &l.late
+	b.mu.Lock()
+	b.stats.Expired += uint64(n)
+	for id, at := range b.refused {
+		if at < before {
+			delete(b.refused, id)
+		}
+	}
+	// A reply waits for its local decision for microseconds: one still
+	// here a second later belongs to a request that was never decided
+	// locally.
+	for id, e := range b.early {
+		if e.at < now-time.Second.Microseconds() {
+			delete(b.early, id)
+		}
+	}
+	b.mu.Unlock()
+}
+
+// lateStats returns the late book's counters.
+func (l *Limiter) lateStats() LateStats {
+	l.late.mu.Lock()
+	defer l.late.mu.Unlock()
+	return l.late.stats
+}
