@@ -34,6 +34,9 @@ type Status struct {
 	RedisTimeoutMS int64     `json:"redis_timeout_ms,omitempty"`
 	Ready          bool      `json:"ready"`
 	StartedAt      time.Time `json:"started_at"`
+	// UncountedRequests counts the requests whose handler ran without a
+	// counted decision (a policy failed open).
+	UncountedRequests uint64 `json:"uncounted_requests"`
 	// Limiter is the resilient limiter's own status: breaker openings,
 	// fleet view, and the journal's reconciliation (granted locally =
 	// replayed + present + dropped + duplicate units + pending).
@@ -76,6 +79,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	out.Ready = s.ready.Load()
 	out.RedisTimeoutMS = redisTimeoutMS(s.cfg)
 	out.StartedAt = s.started.UTC().Truncate(time.Second)
+	out.UncountedRequests = s.uncounted.Load()
 	writeJSON(w, http.StatusOK, out)
 }
 

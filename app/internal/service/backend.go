@@ -49,6 +49,9 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 		Password:   cfg.RedisPassword,
 		Timeout:    cfg.RedisTimeout,
 		PoolSize:   cfg.RedisPoolSize,
+		// A reply is read until the limiter's late window ends
+		// (resilient.Config.LateWindow, LeaseGrace by default).
+		LateReplies: cfg.LeaseGrace,
 	}
 	client, err := redisstore.NewClient(cc)
 	if err != nil {
@@ -56,7 +59,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 	}
 	// Replays and restores on a client of their own: go-redis cuts every
 	// socket read at the client's read timeout, whatever the context says.
-	cc.Timeout, cc.PoolSize = cfg.ReplayTimeout, 2
+	cc.Timeout, cc.PoolSize, cc.LateReplies = cfg.ReplayTimeout, 2, 0
 	replayClient, err := redisstore.NewClient(cc)
 	if err != nil {
 		_ = client.Close()

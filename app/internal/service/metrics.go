@@ -22,6 +22,7 @@ type metrics struct {
 	redisLatency *prometheus.HistogramVec // outcome
 	requests     *prometheus.CounterVec   // route, code
 	transitions  *prometheus.CounterVec   // from, to
+	uncounted    prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -49,7 +50,11 @@ func newMetrics() *metrics {
 			Help: "Circuit breaker transitions by from and to state (closed, open, recovering).",
 		}, []string{"from", "to"}),
 	}
-	m.reg.MustRegister(m.decisions, m.errors, m.redisLatency, m.requests, m.transitions,
+	m.uncounted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ratelimit_uncounted_requests_total",
+		Help: "Requests whose handler ran without a counted decision: a policy failed open (its limiter failed, or its failure mode is open while Redis is out).",
+	})
+	m.reg.MustRegister(m.decisions, m.errors, m.redisLatency, m.requests, m.transitions, m.uncounted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -46,6 +46,7 @@ type Server struct {
 
 	ready       atomic.Bool
 	errLoggedAt atomic.Int64 // unix ns of the last limiter-error log line
+	uncounted   atomic.Uint64
 
 	serveErr chan error // unexpected Serve errors
 	done     chan struct{}
@@ -236,7 +237,11 @@ func (s *Server) demoHandler(route Route) http.Handler {
 	}{s.cfg.Instance, route.Pattern, own, names})
 	body = append(body, '\n')
 	length := strconv.Itoa(len(body))
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if counted, ok := httplimit.Counted(r.Context()); ok && !counted {
+			s.uncounted.Add(1)
+			s.metrics.uncounted.Inc()
+		}
 		h := w.Header()
 		h.Set("Content-Type", "application/json")
 		h.Set("Content-Length", length)

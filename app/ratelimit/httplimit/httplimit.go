@@ -397,6 +397,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ds, errs := ratelimit.DecideAll(ctx, m.limiter, reqs)
 
 	best, shadow := -1, -1
+	counted := true
 	for j, i := range which {
 		cp := &h.policies[i]
 		if err := errs[j]; err != nil {
@@ -405,10 +406,21 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					"the request cannot be rate limited: "+err.Error(), 0, cp.policy.Name)
 				return
 			}
+			if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+				// The client went away before its request was decided:
+				// it is not served, and its going is no store failure
+				// to fail open on (TestClientGoneRunsNoHandler).
+				m.logger.LogAttrs(ctx, slog.LevelDebug, "client gone before the decision",
+					slog.String("request_id", id), slog.String("policy", cp.policy.Name))
+				return
+			}
 			if !m.onError(w, r, cp.policy, err) {
 				return
 			}
 			ds[j] = ratelimit.Decision{Allowed: true, Limit: cp.capacity, Remaining: cp.capacity, Mode: ratelimit.ModeOpen}
+		}
+		if ds[j].Mode == ratelimit.ModeOpen && !cp.policy.Shadow {
+			counted = false
 		}
 		d := ds[j]
 		if cp.policy.Shadow {
@@ -447,7 +459,20 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			cp.detail+itoa(retry)+" s.", retry, cp.policy.Name)
 		return
 	}
-	h.next.ServeHTTP(w, r)
+	h.next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, countedKey{}, counted)))
+}
+
+type countedKey struct{}
+
+// Counted reports whether every policy of the route counted the request
+// that the handler serves (ok: the request went through the middleware).
+// It is false when a policy let the request through uncounted: its store
+// failed and the ErrorHandler failed open, or its failure mode is open
+// while the store is out. A handler with side effects can refuse them
+// then.
+func Counted(ctx context.Context) (counted, ok bool) {
+	counted, ok = ctx.Value(countedKey{}).(bool)
+	return counted, ok
 }
 
 // rejectKey answers a request whose identity is unusable.

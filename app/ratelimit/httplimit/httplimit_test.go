@@ -708,3 +708,59 @@ func TestCheckedAPIKeys(t *testing.T) {
 		t.Errorf("status %d after %d decisions, want 401 and none", res.rec.Code, len(seen))
 	}
 }
+
+// TestClientGoneRunsNoHandler: a request whose client went away before its
+// decision finished (the limiter returns the context's error) does not run
+// its handler, and is no store failure: the error handler, which fails
+// open, is not asked.
+func TestClientGoneRunsNoHandler(t *testing.T) {
+	for _, cause := range []error{context.Canceled, context.DeadlineExceeded} {
+		t.Run(cause.Error(), func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			lim := ratelimit.LimiterFunc(func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+				cancel(cause) // the client leaves while the store is asked
+				<-ctx.Done()
+				return ratelimit.Decision{}, fmt.Errorf("redisstore: %w", ctx.Err())
+			})
+			asked := false
+			mw := httplimit.New(lim, httplimit.WithErrorHandler(func(http.ResponseWriter, *http.Request, ratelimit.Policy, error) bool {
+				asked = true
+				return true
+			}))
+			res := serve(mw, newRequest("192.0.2.1:1").WithContext(ctx), gcra, perIP)
+			if res.next || asked {
+				t.Fatalf("handler ran %v, error handler asked %v: want neither", res.next, asked)
+			}
+		})
+	}
+}
+
+// TestCounted: the handler learns whether its request was counted by every
+// policy: not when one failed open.
+func TestCounted(t *testing.T) {
+	cases := []struct {
+		name string
+		lim  ratelimit.Limiter
+		want bool
+	}{
+		{"decided", allowAll(), true},
+		{"failed open", ratelimit.LimiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
+			return ratelimit.Decision{}, fmt.Errorf("redisstore: %w: refused", ratelimit.ErrUnavailable)
+		}), false},
+		{"open failure mode", ratelimit.LimiterFunc(func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+			return ratelimit.Decision{Allowed: true, Limit: req.Policy.Capacity(), Mode: ratelimit.ModeOpen}, nil
+		}), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var counted, ok bool
+			h := httplimit.New(c.lim).Handler(gcra)(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+				counted, ok = httplimit.Counted(r.Context())
+			}))
+			h.ServeHTTP(httptest.NewRecorder(), newRequest("192.0.2.1:1"))
+			if !ok || counted != c.want {
+				t.Fatalf("Counted = %v, %v; want %v, true", counted, ok, c.want)
+			}
+		})
+	}
+}
