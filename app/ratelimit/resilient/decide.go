@@ -201,6 +201,7 @@ func (l *Limiter) remember(k key, req ratelimit.Request, id ratelimit.Identity, 
 	if !d.Allowed && d.RetryAfter > 0 && exactRetry(p.Algorithm) {
 		e.refusedUntil = d.State.Now + d.RetryAfter.Microseconds()
 		e.refusedCost, e.refusedW = req.Units(), req.Weight
+		e.resendID, e.resendUntil = d.ResendID, d.ResendUntil
 	}
 	if e.policy == nil || *e.policy != p {
 		e.policy = l.keys.policyRef(p)
@@ -227,7 +228,9 @@ const refusalMargin = 2 * time.Millisecond
 // cachedRefusal answers req from the store's last refusal of its key, when
 // that refusal still holds exactly (see entry.refusedUntil): same policy, at
 // least the refused cost, a weight at least as strict (w, the weight the
-// store call would carry), and the retry time not yet reached.
+// store call would carry), the retry time not yet reached, and req not a
+// resend of the admission the refusal's hint names (entry.resendID; guarded
+// by TestResendIsNotRefusedFromTheCache).
 func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight) (ratelimit.Decision, bool) {
 	now := l.storeNow()
 	sh := l.keys.shard(k)
@@ -239,6 +242,9 @@ func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight
 		return ratelimit.Decision{}, false
 	}
 	margin := refusalMargin.Microseconds() + l.offsetErr.Load()
+	if req.ID == e.resendID && now < e.resendUntil+margin {
+		return ratelimit.Decision{}, false // a resend of an admitted request: the store admits it
+	}
 	left := e.refusedUntil - now - margin
 	if left <= 0 {
 		return ratelimit.Decision{}, false
