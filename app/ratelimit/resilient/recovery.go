@@ -164,6 +164,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	}
 	l.setFleet(live, suspect)
 	l.lastBeat.Store(l.cfg.Now().UnixMicro())
+	l.pollResets(ctx)
 }
 
 // probe pings the store; on success the breaker moves to recovering and the

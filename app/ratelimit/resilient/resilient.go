@@ -118,7 +118,8 @@ type Limiter struct {
 	// raisedUnits is the usage raises put back.
 	raisedUnits atomic.Uint64
 
-	keys *keyTable
+	keys   *keyTable
+	resets resets // reset.go
 
 	stats struct {
 		storeDecisions, localDecisions, cachedRefusals atomic.Uint64

@@ -43,6 +43,9 @@ type Status struct {
 	// wipe. RaisedUnits is the usage those raises put back.
 	Raises      uint64 `json:"raises"`
 	RaisedUnits uint64 `json:"raised_units"`
+	// ResetsApplied counts the resets (one identity under one policy) this
+	// instance applied: its own and those the fleet's reset log brought.
+	ResetsApplied uint64 `json:"resets_applied"`
 	// Journal reconciles local grants: Granted + Reloaded = Replayed +
 	// Present + Dropped + DuplicateUnits + Pending.
 	Journal journal.Stats `json:"journal"`
@@ -76,6 +79,7 @@ func (l *Limiter) Status() Status {
 		Restores:        l.restores.Load(),
 		Raises:          l.raises.Load(),
 		RaisedUnits:     l.raisedUnits.Load(),
+		ResetsApplied:   l.resets.applied.Load(),
 		Journal:         js,
 	}
 }
