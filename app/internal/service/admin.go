@@ -34,6 +34,8 @@ type Status struct {
 	RedisTimeoutMS int64     `json:"redis_timeout_ms,omitempty"`
 	Ready          bool      `json:"ready"`
 	StartedAt      time.Time `json:"started_at"`
+	// DemoMode is RL_DEMO: the published demo API-key secret is accepted.
+	DemoMode bool `json:"demo_mode"`
 	// Limiter is the resilient limiter's own status: breaker openings,
 	// fleet view, and the journal's reconciliation (granted locally =
 	// replayed + present + dropped + duplicate units + pending).
@@ -49,12 +51,16 @@ func (s *Server) adminRouter() http.Handler {
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
 	mux.HandleFunc("GET /status", s.status)
-	// The Go profiler, for finding where an instance's CPU goes (a replay,
-	// a load test): go tool pprof http://<admin>/debug/pprof/profile?seconds=5
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("POST /admin/reset", s.reset)
+	if s.cfg.Pprof {
+		// The Go profiler, for finding where an instance's CPU goes (a
+		// replay, a load test), only with RL_PPROF=true (TestPprofOnlyWhenAsked):
+		// go tool pprof http://<admin>/debug/pprof/profile?seconds=5
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	}
 	return mux
 }
 
@@ -76,6 +82,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	out.Ready = s.ready.Load()
 	out.RedisTimeoutMS = redisTimeoutMS(s.cfg)
 	out.StartedAt = s.started.UTC().Truncate(time.Second)
+	out.DemoMode = s.cfg.Demo
 	writeJSON(w, http.StatusOK, out)
 }
 
