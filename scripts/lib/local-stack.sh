@@ -498,6 +498,10 @@ ls_start_app() {
         "RL_TRUSTED_PROXIES=127.0.0.1/32,::1/128"
         "RL_JOURNAL_DIR=$RUN_DIR/$a/journal"
         "RL_API_KEY_SECRET=$RL_API_KEY_SECRET"
+        # The default secret is the published demo one: allowed only in demo mode.
+        "RL_DEMO=true"
+        # nginx overwrites X-Request-Id ($request_id): a resend is counted once.
+        "RL_TRUST_REQUEST_ID=true"
     )
     case $LOCAL_TOPOLOGY in
     single)
