@@ -48,12 +48,14 @@ COPY --from=build --chown=65532:65532 /out/journal/ /var/lib/ratelimiter/journal
 USER 65532:65532
 
 # Settings: README.md, "Configuration". These are the image's defaults; compose sets the rest.
+# The admin port (/metrics /status POST /admin/reset) keeps the service's default,
+# 127.0.0.1:9090, the container's own loopback (its -healthcheck reaches it there): a
+# deployment whose Prometheus scrapes it sets RL_ADMIN_ADDR=:9090, as compose does.
 ENV RL_LISTEN_ADDR=:8080 \
-    RL_ADMIN_ADDR=:9090 \
     RL_JOURNAL_DIR=/var/lib/ratelimiter/journal
 
-# 8080: the API (behind nginx). 9090: admin (/healthz /readyz /metrics /status), never
-# routed by nginx.
+# 8080: the API (behind nginx). 9090: admin (/healthz /readyz /metrics /status
+# POST /admin/reset), never routed by nginx.
 EXPOSE 8080 9090
 
 # distroless has no curl or wget: the binary probes itself (`-healthcheck URL` GETs the

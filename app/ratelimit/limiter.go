@@ -44,7 +44,12 @@ type Request struct {
 	// ID identifies the request, unique across the fleet (nginx's request
 	// id, say). The sliding window log stores it as the member of the grant,
 	// so the same request decided twice (a timed-out call that still ran,
-	// a replay) is counted once. Empty: the backend makes one up.
+	// a replay) is counted once, and the Redis backend answers a request
+	// with the id of one it admitted moments before (a proxy's resend) as
+	// admitted without counting it again (redisstore.WithResendWindow).
+	// So whoever picks ids decides what counts as a repeat: never take
+	// them from clients (see httplimit.WithTrustedRequestIDs). Empty: the
+	// backend makes one up.
 	ID string
 	// Weight holds back part of the policy for instances deciding
 	// elsewhere; the zero value decides with the whole policy.
@@ -134,6 +139,14 @@ type Decision struct {
 	// State is the algorithm state after the decision, in the deciding
 	// backend's clock, for a fallback to continue from.
 	State State
+	// ResendID is set on a refusal by a backend that takes a request with
+	// the id of one it admitted moments before for a resend of it (and
+	// admits it without counting it again): the id of the key's last
+	// admission, which it would admit so until ResendUntil (µs since the
+	// epoch, the backend's clock). A cache of this refusal must not answer
+	// a request with that id before then. Empty: no such admission.
+	ResendID    string
+	ResendUntil int64
 }
 
 // State is an algorithm's state after a decision, as a backend reports it.

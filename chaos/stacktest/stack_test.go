@@ -68,6 +68,7 @@ func TestNativeStack(t *testing.T) {
 	check("address-ceiling", "127.0.1.6", func(t *testing.T) { checkAddressCeiling(t, s, run) })
 	check("slow-connections", "127.0.1.8", func(t *testing.T) { checkSlowConnections(t, s, run) })
 	check("nginx-config", "127.0.1.10", func(t *testing.T) { checkNginxConfig(t, s) })
+	check("reset", "127.0.1.12", func(t *testing.T) { checkReset(t, s, run) })
 	check("redis-outage", "127.0.1.11", func(t *testing.T) { checkRedisOutage(t, s, run) })
 	t.Logf("stack up and checked in %v", time.Since(begin).Round(time.Millisecond))
 }

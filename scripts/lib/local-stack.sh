@@ -54,7 +54,8 @@
 #   (proxy appN-redis on base+N, proxy replication on base+9)
 #   REDIS_PASSWORD (default: requirepass in redis/redis.conf)
 #   LOCAL_POLICY_FILE (optional JSON policy file, passed to the apps as RL_POLICY_FILE)
-#   RL_API_KEY_SECRET (default: the demo secret, fleetlimit-demo-secret-change-me)
+#   RL_API_KEY_SECRET (default: the demo secret, fleetlimit-demo-secret-change-me, which
+#   the apps accept in demo mode only: RL_DEMO, default true here)
 #   LOCAL_READY_TIMEOUT=30 (seconds)  LOCAL_SKIP_BUILD=1 (use the binaries in bin/ as is)
 #   LOCAL_REDIS_TIMEOUT=50ms (RL_REDIS_TIMEOUT of the apps)
 #   LOCAL_LOG_LEVEL=debug (RL_LOG_LEVEL of the apps: debug logs a line per request)
@@ -498,6 +499,11 @@ ls_start_app() {
         "RL_TRUSTED_PROXIES=127.0.0.1/32,::1/128"
         "RL_JOURNAL_DIR=$RUN_DIR/$a/journal"
         "RL_API_KEY_SECRET=$RL_API_KEY_SECRET"
+        # The default secret is the published demo one: allowed only in demo mode
+        # (RL_DEMO=false with a secret of your own leaves it).
+        "RL_DEMO=${RL_DEMO:-true}"
+        # nginx overwrites X-Request-Id ($request_id): a resend is counted once.
+        "RL_TRUST_REQUEST_ID=true"
     )
     case $LOCAL_TOPOLOGY in
     single)

@@ -69,6 +69,8 @@ func TestConfigErrorExits2WithOneLine(t *testing.T) {
 		{"RL_REDIS_TIMEOUT=abc", `ratelimiter: RL_REDIS_TIMEOUT: time: invalid duration "abc"`},
 		{"RL_EXPECTED_INSTANCES=-1", `ratelimiter: RL_EXPECTED_INSTANCES: must be at least 1`},
 		{"RL_POLICY_FILE=/nonexistent.json", `ratelimiter: RL_POLICY_FILE: open /nonexistent.json`},
+		// The README publishes it: refused outside demo mode (RL_DEMO).
+		{"RL_API_KEY_SECRET=fleetlimit-demo-secret-change-me", `ratelimiter: RL_API_KEY_SECRET: is the published demo secret`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {

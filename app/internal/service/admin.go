@@ -37,6 +37,8 @@ type Status struct {
 	// UncountedRequests counts the requests whose handler ran without a
 	// counted decision (a policy failed open).
 	UncountedRequests uint64 `json:"uncounted_requests"`
+	// DemoMode is RL_DEMO: the published demo API-key secret is accepted.
+	DemoMode bool `json:"demo_mode"`
 	// Limiter is the resilient limiter's own status: breaker openings,
 	// fleet view, and the journal's reconciliation (granted locally =
 	// replayed + present + dropped + duplicate units + pending).
@@ -52,12 +54,16 @@ func (s *Server) adminRouter() http.Handler {
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
 	mux.HandleFunc("GET /status", s.status)
-	// The Go profiler, for finding where an instance's CPU goes (a replay,
-	// a load test): go tool pprof http://<admin>/debug/pprof/profile?seconds=5
-	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("POST /admin/reset", s.reset)
+	if s.cfg.Pprof {
+		// The Go profiler, for finding where an instance's CPU goes (a
+		// replay, a load test), only with RL_PPROF=true (TestPprofOnlyWhenAsked):
+		// go tool pprof http://<admin>/debug/pprof/profile?seconds=5
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	}
 	return mux
 }
 
@@ -80,6 +86,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	out.RedisTimeoutMS = redisTimeoutMS(s.cfg)
 	out.StartedAt = s.started.UTC().Truncate(time.Second)
 	out.UncountedRequests = s.uncounted.Load()
+	out.DemoMode = s.cfg.Demo
 	writeJSON(w, http.StatusOK, out)
 }
 

@@ -22,6 +22,10 @@ type backend struct {
 	status func() Status
 	// close releases the limiter at shutdown, within ctx's deadline.
 	close func(ctx context.Context) error
+	// reset lifts identity's limits under policies (POST /admin/reset); an
+	// error is a bad request (nothing was reset). In memory mode the
+	// result is neither Fleet nor Partial: this instance is all there is.
+	reset func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error)
 }
 
 // newBackend is the one place that picks the limiter implementation.
@@ -39,6 +43,9 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 			limiter: mem,
 			status:  func() Status { return Status{Mode: string(ratelimit.ModeMemory), LiveInstances: 1} },
 			close:   func(context.Context) error { return nil },
+			reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error) {
+				return resilient.ResetResult{}, mem.Reset(ctx, identity, policies)
+			},
 		}, nil
 	}
 	cc := redisstore.ClientConfig{
@@ -68,6 +75,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 	store := redisstore.New(client,
 		redisstore.WithReplayClient(replayClient),
 		redisstore.WithTimeout(cfg.RedisTimeout),
+		redisstore.WithResendWindow(cfg.ResendWindow),
 		redisstore.WithCoalescing(min(cfg.RedisPipelines, cfg.RedisPoolSize)),
 		redisstore.WithHooks(redisstore.Hooks{
 			OnDecision: func(_ ratelimit.Request, _ ratelimit.Decision, latency time.Duration) {
@@ -121,6 +129,9 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 		},
 		close: func(ctx context.Context) error {
 			return errors.Join(rl.Close(ctx), client.Close(), replayClient.Close())
+		},
+		reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error) {
+			return rl.Reset(ctx, identity, policies...)
 		},
 	}, nil
 }

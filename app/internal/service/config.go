@@ -26,7 +26,10 @@ type Config struct {
 	// journal. Default: the hostname.
 	Instance   string `env:"RL_INSTANCE"`
 	ListenAddr string `env:"RL_LISTEN_ADDR" envDefault:":8080"`
-	AdminAddr  string `env:"RL_ADMIN_ADDR" envDefault:":9090"`
+	// AdminAddr serves /metrics, /status and POST /admin/reset: loopback
+	// unless set (the compose stack sets :9090 for nginx's network and
+	// Prometheus).
+	AdminAddr string `env:"RL_ADMIN_ADDR" envDefault:"127.0.0.1:9090"`
 
 	// RedisURL and RedisAddrs select the shared store; both empty: memory
 	// mode (one instance, no Redis).
@@ -76,6 +79,17 @@ type Config struct {
 	LeaseGrace        time.Duration `env:"RL_LEASE_GRACE" envDefault:"30s"`
 
 	LogLevel slog.Level `env:"RL_LOG_LEVEL" envDefault:"info"`
+
+	// Guards (guard.go). TrustRequestID takes X-Request-Id from
+	// RL_TRUSTED_PROXIES as the request's id, which the limiter counts once
+	// within ResendWindow (a proxy's resend): on only behind a proxy that
+	// overwrites the header (nginx does). Demo allows the published demo
+	// secret in RL_API_KEY_SECRET; Pprof serves /debug/pprof/ on the admin
+	// port.
+	TrustRequestID bool          `env:"RL_TRUST_REQUEST_ID" envDefault:"false"`
+	ResendWindow   time.Duration `env:"RL_RESEND_WINDOW" envDefault:"3s"`
+	Demo           bool          `env:"RL_DEMO" envDefault:"false"`
+	Pprof          bool          `env:"RL_PPROF" envDefault:"false"`
 
 	// Policies is the loaded and validated policy file.
 	Policies PolicySet `env:"-"`
@@ -225,6 +239,9 @@ func (c *Config) validate() error {
 	}
 	if c.JournalDir == "" {
 		c.JournalDir = "./journal-" + c.Instance
+	}
+	if err := c.validateGuards(); err != nil {
+		return err
 	}
 	if len(c.APIKeySecrets) > 0 {
 		v, err := apikey.NewVerifier(c.APIKeySecrets...)

@@ -27,7 +27,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 	want := Config{
 		Instance:          "app1",
 		ListenAddr:        ":8080",
-		AdminAddr:         ":9090",
+		AdminAddr:         "127.0.0.1:9090",
 		RedisTimeout:      50 * time.Millisecond,
 		RedisPoolSize:     64,
 		RedisPipelines:    4,
@@ -42,6 +42,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		HeartbeatInterval: 100 * time.Millisecond,
 		HeartbeatTTL:      300 * time.Millisecond,
 		LeaseGrace:        30 * time.Second,
+		ResendWindow:      3 * time.Second,
 	}
 	cfg.Policies = PolicySet{}
 	if !reflect.DeepEqual(cfg, want) {
@@ -63,13 +64,19 @@ func TestLoadConfigValues(t *testing.T) {
 		"RL_TRUSTED_PROXIES":    "172.16.0.0/12,10.1.2.3/8",
 		"RL_LOG_LEVEL":          "debug",
 		"RL_JOURNAL_DIR":        "/var/lib/rl",
+		"RL_TRUST_REQUEST_ID":   "true",
+		"RL_RESEND_WINDOW":      "2s",
+		"RL_DEMO":               "true",
+		"RL_API_KEY_SECRET":     DemoAPIKeySecret, // allowed in demo mode
+		"RL_PPROF":              "true",
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !cfg.RedisEnabled() || len(cfg.RedisAddrs) != 2 || cfg.RedisTimeout != 100*time.Millisecond ||
 		cfg.RedisPoolSize != 8 || cfg.ExpectedInstances != 4 || !cfg.DebugHeaders || cfg.JournalDir != "/var/lib/rl" ||
-		cfg.LogLevel.String() != "DEBUG" {
+		cfg.LogLevel.String() != "DEBUG" || !cfg.TrustRequestID || cfg.ResendWindow != 2*time.Second || !cfg.Demo ||
+		cfg.APIKeys == nil || !cfg.Pprof {
 		t.Errorf("config = %+v", cfg)
 	}
 	if got := cfg.TrustedProxies[1]; got != netip.MustParsePrefix("10.0.0.0/8") {
@@ -169,6 +176,11 @@ func TestLoadConfigErrors(t *testing.T) {
 			"RL_POLICY_FILE", `RL_POLICY_FILE: policy "x": per must be "key" or "address", got "user"`, ""},
 		{"short API key secret", map[string]string{"RL_API_KEY_SECRET": "long-enough-secret-1,hunter2"}, "", "RL_API_KEY_SECRET",
 			"RL_API_KEY_SECRET: apikey: new verifier: secret 1: apikey: secret shorter than 16 bytes", "hunter2"},
+		{"the published demo secret", map[string]string{"RL_API_KEY_SECRET": DemoAPIKeySecret}, "", "RL_API_KEY_SECRET",
+			"RL_API_KEY_SECRET: is the published demo secret", DemoAPIKeySecret},
+		{"the demo secret beside another", map[string]string{"RL_API_KEY_SECRET": "long-enough-secret-1," + DemoAPIKeySecret, "RL_DEMO": "false"}, "",
+			"RL_API_KEY_SECRET", "RL_API_KEY_SECRET: is the published demo secret", ""},
+		{"resend window", map[string]string{"RL_RESEND_WINDOW": "2h"}, "", "RL_RESEND_WINDOW", "RL_RESEND_WINDOW: must be between 1ms and 1m", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
@@ -40,6 +41,7 @@ type Server struct {
 	backend *backend
 	limits  *httplimit.Middleware
 	started time.Time
+	resets  *prometheus.CounterVec // POST /admin/reset by result (reset.go)
 
 	public, admin     *http.Server
 	publicLn, adminLn net.Listener
@@ -88,6 +90,7 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 		return nil, err
 	}
 	s.metrics.watchStatus(s.backend.status)
+	s.startGuards()
 
 	opts := []httplimit.Option{
 		httplimit.WithTrustedProxies(cfg.TrustedProxies),
@@ -101,6 +104,9 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 	}
 	if cfg.DebugHeaders {
 		opts = append(opts, httplimit.WithDebugHeaders(cfg.Instance))
+	}
+	if cfg.TrustRequestID {
+		opts = append(opts, httplimit.WithTrustedRequestIDs())
 	}
 	s.limits = httplimit.New(s.metrics.instrument(s.backend.limiter), opts...)
 
@@ -250,7 +256,7 @@ func (s *Server) demoHandler(route Route) http.Handler {
 }
 
 // requestLog sets the request id (nginx's X-Request-Id from a trusted
-// proxy, else a new one) for the whole request, echoes it, counts it, and
+// proxy with RL_TRUST_REQUEST_ID, else a new one) for the whole request, echoes it, counts it, and
 // logs it at debug (a 5xx at warn).
 func (s *Server) requestLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

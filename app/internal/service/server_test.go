@@ -119,7 +119,7 @@ var demoRoutes = []struct{ path, route, policy string }{
 }
 
 func TestDemoRoutes(t *testing.T) {
-	s, logs := startServer(t, map[string]string{"RL_DEBUG_HEADERS": "true", "RL_LOG_LEVEL": "debug"})
+	s, logs := startServer(t, map[string]string{"RL_DEBUG_HEADERS": "true", "RL_LOG_LEVEL": "debug", "RL_TRUST_REQUEST_ID": "true"})
 	base := "http://" + s.PublicAddr()
 	for _, r := range demoRoutes {
 		t.Run(r.policy, func(t *testing.T) {
@@ -168,7 +168,7 @@ func TestDemoRoutes(t *testing.T) {
 // At the default level the hot path writes no line per request (nginx's
 // access log has them); at debug it does.
 func TestRequestLogOnlyAtDebug(t *testing.T) {
-	s, logs := startServer(t, nil)
+	s, logs := startServer(t, map[string]string{"RL_TRUST_REQUEST_ID": "true"})
 	for i := range 20 {
 		resp, _ := get(t, "http://"+s.PublicAddr()+"/api/gcra", "X-Request-Id", fmt.Sprint("quiet-", i))
 		if resp.StatusCode != 200 {

@@ -22,6 +22,17 @@
 // Keys go to the limiter as they are (with "{...}" and all); the stores hash
 // them before they become part of a store key.
 //
+// # Request ids
+//
+// Every request gets an id: the X-Request-Id response header, the problem
+// body's request_id, the log lines, and ratelimit.Request.ID for the
+// limiter, which takes a request with the id of one it admitted moments
+// before for a proxy's resend and does not count it again. So the id is an
+// idempotency key, and by default the middleware makes a new one for every
+// request. WithTrustedRequestIDs takes it from a trusted proxy's
+// X-Request-Id instead (the proxy must overwrite the client's), and
+// WithRequestID from any function.
+//
 // # Several policies
 //
 // Handler takes one or more policies. Every policy is decided for every
@@ -123,6 +134,7 @@ type Middleware struct {
 	instance  string
 	debug     bool
 	requestID func(*http.Request) string
+	trustIDs  bool // X-Request-Id from a trusted proxy is the request's id
 	logger    *slog.Logger
 	onError   ErrorHandler
 	cost      func(*http.Request) int64
@@ -136,10 +148,10 @@ type Option func(*Middleware)
 // custom key function.
 func WithKeyFunc(f KeyFunc) Option { return func(m *Middleware) { m.keyFunc = f } }
 
-// WithTrustedProxies sets the networks whose X-Real-IP, X-Forwarded-For and
-// X-Request-Id headers are believed (invalid prefixes are skipped). The
-// default is none: the client IP is the direct peer and request ids are
-// generated.
+// WithTrustedProxies sets the networks whose X-Real-IP and X-Forwarded-For
+// headers are believed (invalid prefixes are skipped), and whose
+// X-Request-Id is with WithTrustedRequestIDs. The default is none: the
+// client IP is the direct peer.
 func WithTrustedProxies(prefixes []netip.Prefix) Option {
 	return func(m *Middleware) {
 		m.trusted = make([]netip.Prefix, 0, len(prefixes))
@@ -203,12 +215,24 @@ func WithDebugHeaders(instance string) Option {
 // WithRequestID sets where a request's id comes from when the context holds
 // none (see ContextWithRequestID). An empty or odd result (longer than 128
 // bytes, or with characters outside [A-Za-z0-9._:-]) is replaced by a
-// generated id. The default takes X-Request-Id from a trusted proxy and
-// generates one otherwise: a client choosing its own id could make the
-// sliding window log count two requests as one.
+// generated id. The default generates one per request (see
+// WithTrustedRequestIDs). Request ids are idempotency keys
+// (ratelimit.Request.ID): whoever chooses them can make two requests count
+// as one, so f must not pass a client's choice through.
 func WithRequestID(f func(*http.Request) string) Option {
 	return func(m *Middleware) { m.requestID = f }
 }
+
+// WithTrustedRequestIDs takes a request's id from the X-Request-Id header
+// when the direct peer is a trusted proxy (WithTrustedProxies), instead of
+// generating one (the default). The limiter counts a request with the id of
+// one admitted moments before once (a proxy's resend to another instance,
+// see redisstore.WithResendWindow), so turn it on only behind a proxy that
+// sets the header itself, overwriting whatever the client sent (nginx:
+// proxy_set_header X-Request-Id $request_id). A proxy that passes the
+// client's header through would let the client repeat one id for
+// admissions that are not counted.
+func WithTrustedRequestIDs() Option { return func(m *Middleware) { m.trustIDs = true } }
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(m *Middleware) { m.logger = l } }
@@ -277,7 +301,7 @@ func (m *Middleware) Handler(policies ...ratelimit.Policy) func(http.Handler) ht
 
 // RequestID returns the id the middleware uses for r: the one in r's
 // context, else the WithRequestID function's, else X-Request-Id from a
-// trusted proxy, else a new random one. A service can call it in an outer
+// trusted proxy (with WithTrustedRequestIDs), else a new random one. A service can call it in an outer
 // middleware, store the id with ContextWithRequestID and log with it.
 func (m *Middleware) RequestID(r *http.Request) string {
 	id, _ := m.requestIDOf(r, m.isTrusted(peerAddr(r)))
@@ -293,7 +317,7 @@ func (m *Middleware) requestIDOf(r *http.Request, peerTrusted bool) (string, boo
 		if id := m.requestID(r); saneRequestID(id) {
 			return id, false
 		}
-	} else if peerTrusted {
+	} else if peerTrusted && m.trustIDs {
 		if id := getHeader(r.Header, keyRequestID); saneRequestID(id) {
 			return id, false
 		}

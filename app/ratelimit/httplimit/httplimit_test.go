@@ -307,7 +307,7 @@ func TestHeaders(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			opts := []httplimit.Option{httplimit.WithTrustedProxies(prefixes("127.0.0.1/32"))}
+			opts := []httplimit.Option{httplimit.WithTrustedProxies(prefixes("127.0.0.1/32")), httplimit.WithTrustedRequestIDs()}
 			if tt.debug {
 				opts = append(opts, httplimit.WithDebugHeaders("app3"))
 			}
@@ -344,6 +344,7 @@ func TestHeaders(t *testing.T) {
 
 func TestRequestID(t *testing.T) {
 	hex32 := regexp.MustCompile(`^[0-9a-f]{32}$`)
+	trustIDs := []httplimit.Option{httplimit.WithTrustedRequestIDs()}
 	tests := []struct {
 		name   string
 		remote string
@@ -352,14 +353,17 @@ func TestRequestID(t *testing.T) {
 		ctxID  string
 		want   string // "" means generated
 	}{
-		{"from trusted proxy", "127.0.0.1:1", "abc-123", nil, "", "abc-123"},
-		{"from untrusted client", "192.0.2.1:1", "abc-123", nil, "", ""},
-		{"odd id from trusted proxy", "127.0.0.1:1", "a b<script>", nil, "", ""},
-		{"over-long id", "127.0.0.1:1", strings.Repeat("a", 129), nil, "", ""},
-		{"absent", "127.0.0.1:1", "", nil, "", ""},
+		{"from trusted proxy", "127.0.0.1:1", "abc-123", trustIDs, "", "abc-123"},
+		// Off by default: a proxy that passes the client's header
+		// through must not let the client pick its idempotency key.
+		{"from trusted proxy, not trusted for ids", "127.0.0.1:1", "abc-123", nil, "", ""},
+		{"from untrusted client", "192.0.2.1:1", "abc-123", trustIDs, "", ""},
+		{"odd id from trusted proxy", "127.0.0.1:1", "a b<script>", trustIDs, "", ""},
+		{"over-long id", "127.0.0.1:1", strings.Repeat("a", 129), trustIDs, "", ""},
+		{"absent", "127.0.0.1:1", "", trustIDs, "", ""},
 		{"custom function", "192.0.2.1:1", "", []httplimit.Option{httplimit.WithRequestID(func(*http.Request) string { return "mine" })}, "", "mine"},
 		{"custom function returns junk", "192.0.2.1:1", "", []httplimit.Option{httplimit.WithRequestID(func(*http.Request) string { return "" })}, "", ""},
-		{"context wins", "127.0.0.1:1", "abc-123", nil, "outer", "outer"},
+		{"context wins", "127.0.0.1:1", "abc-123", trustIDs, "outer", "outer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -62,11 +62,8 @@ func (j *Journal) Resolve(reqID string, present bool) (ratelimit.Policy, ratelim
 	if present {
 		j.stats.present.Add(uint64(d.grant.cost))
 	}
-	if !j.emptyLocked() && j.f != nil {
-		j.buf = appendRecord(j.buf[:0], record{kind: 'R', epoch: j.epoch, grant: ratelimit.Grant{ID: reqID}, present: present})
-		if err := j.writeLocked(j.buf); err != nil {
-			j.log.Error("journal: write resolution", "err", err)
-		}
+	if !j.emptyLocked() {
+		j.writeResolveLocked(reqID, present)
 	}
 	return d.policy.p, d.identity, d.grant.cost, true
 }
@@ -109,8 +106,13 @@ func (j *Journal) settleDoubtsLocked() {
 // file.
 func (j *Journal) settleLocked(reqID string) {
 	j.resolveLocked(reqID, false, j.epoch)
+	j.writeResolveLocked(reqID, false)
+}
+
+// writeResolveLocked records the resolution of doubt reqID in the file.
+func (j *Journal) writeResolveLocked(reqID string, present bool) {
 	if j.f != nil {
-		j.buf = appendRecord(j.buf[:0], record{kind: 'R', epoch: j.epoch, grant: ratelimit.Grant{ID: reqID}})
+		j.buf = appendRecord(j.buf[:0], record{kind: 'R', epoch: j.epoch, grant: ratelimit.Grant{ID: reqID}, present: present})
 		_ = j.writeLocked(j.buf)
 	}
 }
@@ -130,4 +132,47 @@ func (j *Journal) ExpireDoubts(before int64) int64 {
 		j.settleLocked(reqID)
 	}
 	return n
+}
+
+// Drop forgets every grant (doubts included) and the snapshot of the key of
+// policy p and identity id, counted as dropped: an operator lifted the
+// key's limit, so its usage is not to be replayed. It returns the units
+// dropped.
+func (j *Journal) Drop(p ratelimit.Policy, id ratelimit.Identity) int64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.keys) == 0 {
+		return 0
+	}
+	ref := j.refLocked(p)
+	sk := snapKey{ref.key, id}
+	ke := j.keys[sk]
+	if ke == nil {
+		return 0
+	}
+	units := ke.units
+	for reqID, d := range j.doubts {
+		if d.policy == ref && d.identity == id {
+			j.resolveLocked(reqID, true, j.epoch)
+			j.writeResolveLocked(reqID, true)
+		}
+	}
+	for epoch := range j.epochs {
+		k := batchKey{epoch: epoch, policy: ref.key, identity: id}
+		if b := j.batches[k]; b != nil {
+			j.dropBatchLocked(k, b)
+			j.buf = appendRecord(j.buf[:0], record{kind: 'A', epoch: epoch, policy: p, fingerprint: p.Fingerprint(), identity: id})
+			_ = j.writeLocked(j.buf)
+		}
+	}
+	if ke := j.keys[sk]; ke != nil {
+		j.pruneKeyLocked(sk, ke)
+		if ke.snap != nil && j.keys[sk] != nil { // a snapshot alone
+			j.size--
+			delete(j.keys, sk)
+		}
+	}
+	j.stats.dropped.Add(uint64(units))
+	j.emptyLocked()
+	return units
 }

@@ -185,3 +185,26 @@ func (l *Limiter) Replay(_ context.Context, batches []ratelimit.ReplayBatch) ([]
 	}
 	return results, errs
 }
+
+// Reset lifts identity's limits under policies: their state is forgotten,
+// as if never seen (in place: a reset is not an eviction). An invalid
+// identity or policy is an error, and nothing is reset.
+func (l *Limiter) Reset(_ context.Context, identity string, policies []ratelimit.Policy) error {
+	if err := ratelimit.ValidateKey(identity); err != nil {
+		return err
+	}
+	for _, p := range policies {
+		if err := p.Validate(); err != nil {
+			return err
+		}
+	}
+	id := ratelimit.IdentityOf(identity)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range policies {
+		if e, ok := l.keys.Peek(l.keyOfIdentity(p, id)); ok {
+			*e = entry{}
+		}
+	}
+	return nil
+}

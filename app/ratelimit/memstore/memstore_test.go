@@ -2,6 +2,7 @@ package memstore_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -74,5 +75,37 @@ func BenchmarkDecide(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+func TestReset(t *testing.T) {
+	l := memstore.New()
+	ctx := context.Background()
+	a := ratelimit.Policy{Name: "a", Algorithm: ratelimit.SlidingWindowLog, Limit: 1, Window: time.Hour}
+	b := ratelimit.Policy{Name: "b", Algorithm: ratelimit.GCRA, Limit: 1, Window: time.Hour}
+	for _, p := range []ratelimit.Policy{a, b} {
+		for _, k := range []string{"k:x", "k:y"} {
+			if d, _ := l.Decide(ctx, ratelimit.Request{Policy: p, Key: k}); !d.Allowed {
+				t.Fatalf("%s %s: refused", p.Name, k)
+			}
+		}
+	}
+	if err := l.Reset(ctx, "k:x", []ratelimit.Policy{a}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		p    ratelimit.Policy
+		key  string
+		want bool
+	}{{a, "k:x", true}, {b, "k:x", false}, {a, "k:y", false}} {
+		if d, _ := l.Decide(ctx, ratelimit.Request{Policy: c.p, Key: c.key}); d.Allowed != c.want {
+			t.Errorf("%s %s after resetting k:x under a: allowed %v, want %v", c.p.Name, c.key, d.Allowed, c.want)
+		}
+	}
+	if err := l.Reset(ctx, "", []ratelimit.Policy{a}); !errors.Is(err, ratelimit.ErrInvalidRequest) {
+		t.Errorf("empty identity: %v", err)
+	}
+	if l.Evictions() != 0 {
+		t.Errorf("a reset counted as %d evictions", l.Evictions())
 	}
 }

@@ -135,6 +135,7 @@ type Limiter struct {
 	replayClient redis.Scripter
 	prefix       string
 	timeout      time.Duration
+	resend       int64 // the resend window, µs (WithResendWindow)
 	hooks        Hooks
 	now          func() time.Time // tests only; nil: Redis TIME
 	idBase       string
@@ -168,6 +169,33 @@ func WithTimeout(d time.Duration) Option { return func(l *Limiter) { l.timeout =
 // the replay budget (see ClientConfig.Timeout).
 func WithReplayClient(c redis.Scripter) Option { return func(l *Limiter) { l.replayClient = c } }
 
+// DefaultResendWindow is the resend window of WithResendWindow when none is
+// given. A proxy resends a request only within a bounded time of its first
+// attempt: nginx, within proxy_next_upstream_timeout of the start of that
+// attempt (2 s in nginx/nginx.conf.template). The first attempt's admission
+// came after that start, and the resend's decision takes at most the
+// resend's connect and one decision's timeout (well under a second), so 3 s
+// covers every resend nginx makes, and an id repeated later counts again.
+const DefaultResendWindow = 3 * time.Second
+
+// WithResendWindow sets how long after a request was admitted a request
+// with the same ratelimit.Request.ID is taken for a resend of it (a proxy
+// trying another instance after the first failed, possibly after deciding
+// it): admitted without being counted again (default DefaultResendWindow;
+// d <= 0 keeps the default). For the token bucket, GCRA and the window
+// counter only the key's last admission is recognised (lua/once.lua); for
+// the sliding window log, any admission of the id within the window. Set it
+// to the retry window of the proxy in front: longer only lengthens what a
+// client that picks its own ids (a misconfigured proxy passing them through)
+// gets for free.
+func WithResendWindow(d time.Duration) Option {
+	return func(l *Limiter) {
+		if d > 0 {
+			l.resend = d.Microseconds()
+		}
+	}
+}
+
 // WithHooks installs observation hooks.
 func WithHooks(h Hooks) Option { return func(l *Limiter) { l.hooks = h } }
 
@@ -181,7 +209,7 @@ func WithClock(now func() time.Time) Option { return func(l *Limiter) { l.now = 
 func New(client redis.Scripter, opts ...Option) *Limiter {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	l := &Limiter{client: client, prefix: "rl", idBase: hex.EncodeToString(b[:]) + ":"}
+	l := &Limiter{client: client, prefix: "rl", idBase: hex.EncodeToString(b[:]) + ":", resend: DefaultResendWindow.Microseconds()}
 	for _, o := range opts {
 		o(l)
 	}
@@ -247,7 +275,7 @@ func (l *Limiter) decideOne(ctx context.Context, req ratelimit.Request) (ratelim
 	p := req.Policy
 	start := time.Now()
 	res, err := scripts[p.Algorithm].Run(callCtx, l.client, []string{l.Key(p, req.Key)},
-		now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), req.ID, req.Weight.Num, req.Weight.Den).Slice()
+		now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), req.ID, req.Weight.Num, req.Weight.Den, l.resend).Slice()
 	latency := time.Since(start)
 	var d ratelimit.Decision
 	if err == nil {
@@ -292,6 +320,16 @@ func replyLen(a ratelimit.Algorithm) int {
 // every element.
 func parseReply(a ratelimit.Algorithm, res []any) (ratelimit.Decision, error) {
 	n := replyLen(a)
+	var resendID string
+	var resendUntil int64
+	if len(res) == n+2 { // a refusal's resend hint (lua/decide.lua, resend_hint)
+		id, ok1 := res[n].(string)
+		until, ok2 := res[n+1].(int64)
+		if !ok1 || !ok2 || id == "" || until <= 0 || res[0] != int64(0) {
+			return ratelimit.Decision{}, fmt.Errorf("%w: resend hint %v", ratelimit.ErrBadReply, res[n:])
+		}
+		resendID, resendUntil, res = id, until, res[:n]
+	}
 	if len(res) != n {
 		return ratelimit.Decision{}, fmt.Errorf("%w: %d elements, want %d", ratelimit.ErrBadReply, len(res), n)
 	}
@@ -312,6 +350,7 @@ func parseReply(a ratelimit.Algorithm, res []any) (ratelimit.Decision, error) {
 		ResetAfter: time.Duration(v[2]) * time.Microsecond,
 		RetryAfter: time.Duration(v[3]) * time.Microsecond,
 		State:      ratelimit.State{Now: v[4]},
+		ResendID:   resendID, ResendUntil: resendUntil,
 	}
 	st, s := &d.State, v[replyHead:]
 	switch a {
@@ -460,7 +499,7 @@ func (l *Limiter) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]rat
 			r := reqs[i]
 			p := r.Policy
 			cmds[i] = scripts[p.Algorithm].EvalSha(ctx, pipe, []string{l.Key(p, r.Key)},
-				now, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), r.ID, r.Weight.Num, r.Weight.Den)
+				now, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), r.ID, r.Weight.Num, r.Weight.Den, l.resend)
 		}
 		_, _ = pipe.Exec(ctx)
 	}

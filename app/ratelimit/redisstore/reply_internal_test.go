@@ -52,6 +52,23 @@ func TestParseReply(t *testing.T) {
 					t.Errorf("%s: error %v, want ErrBadReply", name, err)
 				}
 			}
+			// A refusal may end with a resend hint: the last admission's
+			// id and until when a request with it is a resend.
+			refused := append([]int64{0, 0, 2000, 1000, head[4]}, c.state...)
+			d, err = parseReply(c.alg, append(ints(refused...), "req-1", int64(head[4]+5)))
+			if err != nil || d.Allowed || d.ResendID != "req-1" || d.ResendUntil != head[4]+5 || d.RetryAfter != time.Millisecond {
+				t.Errorf("refusal with a hint: %+v %v", d, err)
+			}
+			for name, res := range map[string][]any{
+				"hint on an admission": append(ints(append(append([]int64{}, head...), c.state...)...), "req-1", int64(5)),
+				"hint of integers":     append(ints(refused...), int64(1), int64(5)),
+				"empty id":             append(ints(refused...), "", int64(5)),
+				"no time":              append(ints(refused...), "req-1", int64(0)),
+			} {
+				if _, err := parseReply(c.alg, res); !errors.Is(err, ratelimit.ErrBadReply) {
+					t.Errorf("%s: error %v, want ErrBadReply", name, err)
+				}
+			}
 		})
 	}
 	if _, err := parseReply("nope", ints(head...)); !errors.Is(err, ratelimit.ErrBadReply) {

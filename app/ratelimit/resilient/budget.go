@@ -29,6 +29,11 @@ type entry struct {
 	refusedUntil int64
 	refusedCost  int64
 	refusedW     ratelimit.Weight
+	// The refusal's resend hint (ratelimit.Decision.ResendID): a request
+	// with this id is a resend the store admits until resendUntil (store
+	// µs), so the refusal does not answer it.
+	resendID    string
+	resendUntil int64
 
 	// Local state; valid while localVersion == version.
 	localVersion uint64

@@ -304,12 +304,13 @@ func (l *Limiter) evicted(_ key, e *entry) {
 // newer ones.
 func (l *Limiter) remember(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, sent, recv time.Time) {
 	l.learnOffset(d.State.Now, sent, recv)
-	l.keep(k, req, id, d)
+	l.keep(k, req, id, d, true)
 }
 
 // keep keeps the store's reply d to req as the key's snapshot, unless the
-// one held is newer.
-func (l *Limiter) keep(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision) {
+// one held is newer; a refusal is cached only with cache (not from a late
+// reply, which can come after a reset lifted the key).
+func (l *Limiter) keep(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, cache bool) {
 	p := req.Policy
 	sh := l.keys.shard(k)
 	sh.mu.Lock()
@@ -319,10 +320,13 @@ func (l *Limiter) keep(k key, req ratelimit.Request, id ratelimit.Identity, d ra
 		return
 	}
 	e.snap, e.snapValid = d.State, true
-	e.refusedUntil = 0
-	if !d.Allowed && d.RetryAfter > 0 && exactRetry(p.Algorithm) {
+	if cache {
+		e.refusedUntil = 0
+	}
+	if cache && !d.Allowed && d.RetryAfter > 0 && exactRetry(p.Algorithm) {
 		e.refusedUntil = d.State.Now + d.RetryAfter.Microseconds()
 		e.refusedCost, e.refusedW = req.Units(), req.Weight
+		e.resendID, e.resendUntil = d.ResendID, d.ResendUntil
 	}
 	if e.policy == nil || *e.policy != p {
 		e.policy = l.keys.policyRef(p)
@@ -349,7 +353,9 @@ const refusalMargin = 2 * time.Millisecond
 // cachedRefusal answers req from the store's last refusal of its key, when
 // that refusal still holds exactly (see entry.refusedUntil): same policy, at
 // least the refused cost, a weight at least as strict (w, the weight the
-// store call would carry), and the retry time not yet reached.
+// store call would carry), the retry time not yet reached, and req not a
+// resend of the admission the refusal's hint names (entry.resendID; guarded
+// by TestResendIsNotRefusedFromTheCache).
 func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight) (ratelimit.Decision, bool) {
 	now := l.storeNow()
 	sh := l.keys.shard(k)
@@ -361,6 +367,9 @@ func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight
 		return ratelimit.Decision{}, false
 	}
 	margin := refusalMargin.Microseconds() + l.offset.load().errUS
+	if req.ID == e.resendID && now < e.resendUntil+margin {
+		return ratelimit.Decision{}, false // a resend of an admitted request: the store admits it
+	}
 	left := e.refusedUntil - now - margin
 	if left <= 0 {
 		return ratelimit.Decision{}, false

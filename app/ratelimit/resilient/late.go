@@ -113,7 +113,7 @@ func (l *Limiter) onLate(r ratelimit.LateReply) {
 		// like any other (keep keeps the newest). Not a clock reading:
 		// how long it took is not known.
 		id := ratelimit.IdentityOf(r.Request.Key)
-		l.keep(l.keyOfIdentity(r.Request.Policy, id), r.Request, id, r.Decision)
+		l.keep(l.keyOfIdentity(r.Request.Policy, id), r.Request, id, r.Decision, false)
 	}
 	b := &l.late
 	b.mu.Lock()

@@ -166,6 +166,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	}
 	l.setFleet(live, suspect)
 	l.lastBeat.Store(l.clock.now().UnixMicro())
+	l.pollResets(ctx)
 	if l.gen.Load() == nil {
 		l.gen.Store(&gen)
 		l.beginSync(gen, stageReplayed)

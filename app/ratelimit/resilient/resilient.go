@@ -136,6 +136,7 @@ type Limiter struct {
 	// timed-out call's local grant is a doubt until it does (late.go).
 	lateReplies bool
 	late        lateBook
+	resets      resets // reset.go
 
 	stats struct {
 		storeDecisions, localDecisions, cachedRefusals atomic.Uint64

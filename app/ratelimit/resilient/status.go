@@ -51,6 +51,9 @@ type Status struct {
 	// Late says what became of the requests decided locally while the
 	// store still had their calls (late.go).
 	Late LateStats `json:"late"`
+	// ResetsApplied counts the resets (one identity under one policy) this
+	// instance applied: its own and those the fleet's reset log brought.
+	ResetsApplied uint64 `json:"resets_applied"`
 	// Journal reconciles local grants: Granted + Reloaded = Replayed +
 	// Present + Dropped + DuplicateUnits + Pending.
 	Journal journal.Stats `json:"journal"`
@@ -87,6 +90,7 @@ func (l *Limiter) Status() Status {
 		Rebuilt:         l.stats.rebuilt.Load(),
 		Spilled:         l.stats.spilled.Load(),
 		Late:            l.lateStats(),
+		ResetsApplied:   l.resets.applied.Load(),
 		Journal:         js,
 	}
 }

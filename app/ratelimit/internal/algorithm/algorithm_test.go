@@ -85,3 +85,69 @@ func TestReplayVectors(t *testing.T) {
 		})
 	}
 }
+
+// TestResendVectors runs the resend table against the pure transitions and
+// the at-most-once rule (Admission): a resend decides with a cost of 0 (the
+// state refilled to now, nothing taken), as lua/once.lua does.
+func TestResendVectors(t *testing.T) {
+	for _, c := range vectors.ResendCases {
+		t.Run(c.Name, func(t *testing.T) {
+			w := &twin{p: c.Policy}
+			log := c.Policy.Algorithm == ratelimit.SlidingWindowLog
+			var last algorithm.Admission   // the hash's field i
+			admitted := map[string]int64{} // the log's members: each id's latest admission
+			for i, s := range c.Steps {
+				now, cost := vectors.T0+s.At, max(s.Cost, 1)
+				resend := last.Resend(s.ID, now, c.Window)
+				if log {
+					at, ok := admitted[s.ID]
+					resend = ok && algorithm.Admission{ID: s.ID, At: at}.Resend(s.ID, now, c.Window)
+				}
+				step := vectors.Step{At: s.At, Cost: cost}
+				if resend {
+					step.Cost = 0
+				}
+				d := w.decide(step)
+				if d.Allowed && !resend {
+					last = algorithm.Admission{ID: s.ID, At: now}
+					admitted[s.ID] = now
+				}
+				var id string
+				var until int64
+				if !d.Allowed {
+					newest := last
+					if log {
+						newest = algorithm.Admission{}
+						for k, at := range admitted {
+							if at > newest.At || at == newest.At && k > newest.ID {
+								newest = algorithm.Admission{ID: k, At: at}
+							}
+						}
+					}
+					id, until = newest.Hint(now, c.Window)
+				}
+				want := s
+				if want.ResendUntil != 0 {
+					want.ResendUntil += vectors.T0
+				}
+				if d.Allowed != s.Allowed || d.Remaining != s.Remaining || id != want.ResendID || until != want.ResendUntil {
+					t.Errorf("step %d (%s at %d): allowed %v, remaining %d, hint %q until %d; want %v, %d, %q until %d",
+						i, s.ID, s.At, d.Allowed, d.Remaining, id, until, s.Allowed, s.Remaining, want.ResendID, want.ResendUntil)
+				}
+			}
+		})
+	}
+}
+
+func TestAdmissionString(t *testing.T) {
+	a := algorithm.Admission{ID: "0af3:req-1", At: vectors.T0}
+	got, ok := algorithm.ParseAdmission(a.String())
+	if !ok || got != a {
+		t.Errorf("ParseAdmission(%q) = %+v %v, want %+v", a.String(), got, ok, a)
+	}
+	for _, bad := range []string{"", "req-1", "x:req-1", ":req-1"} {
+		if _, ok := algorithm.ParseAdmission(bad); ok {
+			t.Errorf("ParseAdmission(%q) accepted", bad)
+		}
+	}
+}

@@ -336,3 +336,96 @@ var ReplayCases = []ReplayCase{
 		},
 	},
 }
+
+// ResendCase is a sequence of requests with chosen ids on one fresh key, for
+// the at-most-once rule (redisstore's lua/once.lua and the sliding window
+// log's members; twin: algorithm.Admission): a request with the id of an
+// admission less than Window µs before it is admitted without being counted
+// again. Only the remaining count and the refusals' resend hints are
+// checked: the decisions themselves are the vector table's.
+type ResendCase struct {
+	Name   string
+	Policy ratelimit.Policy
+	Window int64 // the resend window, µs
+	Steps  []ResendStep
+}
+
+// ResendStep is one request of a ResendCase: at T0+At, with id ID, for
+// Cost units (0 means 1), and what it must be answered.
+type ResendStep struct {
+	At        int64
+	ID        string
+	Cost      int64
+	Allowed   bool
+	Remaining int64
+	// ResendID and ResendUntil (relative to T0) are a refusal's hint: the
+	// admission a request could still be a resend of.
+	ResendID    string
+	ResendUntil int64
+}
+
+// resendLastOnly is the case of the algorithms whose hash keeps only the
+// key's last admission: 3 per hour (a refill of under 0.01 unit over the
+// case's 4 s leaves the remaining counts whole), a resend window of 2 s.
+func resendLastOnly(alg ratelimit.Algorithm) ResendCase {
+	return ResendCase{
+		Name:   string(alg) + ": only the last admission, within the window",
+		Policy: ratelimit.Policy{Name: "re-" + string(alg), Algorithm: alg, Limit: 3, Window: time.Hour},
+		Window: 2 * sec,
+		Steps: []ResendStep{
+			{At: 0, ID: "a", Allowed: true, Remaining: 2},
+			// 1 s after: a resend, not counted.
+			{At: sec, ID: "a", Allowed: true, Remaining: 2},
+			{At: 1500000, ID: "b", Allowed: true, Remaining: 1},
+			// "a" is no longer the last admission: it counts.
+			{At: 1600000, ID: "a", Allowed: true, Remaining: 0},
+			// Refused; a request "a" until 1.6 s + 2 s would be a resend.
+			{At: 1700000, ID: "c", Remaining: 0, ResendID: "a", ResendUntil: 3600000},
+			{At: 1800000, ID: "a", Allowed: true, Remaining: 0},
+			// 2.1 s after its admission "a" counts again: refused, and
+			// no hint left.
+			{At: 3700000, ID: "a", Remaining: 0},
+		},
+	}
+}
+
+// ResendCases is the resend table.
+var ResendCases = []ResendCase{
+	resendLastOnly(ratelimit.TokenBucket),
+	resendLastOnly(ratelimit.GCRA),
+	resendLastOnly(ratelimit.SlidingWindowCounter),
+	{
+		// The log recognises every admission of the id in the window.
+		Name:   "sliding_window_log: every admission, within the window",
+		Policy: ratelimit.Policy{Name: "re-swl", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: time.Hour},
+		Window: 2 * sec,
+		Steps: []ResendStep{
+			{At: 0, ID: "a", Allowed: true, Remaining: 2},
+			{At: sec, ID: "a", Allowed: true, Remaining: 2},
+			{At: 1500000, ID: "b", Allowed: true, Remaining: 1},
+			// "a" was admitted 1.6 s before: a resend, though "b" came
+			// since.
+			{At: 1600000, ID: "a", Allowed: true, Remaining: 1},
+			// 2.5 s after: "a" counts again (its first grant stays).
+			{At: 2500000, ID: "a", Allowed: true, Remaining: 0},
+			{At: 2600000, ID: "c", Remaining: 0, ResendID: "a", ResendUntil: 4500000},
+			{At: 3 * sec, ID: "b", Allowed: true, Remaining: 0},
+			// The resend is checked against the latest admission of "a".
+			{At: 4 * sec, ID: "a", Allowed: true, Remaining: 0},
+			{At: 4600000, ID: "a", Remaining: 0},
+		},
+	},
+	{
+		// An id with a cost of 2 admitted again: both grants keep all
+		// their units.
+		Name:   "sliding_window_log: a cost of 2 admitted again",
+		Policy: ratelimit.Policy{Name: "re-swl2", Algorithm: ratelimit.SlidingWindowLog, Limit: 5, Window: time.Hour},
+		Window: 2 * sec,
+		Steps: []ResendStep{
+			{At: 0, ID: "x", Cost: 2, Allowed: true, Remaining: 3},
+			{At: 3 * sec, ID: "x", Cost: 2, Allowed: true, Remaining: 1},
+			{At: 4 * sec, ID: "x", Cost: 2, Allowed: true, Remaining: 1},
+			{At: 4 * sec, ID: "y", Cost: 2, Remaining: 1, ResendID: "x", ResendUntil: 5 * sec},
+		},
+	},
+}

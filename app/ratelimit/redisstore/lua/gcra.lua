@@ -3,7 +3,7 @@
 local now = now_us()
 local tolerance = capacity * window
 local st = redis.call('HMGET', key, 't', 'r', 'i')
-local again = seen(st[3])
+local again = seen(st[3], now)
 if again then cost = 0 end
 local tat, rem = now, 0
 if st[1] then
@@ -26,10 +26,12 @@ ahead = (tat - now) * limit + rem
 local remaining = wunits(tolerance - ahead, window)
 local reset = cdiv(ahead, limit)
 if reset > 0 then
-  save(allowed, again, 't', str(tat), 'r', str(rem))
+  save(allowed, again, now, 't', str(tat), 'r', str(rem))
   redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 else
   redis.call('DEL', key)
 end
 if again then allowed, retry = 1, 0 end
-return reply(allowed, remaining, reset, retry, now, tat, rem)
+local r = reply(allowed, remaining, reset, retry, now, tat, rem)
+if allowed == 0 then refusal_hint(r, st[3], now) end
+return r

@@ -1,27 +1,51 @@
 -- At most once per request id, for the algorithms whose state is a hash
--- (the sliding window log's members are request ids already). nginx resends
--- a request to another instance when the first one failed or timed out,
--- possibly after deciding it; the resend carries the same X-Request-Id. The
--- hash keeps the id of the last request it admitted (field i), read with
--- the state and written with it, so that the check costs no command of its
--- own: a request with that id is answered as admitted, with the state as it
--- is, and is not counted again (seen: its cost is 0, and the algorithm's
--- answer is made an admission). Only the last admitted id is kept: a resend
--- that arrives after another request of the same key was admitted counts
--- again.
+-- (the sliding window log keeps request ids as its members). A proxy
+-- resends a request to another instance when the first one failed or timed
+-- out, possibly after deciding it; the resend carries the same
+-- X-Request-Id. The hash keeps its last admission in field i, as
+-- "<µs>:<id>" (Redis time of the admission, request id; twin:
+-- algorithm.Admission), read and written with the state, so the check costs
+-- no command of its own. A request with that id less than ARGV[9] µs (the
+-- resend window) from that admission is answered as admitted, with the
+-- state as it is, and is not counted again (seen: its cost is 0, and the
+-- algorithm's answer is made an admission). Later than that, or once
+-- another request of the key was admitted, the same id counts like any
+-- other: an id repeated on purpose buys nothing beyond the window.
 local req_id = ARGV[6] or ''
 
--- Whether last (the hash's field i) is this request's id.
-local function seen(last)
-  return req_id ~= '' and last == req_id
+-- The admission field i records (last): its time and id, or nil.
+local function admission(last)
+  if not last then return nil end
+  local sep = string.find(last, ':', 1, true)
+  if not sep then return nil end
+  local at = tonumber(string.sub(last, 1, sep - 1))
+  if not at then return nil end
+  return at, string.sub(last, sep + 1)
+end
+
+-- Whether field i (last) is an admission of this request's id within the
+-- resend window of now.
+local function seen(last, now)
+  if req_id == '' then return false end
+  local at, id = admission(last)
+  return at ~= nil and id == req_id and resent(at, now)
 end
 
 -- Writes the state's fields (name, value, ...) to the key's hash, and this
--- request's id with them when it is admitted now (allowed, not seen before).
-local function save(allowed, again, ...)
+-- request's admission with them when it is admitted now (allowed, not seen
+-- before).
+local function save(allowed, again, now, ...)
   if allowed == 1 and not again and req_id ~= '' then
-    redis.call('HSET', key, 'i', req_id, ...)
+    redis.call('HSET', key, 'i', str(now) .. ':' .. req_id, ...)
   else
     redis.call('HSET', key, ...)
   end
+end
+
+-- The reply r of a refusal, with the admission field i records when a
+-- resend of it would still be recognised (see resend_hint).
+local function refusal_hint(r, last, now)
+  local at, id = admission(last)
+  if at then resend_hint(r, id, at, now) end
+  return r
 end

@@ -5,7 +5,7 @@ local now = now_us()
 local limit = elimit
 local start = now - (now % window)
 local cur, prev, last = counter_state(key, start, window)
-local again = seen(last)
+local again = seen(last, now)
 if again then cost = 0 end
 local elapsed = now - start
 local used = prev * (window - elapsed) + cur * window
@@ -40,8 +40,10 @@ elseif prev > 0 then
   reset = window - elapsed
 end
 if reset > 0 then
-  save(allowed, again, 'w', str(start), 'c', str(cur), 'p', str(prev))
+  save(allowed, again, now, 'w', str(start), 'c', str(cur), 'p', str(prev))
   redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 end
 if again then allowed, retry = 1, 0 end
-return reply(allowed, remaining, reset, retry, now, start, cur, prev)
+local r = reply(allowed, remaining, reset, retry, now, start, cur, prev)
+if allowed == 0 then refusal_hint(r, last, now) end
+return r

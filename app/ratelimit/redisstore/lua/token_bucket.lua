@@ -3,7 +3,7 @@
 local now = now_us()
 local cap = capacity * window
 local st = redis.call('HMGET', key, 't', 'l', 'i')
-local again = seen(st[3])
+local again = seen(st[3], now)
 if again then cost = 0 end
 local tokens = cap
 if st[2] then
@@ -18,7 +18,9 @@ else
   retry = cdiv(need - tokens, limit)
 end
 local reset = cdiv(cap - tokens, limit)
-save(allowed, again, 't', str(tokens), 'l', str(now))
+save(allowed, again, now, 't', str(tokens), 'l', str(now))
 redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 if again then allowed, retry = 1, 0 end
-return reply(allowed, wunits(tokens, window), reset, retry, now, tokens)
+local r = reply(allowed, wunits(tokens, window), reset, retry, now, tokens)
+if allowed == 0 then refusal_hint(r, st[3], now) end
+return r

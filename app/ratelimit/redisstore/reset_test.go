@@ -1,0 +1,105 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+)
+
+type logged struct {
+	policy ratelimit.Policy
+	id     ratelimit.Identity
+}
+
+// TestReset: a reset deletes one identity's state under the policies named,
+// and nothing else, and logs one entry per policy that ReadResets hands out
+// once, in order, skipping an entry it cannot read.
+func TestReset(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	l := redisstore.New(c)
+	ctx := context.Background()
+	gcra := ratelimit.Policy{Name: "r-gcra", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Hour, Burst: 3}
+	swl := ratelimit.Policy{Name: "r-swl", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Hour}
+	for _, p := range []ratelimit.Policy{gcra, swl} {
+		for _, k := range []string{"k:a", "k:b"} {
+			if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: k}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	exists := func(p ratelimit.Policy, k string) bool {
+		t.Helper()
+		n, err := c.Exists(ctx, l.Key(p, k)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	read := func(after string) (string, []logged) {
+		t.Helper()
+		var got []logged
+		last, err := l.ReadResets(ctx, after, func(p ratelimit.Policy, id ratelimit.Identity) { got = append(got, logged{p, id}) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return last, got
+	}
+
+	start, got := read("")
+	if start != "0-0" || got != nil {
+		t.Fatalf("an empty log: %q %v, want 0-0 and nothing", start, got)
+	}
+	if err := l.Reset(ctx, "k:a", []ratelimit.Policy{gcra}); err != nil {
+		t.Fatal(err)
+	}
+	if exists(gcra, "k:a") || !exists(swl, "k:a") || !exists(gcra, "k:b") || !exists(swl, "k:b") {
+		t.Errorf("after resetting k:a under %s: k:a %v/%v, k:b %v/%v; want only k:a's %s gone",
+			gcra.Name, exists(gcra, "k:a"), exists(swl, "k:a"), exists(gcra, "k:b"), exists(swl, "k:b"), gcra.Name)
+	}
+	if d, err := l.Decide(ctx, ratelimit.Request{Policy: gcra, Key: "k:a"}); err != nil || d.Remaining != 2 {
+		t.Errorf("k:a after the reset: %+v %v, want a full burst again (2 left)", d, err)
+	}
+	// An entry nobody can read (a tool's, a newer version's) is skipped.
+	if err := c.XAdd(ctx, &redis.XAddArgs{Stream: l.ResetLogKey(), Values: []string{"id", "zz", "policy", "x"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reset(ctx, "k:b", []ratelimit.Policy{gcra, swl}); err != nil {
+		t.Fatal(err)
+	}
+	if exists(gcra, "k:b") || exists(swl, "k:b") || !exists(swl, "k:a") {
+		t.Errorf("after resetting k:b under both: k:b %v/%v, k:a's %s %v", exists(gcra, "k:b"), exists(swl, "k:b"), swl.Name, exists(swl, "k:a"))
+	}
+	last, got := read(start)
+	want := []logged{{gcra, ratelimit.IdentityOf("k:a")}, {gcra, ratelimit.IdentityOf("k:b")}, {swl, ratelimit.IdentityOf("k:b")}}
+	if !slices.Equal(got, want) {
+		t.Errorf("read from the start: %+v\nwant %+v", got, want)
+	}
+	if again, got := read(last); again != last || got != nil {
+		t.Errorf("read again: %q %v, want %q and nothing", again, got, last)
+	}
+	if end, _ := read(""); end != last {
+		t.Errorf("the log's end: %q, want %q", end, last)
+	}
+	if ttl, err := c.PTTL(ctx, l.ResetLogKey()).Result(); err != nil || ttl <= 0 || ttl > redisstore.ResetLogTTL {
+		t.Errorf("the log's TTL: %v %v, want at most %v", ttl, err, redisstore.ResetLogTTL)
+	}
+	for name, err := range map[string]error{
+		"no policy":   l.Reset(ctx, "k:a", nil),
+		"empty key":   l.Reset(ctx, "", []ratelimit.Policy{gcra}),
+		"bad policy":  l.Reset(ctx, "k:a", []ratelimit.Policy{{Name: "x"}}),
+		"control key": l.Reset(ctx, "k:\x01", []ratelimit.Policy{gcra}),
+	} {
+		if !errors.Is(err, ratelimit.ErrInvalidRequest) && !errors.Is(err, ratelimit.ErrInvalidPolicy) {
+			t.Errorf("%s: %v, want an invalid request or policy", name, err)
+		}
+	}
+}

@@ -1,0 +1,173 @@
+// Resets: an operator lifts one identity's limits, in the store and in
+// every instance's memory.
+
+package resilient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// resetter is a Store that can lift an identity's limits for the whole
+// fleet: it drops the identity's state and logs the reset, and hands the
+// logged resets out to every instance (redisstore.Limiter is one).
+type resetter interface {
+	Reset(ctx context.Context, identity string, policies []ratelimit.Policy) error
+	ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, ratelimit.Identity)) (string, error)
+}
+
+// ResetResult says how far a reset went.
+type ResetResult struct {
+	// Fleet: the store dropped the identity's state and logged the reset,
+	// which every instance applies at its next heartbeat.
+	Fleet bool
+	// Partial says, when Fleet is false, why the reset holds on this
+	// instance only (the store is out, or cannot reset). Sending the same
+	// reset again once the store is back completes it.
+	Partial error
+}
+
+// maxReapply bounds the resets waiting to be applied a second time.
+const maxReapply = 4096
+
+// resets is a Limiter's part of the fleet's resets.
+type resets struct {
+	// after is the id of the last reset log entry read; "" until the
+	// first read. Owned by the loop goroutine (heartbeats).
+	after   string
+	applied atomic.Uint64
+
+	mu sync.Mutex
+	// again are resets applied once, to apply once more when due: a
+	// reply to a decision sent before the store dropped the state can
+	// arrive after the first application and bring a refusal back.
+	again []reapply
+}
+
+type reapply struct {
+	policy   ratelimit.Policy
+	identity ratelimit.Identity
+	due      time.Time
+}
+
+// Reset lifts identity's limits under policies: in the store, and in what
+// every instance holds of it (cached refusals, snapshots, fallback shares)
+// within one heartbeat; on this instance at once. An invalid identity or
+// policy is an error and nothing is reset. While the store is out the reset
+// holds on this instance only (ResetResult.Partial). Grants this instance
+// journaled for the identity are dropped with it (counted as dropped):
+// replayed, they would bring back the usage the reset lifted. Safe for
+// concurrent use.
+func (l *Limiter) Reset(ctx context.Context, identity string, policies ...ratelimit.Policy) (ResetResult, error) {
+	if err := ratelimit.ValidateKey(identity); err != nil {
+		return ResetResult{}, err
+	}
+	if len(policies) == 0 {
+		return ResetResult{}, fmt.Errorf("%w: no policy to reset", ratelimit.ErrInvalidRequest)
+	}
+	for _, p := range policies {
+		if err := p.Validate(); err != nil {
+			return ResetResult{}, err
+		}
+	}
+	id := ratelimit.IdentityOf(identity)
+	for _, p := range policies {
+		l.forget(p, id)
+		l.reapplyLater(p, id)
+	}
+	res := ResetResult{Fleet: true}
+	r, ok := l.store.(resetter)
+	switch {
+	case !ok:
+		res = ResetResult{Partial: errors.New("the store cannot reset for the fleet")}
+	case l.br.State() == Open:
+		res = ResetResult{Partial: errors.New("the store is out (breaker open)")}
+	default:
+		// Two round trips: the delete, then the log.
+		callCtx, cancel := context.WithTimeout(ctx, 2*l.cfg.Timeout)
+		if err := r.Reset(callCtx, identity, policies); err != nil {
+			res = ResetResult{Partial: err}
+		}
+		cancel()
+	}
+	if !res.Fleet {
+		// Counted here; a logged reset is counted when read back.
+		l.resets.applied.Add(uint64(len(policies)))
+	}
+	return res, nil
+}
+
+// pollResets applies the resets logged since the last read (the heartbeat
+// calls it), and the second applications that are due.
+func (l *Limiter) pollResets(ctx context.Context) {
+	r, ok := l.store.(resetter)
+	if !ok {
+		return
+	}
+	now := l.clock.now()
+	l.resets.mu.Lock()
+	var due []reapply
+	kept := l.resets.again[:0]
+	for _, a := range l.resets.again {
+		if now.Before(a.due) {
+			kept = append(kept, a)
+		} else {
+			due = append(due, a)
+		}
+	}
+	l.resets.again = kept
+	l.resets.mu.Unlock()
+	for _, a := range due {
+		l.forget(a.policy, a.identity)
+	}
+	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	after, err := r.ReadResets(callCtx, l.resets.after, l.applyReset)
+	cancel()
+	if after != "" {
+		l.resets.after = after
+	}
+	if err != nil && ctx.Err() == nil {
+		l.cfg.Logger.Debug("reading the reset log", "error", err.Error())
+	}
+}
+
+// applyReset applies a reset read from the log: it forgets what this
+// instance holds of identity id under policy p, now and once more a Timeout
+// later.
+func (l *Limiter) applyReset(p ratelimit.Policy, id ratelimit.Identity) {
+	l.forget(p, id)
+	l.resets.applied.Add(1)
+	l.reapplyLater(p, id)
+}
+
+// reapplyLater has the next heartbeat a Timeout from now forget the key
+// again (see resets.again).
+func (l *Limiter) reapplyLater(p ratelimit.Policy, id ratelimit.Identity) {
+	l.resets.mu.Lock()
+	if len(l.resets.again) >= maxReapply {
+		l.resets.again = l.resets.again[1:]
+	}
+	l.resets.again = append(l.resets.again, reapply{policy: p, identity: id, due: l.clock.now().Add(l.cfg.Timeout)})
+	l.resets.mu.Unlock()
+}
+
+// forget empties the key's entry, as if it had never been seen: no cached
+// refusal, no snapshot, a fresh fallback share. In place, not removed: a
+// removal would count as an eviction.
+func (l *Limiter) forget(p ratelimit.Policy, id ratelimit.Identity) {
+	// Its local grants are usage the reset lifts: not to be replayed.
+	l.journal.Drop(p, id)
+	k := l.keyOfIdentity(p, id)
+	sh := l.keys.shard(k)
+	sh.mu.Lock()
+	if e, ok := sh.lru.Peek(k); ok {
+		*e = entry{}
+	}
+	sh.mu.Unlock()
+}

@@ -1,0 +1,156 @@
+package resilient_test
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+)
+
+// TestResetAcrossTheFleet: four instances share one Redis. A spent key is
+// refused by every instance, from its cache after the first refusal. A reset
+// on one instance drops the key's state in Redis under the policies named,
+// and every instance forgets its cached refusal at its next heartbeat, after
+// which each admits the key. The key's state under another policy, and other
+// identities' state, are untouched. With Redis gone, a reset holds on the
+// instance that made it and says it is partial.
+func TestResetAcrossTheFleet(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	ls := startInstances(t, srv.Addr())
+	ctx := context.Background()
+	logPol := ratelimit.Policy{Name: "reset-log", Algorithm: ratelimit.SlidingWindowLog, Limit: instances, Window: time.Hour}
+	gcraPol := ratelimit.Policy{Name: "reset-gcra", Algorithm: ratelimit.GCRA, Limit: instances, Window: time.Hour}
+	keep := ratelimit.Policy{Name: "reset-keep", Algorithm: ratelimit.SlidingWindowCounter, Limit: 100, Window: time.Hour}
+	decide := func(l *resilient.Limiter, p ratelimit.Policy, key string) ratelimit.Decision {
+		t.Helper()
+		d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for _, p := range []ratelimit.Policy{logPol, gcraPol} {
+		for range instances {
+			if d := decide(ls[0], p, "k:spent"); !d.Allowed {
+				t.Fatalf("%s: refused within the quota: %+v", p.Name, d)
+			}
+		}
+		decide(ls[0], p, "k:other")
+		for i, l := range ls {
+			cached := l.Status().CachedRefusals
+			for range 2 {
+				if d := decide(l, p, "k:spent"); d.Allowed || d.Mode != ratelimit.ModeRedis {
+					t.Fatalf("instance %d, %s: %+v, want refused", i, p.Name, d)
+				}
+			}
+			if l.Status().CachedRefusals != cached+1 {
+				t.Fatalf("instance %d, %s: the second refusal was not answered from the cache", i, p.Name)
+			}
+		}
+	}
+	decide(ls[0], keep, "k:spent")
+	applied := make([]uint64, len(ls))
+	for i, l := range ls {
+		applied[i] = l.Status().ResetsApplied
+	}
+
+	res, err := ls[1].Reset(ctx, "k:spent", logPol, gcraPol)
+	if err != nil || !res.Fleet || res.Partial != nil {
+		t.Fatalf("reset: %+v %v, want fleet-wide", res, err)
+	}
+	c := srv.Client()
+	defer c.Close()
+	store := newStore(t, srv.Addr()) // for its key names
+	for _, k := range []struct {
+		p    ratelimit.Policy
+		key  string
+		want int64
+	}{{logPol, "k:spent", 0}, {gcraPol, "k:spent", 0}, {keep, "k:spent", 1}, {logPol, "k:other", 1}, {gcraPol, "k:other", 1}} {
+		if n, err := c.Exists(ctx, store.Key(k.p, k.key)).Result(); err != nil || n != k.want {
+			t.Errorf("%s of %s in Redis: %d %v, want %d", k.p.Name, k.key, n, err, k.want)
+		}
+	}
+	// Every instance reads the reset at its next heartbeat.
+	waitFor(t, "every instance to apply the reset", 5*time.Second, func() bool {
+		for i, l := range ls {
+			if l.Status().ResetsApplied < applied[i]+2 {
+				return false
+			}
+		}
+		return true
+	})
+	for i, l := range ls {
+		for _, p := range []ratelimit.Policy{logPol, gcraPol} {
+			if d := decide(l, p, "k:spent"); !d.Allowed || d.Mode != ratelimit.ModeRedis {
+				t.Errorf("instance %d, %s after the reset: %+v, want admitted by Redis", i, p.Name, d)
+			}
+		}
+	}
+
+	srv.Kill()
+	waitFor(t, "the breaker to open", 5*time.Second, func() bool {
+		_, _ = ls[2].Decide(ctx, ratelimit.Request{Policy: logPol, Key: "k:spent"})
+		return ls[2].Breaker() == resilient.Open
+	})
+	for ls[2].Status().LocalDecisions < 1000 { // spend its local share
+		if !decide(ls[2], logPol, "k:spent").Allowed {
+			break
+		}
+	}
+	if d := decide(ls[2], logPol, "k:spent"); d.Allowed || d.Mode != ratelimit.ModeLocal {
+		t.Fatalf("local share not spent: %+v", d)
+	}
+	res, err = ls[2].Reset(ctx, "k:spent", logPol)
+	if err != nil || res.Fleet || res.Partial == nil {
+		t.Fatalf("reset with Redis gone: %+v %v, want partial", res, err)
+	}
+	if d := decide(ls[2], logPol, "k:spent"); !d.Allowed || d.Mode != ratelimit.ModeLocal {
+		t.Errorf("after a partial reset: %+v, want admitted from a fresh local share", d)
+	}
+}
+
+// TestResetForgetsTheCachedRefusal: with a store that cannot reset for the
+// fleet, a reset still clears this instance's cached refusal (the next
+// request goes to the store) and says it is partial; a bad request resets
+// nothing.
+func TestResetForgetsTheCachedRefusal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		f.live.Store(1)
+		l := newLimiter(t, f, resilient.Config{})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 2, Window: time.Hour}
+		admit(t, l, p, "k", 3, ratelimit.ModeRedis)
+		calls := len(f.DecideCalls())
+		admit(t, l, p, "k", 1, ratelimit.ModeRedis)
+		if len(f.DecideCalls()) != calls {
+			t.Fatal("the refusal was not cached")
+		}
+		for _, bad := range []struct {
+			key string
+			ps  []ratelimit.Policy
+		}{{"", []ratelimit.Policy{p}}, {"k", nil}, {"k", []ratelimit.Policy{{Name: "bad"}}}} {
+			if _, err := l.Reset(context.Background(), bad.key, bad.ps...); err == nil {
+				t.Errorf("reset of %q %v: no error", bad.key, bad.ps)
+			}
+		}
+		admit(t, l, p, "k", 1, ratelimit.ModeRedis)
+		if len(f.DecideCalls()) != calls {
+			t.Fatal("a bad reset cleared the cached refusal")
+		}
+		res, err := l.Reset(context.Background(), "k", p)
+		if err != nil || res.Fleet || res.Partial == nil {
+			t.Fatalf("reset: %+v %v, want partial", res, err)
+		}
+		admit(t, l, p, "k", 1, ratelimit.ModeRedis)
+		if len(f.DecideCalls()) != calls+1 {
+			t.Error("after the reset the request was answered from the cache")
+		}
+		if got := l.Status().ResetsApplied; got != 1 {
+			t.Errorf("resets applied %d, want 1", got)
+		}
+	})
+}
