@@ -38,6 +38,7 @@ type Status struct {
 	// fleet view, and the journal's reconciliation (granted locally =
 	// replayed + present + dropped + duplicate units + pending).
 	Limiter *resilient.Status `json:"limiter,omitempty"`
+	PolicyStatus
 }
 
 // adminRouter serves the per-instance admin endpoints (not routed by nginx).
@@ -76,6 +77,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	out.Ready = s.ready.Load()
 	out.RedisTimeoutMS = redisTimeoutMS(s.cfg)
 	out.StartedAt = s.started.UTC().Truncate(time.Second)
+	out.PolicyStatus = s.policyStatus()
 	writeJSON(w, http.StatusOK, out)
 }
 

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
@@ -22,6 +24,9 @@ type backend struct {
 	status func() Status
 	// close releases the limiter at shutdown, within ctx's deadline.
 	close func(ctx context.Context) error
+	// lostWrites counts the times Redis was found to have lost
+	// acknowledged writes (nil without Redis).
+	lostWrites func() uint64
 }
 
 // newBackend is the one place that picks the limiter implementation.
@@ -41,6 +46,9 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 			close:   func(context.Context) error { return nil },
 		}, nil
 	}
+	// go-redis logs through one process-wide logger: this instance's slog
+	// (with several servers in one process, the last one started).
+	redis.SetLogger(newRedisLogger(log, time.Second, time.Now))
 	cc := redisstore.ClientConfig{
 		URL:        cfg.RedisURL,
 		Addrs:      cfg.RedisAddrs,
@@ -119,5 +127,6 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 		close: func(ctx context.Context) error {
 			return errors.Join(rl.Close(ctx), client.Close(), replayClient.Close())
 		},
+		lostWrites: store.LostWrites,
 	}, nil
 }

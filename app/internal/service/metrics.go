@@ -22,6 +22,7 @@ type metrics struct {
 	redisLatency *prometheus.HistogramVec // outcome
 	requests     *prometheus.CounterVec   // route, code
 	transitions  *prometheus.CounterVec   // from, to
+	recovery     *recoveryMetrics
 }
 
 func newMetrics() *metrics {
@@ -49,7 +50,8 @@ func newMetrics() *metrics {
 			Help: "Circuit breaker transitions by from and to state (closed, open, recovering).",
 		}, []string{"from", "to"}),
 	}
-	m.reg.MustRegister(m.decisions, m.errors, m.redisLatency, m.requests, m.transitions,
+	m.recovery = newRecoveryMetrics(time.Now)
+	m.reg.MustRegister(m.decisions, m.errors, m.redisLatency, m.requests, m.transitions, m.recovery.duration,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -104,6 +106,7 @@ func (m *metrics) observeRedis(err error, latency time.Duration) {
 // observeTransition counts breaker transitions.
 func (m *metrics) observeTransition(from, to resilient.BreakerState) {
 	m.transitions.WithLabelValues(from.String(), to.String()).Inc()
+	m.recovery.observe(from, to)
 }
 
 // watchStatus exports the limiter layer's status as gauges: live instances,
