@@ -10,8 +10,10 @@
 #   5. the compose file, alone, with the chaos suite's overrides and with each topology
 #      overlay (docker-compose.sentinel.yml, docker-compose.cluster.yml), is valid for the
 #      compose CLI this machine has (`docker compose config -q` or `docker-compose ...`;
-#      neither talks to the Docker engine).
-# With CI set, a missing nginx or compose CLI is a failure; otherwise a notice.
+#      neither talks to the Docker engine);
+#   6. the Prometheus rules, their unit tests and the compose stack's Prometheus
+#      configuration, with promtool (scripts/check-prometheus.sh).
+# With CI set, a missing nginx, compose CLI or promtool is a failure; otherwise a notice.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -133,6 +135,9 @@ if compose=$(scripts/compose.sh --which 2>/dev/null); then
 else
     missing "no compose CLI (apt-get install docker-compose): docker-compose.yml not validated"
 fi
+
+# 6. Prometheus
+scripts/check-prometheus.sh || bad "the Prometheus files (scripts/check-prometheus.sh, above)"
 
 if ((fail)); then
     echo "check-config: failed" >&2

@@ -69,6 +69,8 @@ func TestNativeStack(t *testing.T) {
 	check("slow-connections", "127.0.1.8", func(t *testing.T) { checkSlowConnections(t, s, run) })
 	check("nginx-config", "127.0.1.10", func(t *testing.T) { checkNginxConfig(t, s) })
 	check("redis-outage", "127.0.1.11", func(t *testing.T) { checkRedisOutage(t, s, run) })
+	check("prometheus", "127.0.1.12", func(t *testing.T) { checkPrometheus(t, s) })
+	check("reload", "127.0.1.13", func(t *testing.T) { checkReload(t, s) })
 	t.Logf("stack up and checked in %v", time.Since(begin).Round(time.Millisecond))
 }
 
