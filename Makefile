@@ -32,7 +32,7 @@ MODULES = $(shell $(GO) list -m -f '{{.Dir}}')
 CHAOS_SCENARIO_FLAG = $(if $(strip $(SCENARIOS)),-scenarios $(SCENARIOS))
 
 .PHONY: help up down offline-images local-up local-down test chaos-local chaos bench lint generate tidy \
-	deps check-config nginx-conf build keys
+	deps check-config nginx-conf build keys reload
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -60,12 +60,15 @@ local-down: ## stop what local-up started (pids in .run/pids/), keep the logs
 keys: ## print N API keys the running stack accepts (signed with its RL_API_KEY_SECRET); make keys N=3
 	@scripts/keys.sh $(N)
 
+reload: ## every instance of the running stack (native, else compose) re-reads its policy file; prints each one's policy version, and why a bad file changed nothing
+	@$(if $(strip $(TOPOLOGY)),FLEET_TOPOLOGY=$(strip $(TOPOLOGY)) )scripts/reload.sh
+
 build: ## build bin/ratelimiter
 	$(GO) build -o bin/ratelimiter ./app/cmd/ratelimiter
 
 # ---- tests ------------------------------------------------------------------------
 
-test: deps ## deps, go vet and go test -race of every module, nginx -t, compose config
+test: deps ## deps, go vet and go test -race of every module, nginx -t, compose config, promtool on the rules
 	@failed=""; \
 	for dir in $(MODULES); do \
 		echo "==> go vet ($$dir)"; \
@@ -129,7 +132,7 @@ tidy: ## go mod tidy in every module; fails when that changed go.mod/go.sum
 		echo "tidy: go.mod/go.sum differ from what is committed (see above)"; exit 1; \
 	fi
 
-deps: ## install redis-server, nginx-light, curl, gcc if missing (root + apt), else say what to install
+deps: ## install redis-server, nginx-light, curl, gcc, prometheus (promtool) if missing (root + apt), else say what to install
 	@scripts/deps.sh
 
 nginx-conf: ## regenerate nginx/nginx.conf (compose) from nginx/nginx.conf.template

@@ -23,7 +23,10 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,6 +118,9 @@ type Record struct {
 	Mode      string  `json:"mode"`
 	LatencyMS float64 `json:"latency_ms"`
 	Error     string  `json:"error,omitempty"`
+	// RefusedBy names the policy that refused a 429 (RefusedBy); absent
+	// on other answers.
+	RefusedBy string `json:"refused_by,omitempty"`
 }
 
 // Admitted reports whether the fleet admitted the request (a 2xx answer).
@@ -182,9 +188,20 @@ type Config struct {
 	APIKeySecret string
 	// Client sends the requests (NewClient()).
 	Client *http.Client
+	// Sources spreads the keys over this many loopback source addresses,
+	// 127.0.0.2 and up (key i sends from address i mod Sources), each with
+	// a client of its own (NewClientFrom): the service sees that many
+	// client addresses, and a per-address ceiling applies to each. 0: every
+	// key sends through Client. At most 250; the base URL must then be an
+	// IPv4 loopback address or localhost.
+	Sources int
 	// OnRecord, if set, receives every record, from one goroutine at a
 	// time, in the order the answers arrive.
 	OnRecord func(Record)
+	// OnPhase, if set, is called as the run moves on: "learn" (reading the
+	// policies of the routes that Policies lacks from their headers),
+	// "load" (sending), "drain" (waiting for the answers in flight).
+	OnPhase func(name string)
 	// Now is the clock (time.Now).
 	Now func() time.Time
 }
@@ -276,6 +293,16 @@ func (c *Config) setDefaults() error {
 	if c.Client == nil {
 		c.Client = NewClient()
 	}
+	if c.Sources < 0 || c.Sources > 250 {
+		return fmt.Errorf("loadtest: sources %d: want 0 to 250", c.Sources)
+	}
+	if c.Sources > 0 {
+		if u, err := url.Parse(c.BaseURL); err == nil {
+			if ip, err := netip.ParseAddr(u.Hostname()); err == nil && !ip.Unmap().Is4() {
+				return fmt.Errorf("loadtest: sources: the base URL %s is not IPv4; the sources are 127.0.0.x", c.BaseURL)
+			}
+		}
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -285,9 +312,17 @@ func (c *Config) setDefaults() error {
 // NewClient returns the HTTP client of a run: one keep-alive pool large
 // enough for every in-flight request, 2 s timeouts, and a dialer that
 // refuses any address but loopback.
-func NewClient() *http.Client {
+func NewClient() *http.Client { return NewClientFrom(netip.Addr{}) }
+
+// NewClientFrom is NewClient with its connections from the loopback
+// address src (the zero Addr: the kernel's choice).
+func NewClientFrom(src netip.Addr) *http.Client {
+	d := loopbackDialer()
+	if src.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+	}
 	tr := &http.Transport{
-		DialContext:           loopbackDialer().DialContext,
+		DialContext:           d.DialContext,
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   1024,
 		IdleConnTimeout:       30 * time.Second,
@@ -322,6 +357,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	if len(missing) > 0 {
+		cfg.phase("learn")
 		learned, err := LearnAll(ctx, cfg.Client, cfg.BaseURL, missing, cfg.RunID, cfg.APIKeySecret)
 		if err != nil {
 			return Result{}, err
@@ -356,12 +392,22 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 	base := strings.TrimRight(cfg.BaseURL, "/")
+	clientOf := func(int) *http.Client { return cfg.Client }
+	if cfg.Sources > 0 {
+		clients := make([]*http.Client, cfg.Sources)
+		for j := range clients {
+			clients[j] = NewClientFrom(netip.AddrFrom4([4]byte{127, 0, 0, byte(2 + j)}))
+			defer clients[j].CloseIdleConnections()
+		}
+		clientOf = func(i int) *http.Client { return clients[i%len(clients)] }
+	}
 	var (
 		sent     atomic.Int64
 		inflight = make(chan struct{}, cfg.MaxInFlight)
 		requests sync.WaitGroup
 		senders  sync.WaitGroup
 	)
+	cfg.phase("load")
 	res.Start = cfg.Now()
 	deadline := res.Start.Add(cfg.Duration)
 	for i, k := range keys {
@@ -390,12 +436,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					// The request itself outlives the run's deadline: an
 					// answer already on its way is recorded, within the
 					// client's timeout.
-					records <- send(context.WithoutCancel(ctx), cfg.Client, base, k, cfg.Now)
+					records <- send(context.WithoutCancel(ctx), clientOf(i), base, k, cfg.Now)
 				}()
 			}
 		}()
 	}
 	senders.Wait()
+	cfg.phase("drain")
 	requests.Wait()
 	close(records)
 	<-collected
@@ -405,6 +452,12 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, ctx.Err()
 	}
 	return res, nil
+}
+
+func (c *Config) phase(name string) {
+	if c.OnPhase != nil {
+		c.OnPhase(name)
+	}
 }
 
 // seedOf derives a key's second PCG seed from its position, so the
@@ -473,7 +526,13 @@ func send(ctx context.Context, client *http.Client, base string, k Key, now func
 	t0 := now()
 	resp, err := client.Do(req)
 	if err == nil {
-		_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, maxBody))
+		if resp.StatusCode == http.StatusTooManyRequests {
+			var body []byte
+			body, err = io.ReadAll(io.LimitReader(resp.Body, maxBody))
+			rec.RefusedBy = RefusedBy(resp.Header, body)
+		} else {
+			_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, maxBody))
+		}
 		_ = resp.Body.Close()
 		rec.Status = resp.StatusCode
 		rec.RequestID = resp.Header.Get(HeaderRequestID)

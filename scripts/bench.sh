@@ -52,7 +52,7 @@ for _ in range(200):
             {"pattern": "/api/*", "policies": ["bench"]}]}
 JSON
     export LOCAL_RUN_DIR=$dir/stack LOCAL_POLICY_FILE=$dir/policies.json LOCAL_REDIS_DIRECT=1 \
-        LOCAL_LOG_LEVEL=info LOCAL_NGINX_PORT=$base LOCAL_REDIS_PORT=$((base + 1)) \
+        LOCAL_LOG_LEVEL=info LOCAL_PROMETHEUS=0 LOCAL_NGINX_PORT=$base LOCAL_REDIS_PORT=$((base + 1)) \
         LOCAL_PROXY_API_PORT=$((base + 2)) LOCAL_APP_PORT_BASE=$((base + 2)) \
         LOCAL_ADMIN_PORT_BASE=$((base + 6)) LOCAL_VIA_PORT_BASE=$((base + 10))
     trap 'scripts/local-down.sh >/dev/null 2>&1 || true; kill "$redis" 2>/dev/null; wait "$redis" 2>/dev/null; rm -rf "$dir"' EXIT

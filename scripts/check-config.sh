@@ -7,11 +7,14 @@
 #      overlays' Redis addresses are fixed addresses of their services;
 #   4. `nginx -t` accepts the native rendering, in a temp dir, without root (when run as
 #      root, it is checked a second time as the unprivileged user `nobody`);
-#   5. the compose file, alone, with the chaos suite's overrides and with each topology
-#      overlay (docker-compose.sentinel.yml, docker-compose.cluster.yml), is valid for the
+#   5. the compose file, alone, with the chaos suite's overrides, with each topology
+#      overlay (docker-compose.sentinel.yml, docker-compose.cluster.yml) and with the policy
+#      file overlay (docker-compose.policies.yml), is valid for the
 #      compose CLI this machine has (`docker compose config -q` or `docker-compose ...`;
-#      neither talks to the Docker engine).
-# With CI set, a missing nginx or compose CLI is a failure; otherwise a notice.
+#      neither talks to the Docker engine);
+#   6. the Prometheus rules, their unit tests and the compose stack's Prometheus
+#      configuration, with promtool (scripts/check-prometheus.sh).
+# With CI set, a missing nginx, compose CLI or promtool is a failure; otherwise a notice.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -120,10 +123,12 @@ if compose=$(scripts/compose.sh --which 2>/dev/null); then
     for files in "docker-compose.yml" \
         "docker-compose.yml docker-compose.chaos.yml docker-compose.toxiproxy.yml" \
         "docker-compose.yml docker-compose.sentinel.yml" \
-        "docker-compose.yml docker-compose.cluster.yml"; do
+        "docker-compose.yml docker-compose.cluster.yml" \
+        "docker-compose.yml docker-compose.policies.yml"; do
         args=()
         for f in $files; do args+=(-f "$f"); done
-        if out=$(COMPOSE_FILE='' $compose "${args[@]}" config -q 2>&1); then
+        # (POLICY_DIR: docker-compose.policies.yml requires one)
+        if out=$(COMPOSE_FILE='' POLICY_DIR=${POLICY_DIR:-.} $compose "${args[@]}" config -q 2>&1); then
             ok "$compose ${args[*]} config -q"
         else
             echo "$out" >&2
@@ -133,6 +138,9 @@ if compose=$(scripts/compose.sh --which 2>/dev/null); then
 else
     missing "no compose CLI (apt-get install docker-compose): docker-compose.yml not validated"
 fi
+
+# 6. Prometheus
+scripts/check-prometheus.sh || bad "the Prometheus files (scripts/check-prometheus.sh, above)"
 
 if ((fail)); then
     echo "check-config: failed" >&2

@@ -4,6 +4,8 @@
 #   nginx                    (Debian: nginx-light)
 #   curl                     (native stack: readiness probes, toxiproxy's API)
 #   gcc + libc headers       (go test -race needs cgo)
+#   promtool                 (Debian: prometheus; make test checks prometheus/rules.yml with
+#                            it; the native stack also runs its prometheus when present)
 # Missing ones are installed with apt-get when we are root and apt-get exists; otherwise
 # this prints exactly what to install and exits 1.
 set -euo pipefail
@@ -21,9 +23,12 @@ have curl || pkgs+=(curl)
 if ! have gcc || [[ ! -e /usr/include/stdlib.h ]]; then
     pkgs+=(gcc libc6-dev)
 fi
+# promtool comes with the server. The policy-rc.d below keeps the package's own service
+# (a system Prometheus on :9090) from starting; the stacks run theirs on other ports.
+have promtool || pkgs+=(prometheus)
 
 if ((${#pkgs[@]} == 0)); then
-    echo "deps: redis-server, redis-cli, nginx, curl and gcc are installed"
+    echo "deps: redis-server, redis-cli, nginx, curl, gcc and promtool are installed"
     exit 0
 fi
 

@@ -19,13 +19,13 @@ fi
 
 ls_log "stopping the native stack"
 # Known services in a safe order, then anything else that left a pid file.
-known=" ${SERVICES[*]} ${ALL_REDIS_NODES[*]} ${ALL_SENTINELS[*]} "
+known=" ${SERVICES[*]} prometheus ${ALL_REDIS_NODES[*]} ${ALL_SENTINELS[*]} "
 others=()
 for f in "${pid_files[@]}"; do
     n=$(basename "$f" .pid)
     [[ $known == *" $n "* ]] || others+=("$n")
 done
-ls_stop nginx "${APPS[@]}"
+ls_stop prometheus nginx "${APPS[@]}"
 if ((${#others[@]})); then
     ls_log "  left alone (not a service of local-up.sh): ${others[*]/%/.pid}"
 fi

@@ -162,9 +162,18 @@ ls_log "starting nginx on $LOCAL_HOST:$LOCAL_NGINX_PORT"
 ls_start nginx
 ls_wait_ready "$deadline" nginx
 
+if [[ $LOCAL_PROMETHEUS == 1 ]]; then
+    ls_log "starting prometheus on $LOCAL_HOST:$LOCAL_PROMETHEUS_PORT (scrapes the apps' admin ports; LOCAL_PROMETHEUS=0: none)"
+    ls_start prometheus
+    ls_wait_ready "$deadline" prometheus
+fi
+
 ls_write_stack_json
 started=1
 
 ls_log ""
 ls_log "native stack up: http://$LOCAL_HOST:$LOCAL_NGINX_PORT/api/  (logs in .run/*.log, details in .run/stack.json)"
+if [[ $LOCAL_PROMETHEUS == 1 ]]; then
+    ls_log "prometheus: http://$LOCAL_HOST:$LOCAL_PROMETHEUS_PORT/alerts  (rules: prometheus/rules.yml)"
+fi
 ls_log "stop it with: make local-down"

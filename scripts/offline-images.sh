@@ -13,11 +13,15 @@
 # | redis:7.0                                  | fleetlimit-offline/redis:bookworm          |
 # | nginx:1.27-alpine                          | fleetlimit-offline/nginx:bookworm          |
 # | ghcr.io/shopify/toxiproxy (chaos override) | fleetlimit-offline/toxiproxy:<version>     |
+# | prom/prometheus:v2.53.5                    | fleetlimit-offline/prometheus:bookworm     |
 #
 # Each stand-in provides what the official image provides and our files rely on: redis
 # runs as the `redis` user from /data with redis-server and redis-cli on PATH; nginx has
 # the `nginx` user, /var/cache/nginx, wget and curl, `nginx -g 'daemon off;'`; the
-# runtime image has the nonroot user 65532 and a CA bundle; golang has go on PATH.
+# runtime image has the nonroot user 65532 and a CA bundle; golang has go on PATH;
+# prometheus runs as nobody with its data in /prometheus (Debian's package, 2.42: older
+# than the official image, and its web UI is the classic one, but the API, the rules and
+# /-/ready are the same).
 #
 # The compose file and the Dockerfile are not changed: the image names reach them through
 # compose's own `.env` file, which this script writes (REDIS_IMAGE=..., and so on). Delete
@@ -60,6 +64,7 @@ RUNTIME_IMAGE=fleetlimit-offline/static:nonroot
 REDIS_IMAGE=fleetlimit-offline/redis:bookworm
 NGINX_IMAGE=fleetlimit-offline/nginx:bookworm
 TOXIPROXY_IMAGE=fleetlimit-offline/toxiproxy:$toxi_version
+PROMETHEUS_IMAGE=fleetlimit-offline/prometheus:bookworm
 BASE_IMAGE=fleetlimit-offline/debian:bookworm
 
 # inputs_hash WORDS...: a short hash of strings and of the named files' contents.
@@ -81,7 +86,7 @@ fresh() {
 # ---- 1. the Debian root (debootstrap) --------------------------------------------------
 # shellcheck source=/dev/null
 suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
-packages=redis-server,redis-tools,nginx-light,ca-certificates,curl,wget,procps
+packages=redis-server,redis-tools,nginx-light,ca-certificates,curl,wget,procps,prometheus
 if [[ -z ${DEBIAN_MIRROR:-} ]]; then
     # The first Debian main archive apt knows for this suite, e.g.
     # " 500 http://deb.debian.org/debian bookworm/main amd64 Packages".
@@ -238,7 +243,21 @@ else
     rm -rf "$d" "$d.tar"
 fi
 
-# ---- 7. .env: the names, for compose -------------------------------------------------
+# ---- 7. prometheus (official: prom/prometheus:v2.53.5) ---------------------------------
+# Debian's package, from the Debian root, run as the official image runs it: as nobody,
+# from /prometheus. docker-compose.yml gives the whole command line.
+build "$PROMETHEUS_IMAGE" "$(inputs_hash "$base_hash" prometheus-v1)" "
+FROM $BASE_IMAGE
+RUN mkdir -p /prometheus && chown nobody:nogroup /prometheus && prometheus --version
+USER nobody
+WORKDIR /prometheus
+VOLUME /prometheus
+EXPOSE 9090
+ENTRYPOINT [\"/usr/bin/prometheus\"]
+CMD [\"--config.file=/etc/prometheus/prometheus.yml\", \"--storage.tsdb.path=/prometheus\"]
+"
+
+# ---- 8. .env: the names, for compose -------------------------------------------------
 marker="# written by make offline-images (scripts/offline-images.sh); delete to use the official images"
 env_lines=(
     "GO_IMAGE=$GO_IMAGE"
@@ -246,6 +265,7 @@ env_lines=(
     "REDIS_IMAGE=$REDIS_IMAGE"
     "NGINX_IMAGE=$NGINX_IMAGE"
     "TOXIPROXY_IMAGE=$TOXIPROXY_IMAGE"
+    "PROMETHEUS_IMAGE=$PROMETHEUS_IMAGE"
 )
 if [[ -f .env ]] && [[ $(head -n 1 .env) != "$marker" ]]; then
     log ".env exists and was not written by this script: add these lines to it yourself:"

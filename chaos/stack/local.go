@@ -80,6 +80,11 @@ func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 		// the apps a tenth of their CPU.
 		r.env = append(r.env, "LOCAL_LOG_LEVEL=info")
 	}
+	if os.Getenv("LOCAL_PROMETHEUS") == "" {
+		// Not part of what a scenario measures: its scrapes and its own
+		// start would take CPU the stack under test needs.
+		r.env = append(r.env, "LOCAL_PROMETHEUS=0")
+	}
 	if os.Getenv("LOCAL_POLICY_FILE") == "" {
 		// The load comes from one address: a per-address ceiling sized
 		// for it (the demo's would refuse most of it).

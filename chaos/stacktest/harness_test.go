@@ -50,14 +50,15 @@ const (
 
 // Port layout of a test stack, as offsets from a base port: nginx on base,
 // appN on base+N (LOCAL_APP_PORT_BASE = base), Redis on base+5, the
-// toxiproxy API on base+6, appN's admin port on base+10+N, appN's
-// redis_via proxy on base+20+N.
+// toxiproxy API on base+6, Prometheus on base+7, appN's admin port on
+// base+10+N, appN's redis_via proxy on base+20+N.
 const (
-	offRedis     = 5
-	offProxyAPI  = 6
-	offAdminBase = 10
-	offViaBase   = 20
-	blockSize    = 25
+	offRedis      = 5
+	offProxyAPI   = 6
+	offPrometheus = 7
+	offAdminBase  = 10
+	offViaBase    = 20
+	blockSize     = 25
 )
 
 // Port blocks are picked below the Linux ephemeral range (32768-60999 by
@@ -188,6 +189,9 @@ func stackEnv(runDir string, base int, password string) []string {
 		"LOCAL_PROXY_API_PORT="+port(base+offProxyAPI),
 		"LOCAL_ADMIN_PORT_BASE="+port(base+offAdminBase),
 		"LOCAL_VIA_PORT_BASE="+port(base+offViaBase),
+		"LOCAL_PROMETHEUS_PORT="+port(base+offPrometheus),
+		// The embedded default's copy, which checkReload changes.
+		"LOCAL_POLICY_FILE="+filepath.Join(runDir, policyFileName),
 		"REDIS_PASSWORD="+password,
 		"RL_API_KEY_SECRET="+stackSecret,
 		// The demo's 50 ms per Redis call is for an idle machine; under
@@ -218,6 +222,7 @@ func startStack(t *testing.T) *stack {
 		Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true, DialContext: s.dial},
 	}
 	t.Cleanup(func() { s.stop(t) })
+	writeDefaultPolicies(t, s)
 
 	for attempt := 1; ; attempt++ {
 		base, err := freeBlock()

@@ -70,6 +70,8 @@ func TestNativeStack(t *testing.T) {
 	check("nginx-config", "127.0.1.10", func(t *testing.T) { checkNginxConfig(t, s) })
 	check("reset", "127.0.1.12", func(t *testing.T) { checkReset(t, s, run) })
 	check("redis-outage", "127.0.1.11", func(t *testing.T) { checkRedisOutage(t, s, run) })
+	check("prometheus", "127.0.1.12", func(t *testing.T) { checkPrometheus(t, s) })
+	check("reload", "127.0.1.13", func(t *testing.T) { checkReload(t, s) })
 	t.Logf("stack up and checked in %v", time.Since(begin).Round(time.Millisecond))
 }
 

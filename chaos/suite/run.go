@@ -31,6 +31,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/chaos/report"
 	"github.com/fleetlimit/fleetlimit/chaos/stack"
 	"github.com/fleetlimit/fleetlimit/loadtest"
+	"github.com/fleetlimit/fleetlimit/loadtest/progress"
 )
 
 // Durations of the phases. Zero fields take the contract's defaults: warmup
@@ -86,6 +87,10 @@ type Config struct {
 	APIKeySecret string
 	// Log receives progress lines.
 	Log io.Writer
+	// Progress, if set, follows each scenario's phases and answers (give
+	// it as Log too, so that on a terminal the lines scroll above its
+	// status block).
+	Progress *progress.Reporter
 }
 
 func (c *Config) setDefaults() {
@@ -116,7 +121,9 @@ func Run(ctx context.Context, cfg Config) (report.Summary, error) {
 			break
 		}
 		fmt.Fprintf(cfg.Log, "\n==> scenario %s: %s\n", sc.Name, sc.Fault)
+		cfg.Progress.Reset(sc.Name)
 		rep := RunScenario(ctx, cfg, sc)
+		cfg.Progress.Phase("")
 		reports = append(reports, rep)
 		switch {
 		case rep.Skipped:
@@ -178,6 +185,7 @@ type scenarioRun struct {
 	cpuAt  loadtest.CPUTimes // at the start of the current phase
 	cpuOK  bool
 	log    io.Writer
+	prog   *progress.Reporter
 }
 
 func (s *scenarioRun) event(name, detail string) {
@@ -212,6 +220,7 @@ func (s *scenarioRun) phase(name string) {
 		s.phases = append(s.phases, invariant.Phase{Name: name, StartMS: now})
 	}
 	s.mu.Unlock()
+	s.prog.Phase(name)
 	if name != "" {
 		s.event("phase_start", name)
 	}
@@ -229,7 +238,7 @@ func RunScenario(ctx context.Context, cfg Config, sc Scenario) *report.Report {
 		rep.Error = err.Error()
 		return rep
 	}
-	run := &scenarioRun{dir: dir, start: time.Now(), log: cfg.Log}
+	run := &scenarioRun{dir: dir, start: time.Now(), log: cfg.Log, prog: cfg.Progress}
 	var reqs []invariant.Request
 	defer func() {
 		if err := writeOutputs(dir, rep, reqs); err != nil {
@@ -369,6 +378,7 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 			APIKeySecret: strings.Split(cfg.APIKeySecret, ",")[0],
 			Client:       client,
 			OnRecord: func(r loadtest.Record) {
+				cfg.Progress.Record(r)
 				records = append(records, r)
 				b, err := json.Marshal(r)
 				if err == nil {
@@ -586,6 +596,8 @@ func primeStack(ctx context.Context, cfg Config, info stack.Info, client *http.C
 		return nil
 	}
 	fmt.Fprintf(cfg.Log, "    priming the stack for %v (keys of their own, not judged)\n", d)
+	cfg.Progress.Phase("prime")
+	defer cfg.Progress.Phase("")
 	_, err := loadtest.Run(ctx, loadtest.Config{
 		BaseURL:      info.NginxURL,
 		Routes:       cfg.Routes,
@@ -596,6 +608,7 @@ func primeStack(ctx context.Context, cfg Config, info stack.Info, client *http.C
 		Duration:     d,
 		APIKeySecret: strings.Split(cfg.APIKeySecret, ",")[0],
 		Client:       client,
+		OnRecord:     cfg.Progress.Record,
 	})
 	if err != nil {
 		return fmt.Errorf("priming the stack: %w", err)

@@ -1,6 +1,7 @@
 package suite
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/chaos/report"
 	"github.com/fleetlimit/fleetlimit/chaos/stack"
 	"github.com/fleetlimit/fleetlimit/loadtest"
+	"github.com/fleetlimit/fleetlimit/loadtest/progress"
 )
 
 // fakeFleet imitates nginx in front of four instances sharing one exact
@@ -191,10 +193,24 @@ func scenario(t *testing.T, name string) Scenario {
 func TestRunScenarioEndToEnd(t *testing.T) {
 	st := newFake(t)
 	out := t.TempDir()
-	cfg := Config{Stack: st, Mix: lightMix, Out: out, Durations: quick, RedisTimeout: 100 * time.Millisecond, Seed: 1, Log: io.Discard}
+	var progressLines bytes.Buffer
+	cfg := Config{Stack: st, Mix: lightMix, Out: out, Durations: quick, RedisTimeout: 100 * time.Millisecond, Seed: 1, Log: io.Discard,
+		Progress: progress.New(&progressLines, progress.WithTerminal(false))}
 	rep := RunScenario(context.Background(), cfg, scenario(t, "redis-kill"))
 	if rep.Error != "" {
 		t.Fatalf("error: %s", rep.Error)
+	}
+	// Off a terminal, the progress is a line per phase, the prime's first.
+	var phases []string
+	for line := range strings.Lines(progressLines.String()) {
+		name, _, _ := strings.Cut(strings.TrimPrefix(line, "progress: phase "), ",")
+		phases = append(phases, name)
+		if name == invariant.Fault && !strings.Contains(line, " local ") {
+			t.Errorf("the fault phase's line shows no local answers: %s", line)
+		}
+	}
+	if want := append([]string{"prime"}, invariant.PhaseNames...); !slices.Equal(phases, want) {
+		t.Errorf("progress lines for %v, want %v:\n%s", phases, want, progressLines.String())
 	}
 	if want := []string{"up", "kill redis", "start redis wipe=false", "down"}; !slices.Equal(st.calls, want) {
 		t.Errorf("stack calls %v, want %v", st.calls, want)

@@ -9,6 +9,10 @@
 #              127.0.0.1:1639N -> Redis (the fault-injection point for each app)
 #   app1..app4 bin/ratelimiter, public 127.0.0.1:808N, admin 127.0.0.1:908N
 #   nginx      nginx/nginx.conf.template rendered into .run/nginx/, 127.0.0.1:8080
+#   prometheus Debian's /usr/bin/prometheus, when installed (LOCAL_PROMETHEUS), on
+#              127.0.0.1:9089: scrapes every app's admin port and evaluates
+#              prometheus/rules.yml; config .run/prometheus/prometheus.yml (written by
+#              ls_start_prometheus), data in .run/prometheus/data
 # Each one runs in the background in its own session, stdout+stderr appended to
 # .run/<name>.log, pid in .run/pids/<name>.pid.
 #
@@ -67,6 +71,8 @@
 #   LOCAL_REDIS_DIRECT=0 (1: the apps dial Redis itself, not their fault proxy; the chaos
 #   suite's partition and latency faults then do not reach them; single topology only,
 #   the others always dial directly)
+#   LOCAL_PROMETHEUS=auto (start prometheus when it is installed; 1: it must be; 0: never)
+#   LOCAL_PROMETHEUS_PORT=9089 (off 9090, where a system Prometheus may listen)
 #   LOCAL_RUN_DIR (default: .run in the checkout) holds the pids, logs, data, stack.env and
 #   stack.json in place of .run/, so a second stack (a test's, on other ports) cannot collide
 #   with the usual one; every call of the three scripts for that stack must set it.
@@ -122,6 +128,13 @@ ls_load_settings() {
     LOCAL_READY_TIMEOUT=${LOCAL_READY_TIMEOUT:-30}
     LOCAL_REDIS_TIMEOUT=${LOCAL_REDIS_TIMEOUT:-50ms}
     LOCAL_POLICY_FILE=${LOCAL_POLICY_FILE:-}
+    LOCAL_PROMETHEUS=${LOCAL_PROMETHEUS:-auto}
+    LOCAL_PROMETHEUS_PORT=${LOCAL_PROMETHEUS_PORT:-9089}
+    case $LOCAL_PROMETHEUS in
+    auto) if ls_find_bin prometheus >/dev/null; then LOCAL_PROMETHEUS=1; else LOCAL_PROMETHEUS=0; fi ;;
+    0 | 1) ;;
+    *) ls_die "LOCAL_PROMETHEUS=$LOCAL_PROMETHEUS: want auto, 1 or 0" ;;
+    esac
     # The API-key secret (comma-separated; the first signs): the demo's unless set.
     RL_API_KEY_SECRET=${RL_API_KEY_SECRET:-fleetlimit-demo-secret-change-me}
     if [[ -n $LOCAL_POLICY_FILE ]]; then
@@ -150,6 +163,7 @@ ls_set_topology() {
         ls_die "LOCAL_TOPOLOGY=$LOCAL_TOPOLOGY needs LOCAL_HOST to be an IPv4 address, not $LOCAL_HOST"
     fi
     SERVICES=("${REDIS_NODES[@]}" ${SENTINELS[@]+"${SENTINELS[@]}"} toxiproxy "${APPS[@]}" nginx)
+    if [[ ${LOCAL_PROMETHEUS:-0} == 1 ]]; then SERVICES+=(prometheus); fi
 }
 
 ls_save_settings() {
@@ -160,7 +174,8 @@ ls_save_settings() {
         for v in LOCAL_TOPOLOGY LOCAL_HOST LOCAL_NGINX_PORT LOCAL_REDIS_PORT LOCAL_PROXY_API_PORT \
             LOCAL_APP_PORT_BASE LOCAL_ADMIN_PORT_BASE LOCAL_VIA_PORT_BASE LOCAL_SENTINEL_PORT_BASE \
             LOCAL_READY_TIMEOUT LOCAL_REDIS_TIMEOUT LOCAL_POLICY_FILE REDIS_PASSWORD \
-            RL_API_KEY_SECRET LOCAL_REDIS_DIRECT LOCAL_LOG_LEVEL LOCAL_GOMAXPROCS; do
+            RL_API_KEY_SECRET LOCAL_REDIS_DIRECT LOCAL_LOG_LEVEL LOCAL_GOMAXPROCS \
+            LOCAL_PROMETHEUS LOCAL_PROMETHEUS_PORT; do
             printf '%s=%q\n' "$v" "${!v}"
         done
     } >"$STACK_ENV.tmp"
@@ -219,6 +234,7 @@ ls_ports_of() {
         ;;
     nginx) echo "$LOCAL_NGINX_PORT" ;;
     app*) echo "$(ls_app_port "$1")" "$(ls_admin_port "$1")" ;;
+    prometheus) echo "$LOCAL_PROMETHEUS_PORT" ;;
     esac
 }
 
@@ -244,6 +260,10 @@ ls_require_tools() {
         ls_log "install them with:  apt-get install redis-server nginx-light curl"
         ls_log "(or run: make deps)"
         exit 1
+    fi
+    if [[ $LOCAL_PROMETHEUS == 1 ]]; then
+        PROMETHEUS=$(ls_find_bin prometheus) ||
+            ls_die "LOCAL_PROMETHEUS=1 but prometheus is not installed (apt-get install prometheus; or LOCAL_PROMETHEUS=0)"
     fi
 }
 
@@ -275,6 +295,7 @@ ls_expected_cmd() {
     toxiproxy) echo toxiproxy-server ;;
     nginx) echo nginx ;;
     app*) echo ratelimiter ;;
+    prometheus) echo prometheus ;;
     esac
 }
 
@@ -549,6 +570,37 @@ ls_start_nginx() {
         -e "$RUN_DIR/nginx/error.log" -g 'daemon off;'
 }
 
+# ls_write_prometheus_config: .run/prometheus/prometheus.yml, what prometheus/prometheus.yml
+# is to the compose stack: job fleetlimit, one target per app's admin port with the app's
+# name as its instance, and the repository's prometheus/rules.yml.
+ls_write_prometheus_config() {
+    local a f=$RUN_DIR/prometheus/prometheus.yml
+    mkdir -p "$RUN_DIR/prometheus"
+    {
+        echo "# written by scripts/lib/local-stack.sh (make local-up); see prometheus/prometheus.yml"
+        echo "global:"
+        echo "  scrape_interval: 5s"
+        echo "  evaluation_interval: 5s"
+        echo "rule_files:"
+        echo "  - \"$LS_ROOT/prometheus/rules.yml\""
+        echo "scrape_configs:"
+        echo "  - job_name: fleetlimit"
+        echo "    static_configs:"
+        for a in "${APPS[@]}"; do
+            echo "      - targets: [\"$LOCAL_HOST:$(ls_admin_port "$a")\"]"
+            echo "        labels: {instance: $a}"
+        done
+    } >"$f.tmp"
+    mv -f "$f.tmp" "$f"
+}
+
+ls_start_prometheus() {
+    ls_write_prometheus_config
+    ls_spawn prometheus "$PROMETHEUS" --config.file="$RUN_DIR/prometheus/prometheus.yml" \
+        --storage.tsdb.path="$RUN_DIR/prometheus/data" --storage.tsdb.retention.time=2d \
+        --web.listen-address="$LOCAL_HOST:$LOCAL_PROMETHEUS_PORT"
+}
+
 ls_start() {
     [[ " ${SERVICES[*]} " == *" $1 "* ]] || ls_die "unknown service: $1 (one of: ${SERVICES[*]})"
     case $1 in
@@ -557,6 +609,7 @@ ls_start() {
     toxiproxy) ls_start_toxiproxy ;;
     app[1-4]) ls_start_app "$1" ;;
     nginx) ls_start_nginx ;;
+    prometheus) ls_start_prometheus ;;
     esac
 }
 
@@ -591,6 +644,9 @@ ls_probe() {
         ;;
     nginx)
         "$CURL" -fsS --max-time 2 -o /dev/null "http://$LOCAL_HOST:$LOCAL_NGINX_PORT/healthz"
+        ;;
+    prometheus)
+        "$CURL" -fsS --max-time 2 -o /dev/null "http://$LOCAL_HOST:$LOCAL_PROMETHEUS_PORT/-/ready"
         ;;
     esac
 }
@@ -826,7 +882,7 @@ ls_stop() {
 # Every topology's Redis processes, whichever left a pid file; the Sentinels before the
 # data nodes, so that they do not start a failover meanwhile.
 ls_stop_all() {
-    ls_stop nginx "${APPS[@]}"
+    ls_stop prometheus nginx "${APPS[@]}"
     ls_stop "${ALL_SENTINELS[@]}"
     ls_stop toxiproxy "${ALL_REDIS_NODES[@]}"
 }
@@ -857,6 +913,12 @@ ls_write_stack_json() {
         printf '  "redis_addr": "%s:%s",\n' "$h" "$LOCAL_REDIS_PORT"
         printf '  "redis_pid": %s,\n' "$redis_pid"
         printf '  "proxy_api": "http://%s:%s",\n' "$h" "$LOCAL_PROXY_API_PORT"
+        # Not in the contract's keys: "" when the stack runs no prometheus.
+        if [[ $LOCAL_PROMETHEUS == 1 ]]; then
+            printf '  "prometheus_url": "http://%s:%s",\n' "$h" "$LOCAL_PROMETHEUS_PORT"
+        else
+            printf '  "prometheus_url": "",\n'
+        fi
         printf '  "apps": [\n'
         for a in "${APPS[@]}"; do
             pid=$(ls_service_pid "$a") || pid=0

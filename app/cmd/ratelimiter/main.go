@@ -52,7 +52,7 @@ func main() {
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := service.Run(ctx, os.Getenv, os.Stdout, os.Stderr)
+	err := run(ctx)
 	stop()
 	if err == nil {
 		return
@@ -62,6 +62,31 @@ func main() {
 		os.Exit(2)
 	}
 	os.Exit(1)
+}
+
+// run runs the service until ctx ends, re-reading its policy file on every
+// SIGHUP (service.Server.Reload: a bad file is logged and changes nothing).
+func run(ctx context.Context) error {
+	// Subscribed before the start, so a SIGHUP that comes during it is not
+	// the default action (exit).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	s, err := service.Start(ctx, os.Getenv, os.Stdout, os.Stderr)
+	if err != nil {
+		return err
+	}
+	go func() {
+		for {
+			select {
+			case <-hup:
+				_ = s.Reload() // logged, counted and in /status
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return s.Wait()
 }
 
 // printKeys prints n new keys, or the key of id, signed with the first of

@@ -94,13 +94,19 @@ func TestConfigErrorExits2WithOneLine(t *testing.T) {
 	}
 }
 
-// TestServeAndSIGTERM runs the binary, finds its ports in its first log
-// line, checks a demo route and the healthcheck flag against it, then stops
-// it with SIGTERM: exit 0.
-func TestServeAndSIGTERM(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := command(ctx, t, nil, "RL_DEBUG_HEADERS=true")
+// serving is the log line that says where a started binary listens.
+type serving struct {
+	Msg        string `json:"msg"`
+	PublicAddr string `json:"public_addr"`
+	AdminAddr  string `json:"admin_addr"`
+}
+
+// serve starts the binary with env and waits for its serving line; the
+// rest of its log goes to the returned channel, one line at a time. The
+// process is killed at the end of the test unless it has exited.
+func serve(ctx context.Context, t *testing.T, env ...string) (*exec.Cmd, serving, *bytes.Buffer, <-chan string) {
+	t.Helper()
+	cmd := command(ctx, t, nil, env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -110,29 +116,41 @@ func TestServeAndSIGTERM(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = cmd.Process.Kill() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
 
-	var serving struct {
-		Msg        string `json:"msg"`
-		PublicAddr string `json:"public_addr"`
-		AdminAddr  string `json:"admin_addr"`
-	}
+	var srv serving
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
-		if err := json.Unmarshal(sc.Bytes(), &serving); err != nil {
+		if err := json.Unmarshal(sc.Bytes(), &srv); err != nil {
 			t.Fatalf("log line %q: %v", sc.Text(), err)
 		}
-		if serving.Msg == "serving" {
+		if srv.Msg == "serving" {
 			break
 		}
 	}
-	if serving.PublicAddr == "" {
+	if srv.PublicAddr == "" {
 		t.Fatalf("no serving line; stderr %s", stderr.String())
 	}
+	lines := make(chan string, 1024)
 	go func() { // keep the pipe drained
+		defer close(lines)
 		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default:
+			}
 		}
 	}()
+	return cmd, srv, &stderr, lines
+}
+
+// TestServeAndSIGTERM runs the binary, finds its ports in its first log
+// line, checks a demo route and the healthcheck flag against it, then stops
+// it with SIGTERM: exit 0.
+func TestServeAndSIGTERM(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd, serving, stderr, _ := serve(ctx, t, "RL_DEBUG_HEADERS=true")
 
 	resp, err := http.Get("http://" + serving.PublicAddr + "/api/token-bucket")
 	if err != nil {
@@ -152,6 +170,72 @@ func TestServeAndSIGTERM(t *testing.T) {
 		}
 	}
 
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("after SIGTERM: %v (stderr %q)", err, stderr.String())
+	}
+}
+
+// TestSIGHUPReloads: SIGHUP re-reads RL_POLICY_FILE (the heartbeat, and
+// so the file watcher, is an hour here: only the signal can do it); a bad
+// file is logged and the process keeps serving the policies it had.
+func TestSIGHUPReloads(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	policies := func(limit string) string {
+		return `{"policies": [{"name": "p", "algorithm": "gcra", "limit": ` + limit + `, "window": "10s"}],
+		  "routes": [{"pattern": "/api/*", "policies": ["p"]}]}`
+	}
+	path := filepath.Join(t.TempDir(), "policies.json")
+	if err := os.WriteFile(path, []byte(policies("100")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, srv, stderr, lines := serve(ctx, t, "RL_POLICY_FILE="+path, "RL_HEARTBEAT_INTERVAL=59m", "RL_HEARTBEAT_TTL=60m")
+	header := func() string {
+		resp, err := http.Get("http://" + srv.PublicAddr + "/api/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.Header.Get("RateLimit-Policy")
+	}
+	// hup sends SIGHUP and returns the message of the reload's log line.
+	hup := func() string {
+		if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		for line := range lines {
+			var l struct{ Msg, Trigger string }
+			if json.Unmarshal([]byte(line), &l) == nil && l.Trigger == "signal" {
+				return l.Msg
+			}
+		}
+		t.Fatalf("the log ended; stderr %s", stderr.String())
+		return ""
+	}
+	if got := header(); got != `"p";q=100;w=10` {
+		t.Fatalf("RateLimit-Policy at start = %q", got)
+	}
+	if err := os.WriteFile(path, []byte(policies("20")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if msg := hup(); msg != "policies reloaded" {
+		t.Errorf("after SIGHUP: %q", msg)
+	}
+	if got := header(); got != `"p";q=20;w=10` {
+		t.Errorf("RateLimit-Policy after SIGHUP = %q", got)
+	}
+	if err := os.WriteFile(path, []byte(`{"policies": []}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if msg := hup(); msg != "policy file rejected; the policies in force stay" {
+		t.Errorf("after SIGHUP with a bad file: %q", msg)
+	}
+	if got := header(); got != `"p";q=20;w=10` {
+		t.Errorf("RateLimit-Policy after a bad file = %q", got)
+	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

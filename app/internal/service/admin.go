@@ -43,6 +43,7 @@ type Status struct {
 	// fleet view, and the journal's reconciliation (granted locally =
 	// replayed + present + dropped + duplicate units + pending).
 	Limiter *resilient.Status `json:"limiter,omitempty"`
+	PolicyStatus
 }
 
 // adminRouter serves the per-instance admin endpoints (not routed by nginx).
@@ -87,6 +88,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	out.StartedAt = s.started.UTC().Truncate(time.Second)
 	out.UncountedRequests = s.uncounted.Load()
 	out.DemoMode = s.cfg.Demo
+	out.PolicyStatus = s.policyStatus()
 	writeJSON(w, http.StatusOK, out)
 }
 

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
@@ -26,6 +28,9 @@ type backend struct {
 	// error is a bad request (nothing was reset). In memory mode the
 	// result is neither Fleet nor Partial: this instance is all there is.
 	reset func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error)
+	// lostWrites counts the times Redis was found to have lost
+	// acknowledged writes (nil without Redis).
+	lostWrites func() uint64
 }
 
 // newBackend is the one place that picks the limiter implementation.
@@ -48,6 +53,9 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 			},
 		}, nil
 	}
+	// go-redis logs through one process-wide logger: this instance's slog
+	// (with several servers in one process, the last one started).
+	redis.SetLogger(newRedisLogger(log, time.Second, time.Now))
 	cc := redisstore.ClientConfig{
 		URL:        cfg.RedisURL,
 		Addrs:      cfg.RedisAddrs,
@@ -133,5 +141,6 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 		reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error) {
 			return rl.Reset(ctx, identity, policies...)
 		},
+		lostWrites: store.LostWrites,
 	}, nil
 }

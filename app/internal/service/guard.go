@@ -39,7 +39,7 @@ func (s *Server) startGuards() {
 		s.log.Warn("demo mode (RL_DEMO=true): the published demo API-key secret is accepted, and anyone can sign keys with it; never run a real deployment so")
 	}
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "fleetlimit_demo_mode",
+		Name: "ratelimit_demo_mode",
 		Help: "1 when the instance runs in demo mode (RL_DEMO=true: the published demo API-key secret is accepted), else 0.",
 	}, func() float64 { return demo }))
 	s.resets = s.watchResets()

@@ -27,9 +27,9 @@ func TestDemoMode(t *testing.T) {
 			t.Errorf("demo %v: /status %s (%v)", demo, body, err)
 		}
 		_, body = get(t, admin+"/metrics")
-		want := "fleetlimit_demo_mode 0"
+		want := "ratelimit_demo_mode 0"
 		if demo {
-			want = "fleetlimit_demo_mode 1"
+			want = "ratelimit_demo_mode 1"
 		}
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("demo %v: /metrics lacks %q:\n%s", demo, want, grep(body, "fleetlimit_"))

@@ -23,6 +23,7 @@ type metrics struct {
 	requests     *prometheus.CounterVec   // route, code
 	transitions  *prometheus.CounterVec   // from, to
 	uncounted    prometheus.Counter
+	recovery     *recoveryMetrics
 }
 
 func newMetrics() *metrics {
@@ -54,7 +55,8 @@ func newMetrics() *metrics {
 		Name: "ratelimit_uncounted_requests_total",
 		Help: "Requests whose handler ran without a counted decision: a policy failed open (its limiter failed, or its failure mode is open while Redis is out).",
 	})
-	m.reg.MustRegister(m.decisions, m.errors, m.redisLatency, m.requests, m.transitions, m.uncounted,
+	m.recovery = newRecoveryMetrics(time.Now)
+	m.reg.MustRegister(m.decisions, m.errors, m.redisLatency, m.requests, m.transitions, m.uncounted, m.recovery.duration,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -109,6 +111,7 @@ func (m *metrics) observeRedis(err error, latency time.Duration) {
 // observeTransition counts breaker transitions.
 func (m *metrics) observeTransition(from, to resilient.BreakerState) {
 	m.transitions.WithLabelValues(from.String(), to.String()).Inc()
+	m.recovery.observe(from, to)
 }
 
 // watchStatus exports the limiter layer's status as gauges: live instances,

@@ -2,7 +2,9 @@ package service
 
 import (
 	"bytes"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +26,11 @@ type PolicySet struct {
 	// PerAddress names the policies that count per client address
 	// ("per": "address"), a ceiling over every key one address uses.
 	PerAddress []string
+	// Version identifies the file the set was loaded from: the first 16
+	// hex digits of the SHA-256 of its bytes (LoadPolicies; "" from
+	// ParsePolicies). Instances that loaded the same file report the same
+	// version in /status and ratelimit_policy_info.
+	Version string
 }
 
 // Route applies policies to a chi pattern ("/api/gcra", "/api/*").
@@ -71,7 +78,8 @@ type routeJSON struct {
 }
 
 // LoadPolicies reads and validates a policy file; path "" loads the embedded
-// default (the demo policies).
+// default (the demo policies). The set's Version is the hash of the bytes
+// read.
 func LoadPolicies(path string) (PolicySet, error) {
 	data := defaultPolicies
 	if path != "" {
@@ -80,7 +88,18 @@ func LoadPolicies(path string) (PolicySet, error) {
 			return PolicySet{}, err
 		}
 	}
-	return ParsePolicies(data)
+	set, err := ParsePolicies(data)
+	if err != nil {
+		return PolicySet{}, err
+	}
+	set.Version = policyVersion(data)
+	return set, nil
+}
+
+// policyVersion is the version of a policy file's bytes.
+func policyVersion(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:8])
 }
 
 // ParsePolicies parses and validates a policy file. Unknown fields are

@@ -59,7 +59,7 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request) {
 		s.badReset(w, r, err.Error())
 		return
 	}
-	set := s.cfg.Policies
+	set := s.Policies()
 	policies := set.Policies
 	if req.Policy != "" {
 		p, ok := set.Policy(req.Policy)

@@ -39,9 +39,15 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	backend *backend
-	limits  *httplimit.Middleware
+	limiter ratelimit.Limiter // the backend's, counted by the metrics
 	started time.Time
 	resets  *prometheus.CounterVec // POST /admin/reset by result (reset.go)
+
+	// policy is the policy set in force and its router (reload.go).
+	policy    atomic.Pointer[policyState]
+	reloads   policyReloads
+	stopWatch context.CancelFunc // stops the policy file watcher (nil: none)
+	watchDone chan struct{}      // closed when it has stopped
 
 	public, admin     *http.Server
 	publicLn, adminLn net.Listener
@@ -91,28 +97,18 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 	}
 	s.metrics.watchStatus(s.backend.status)
 	s.startGuards()
+	s.metrics.reg.MustRegister(&recoveryCollector{status: s.backend.status, lostWrites: s.backend.lostWrites})
 
-	opts := []httplimit.Option{
-		httplimit.WithTrustedProxies(cfg.TrustedProxies),
-		httplimit.WithLogger(logger),
-		httplimit.WithErrorHandler(s.limiterError),
-		httplimit.WithAPIKeys(s.checkAPIKey),
-		httplimit.WithPerAddress(cfg.Policies.PerAddress...),
-	}
 	if cfg.APIKeys == nil {
 		logger.Warn("RL_API_KEY_SECRET is not set: every X-API-Key is refused (401), clients are limited per address")
 	}
-	if cfg.DebugHeaders {
-		opts = append(opts, httplimit.WithDebugHeaders(cfg.Instance))
-	}
-	if cfg.TrustRequestID {
-		opts = append(opts, httplimit.WithTrustedRequestIDs())
-	}
-	s.limits = httplimit.New(s.metrics.instrument(s.backend.limiter), opts...)
+	s.limiter = s.metrics.instrument(s.backend.limiter)
+	s.policy.Store(s.newPolicyState(cfg.Policies, s.started))
+	s.metrics.reg.MustRegister(policyCollector{s})
 
 	errorLog := log.New(stderr, "", log.LstdFlags)
 	s.public = &http.Server{
-		Handler:           s.publicRouter(),
+		Handler:           http.HandlerFunc(s.servePublic),
 		ReadHeaderTimeout: 5 * time.Second,
 		IdleTimeout:       90 * time.Second,
 		MaxHeaderBytes:    64 << 10,
@@ -137,7 +133,14 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 	s.ready.Store(true)
 	logger.Info("serving",
 		slog.String("public_addr", s.PublicAddr()), slog.String("admin_addr", s.AdminAddr()),
-		slog.Int("routes", len(cfg.Policies.Routes)), slog.Bool("debug_headers", cfg.DebugHeaders))
+		slog.Int("routes", len(cfg.Policies.Routes)), slog.String("policy_version", cfg.Policies.Version),
+		slog.Bool("debug_headers", cfg.DebugHeaders))
+	if cfg.PolicyFile != "" {
+		var watchCtx context.Context
+		watchCtx, s.stopWatch = context.WithCancel(ctx)
+		s.watchDone = make(chan struct{})
+		go s.watchPolicyFile(watchCtx, cfg.HeartbeatInterval, s.watchDone)
+	}
 	go s.shutdownOn(ctx)
 	return s, nil
 }
@@ -182,6 +185,10 @@ func (s *Server) shutdownOn(ctx context.Context) {
 	if err := s.admin.Shutdown(drain); err != nil {
 		_ = s.admin.Close()
 	}
+	if s.stopWatch != nil {
+		s.stopWatch()
+		<-s.watchDone
+	}
 	closing, cancelClose := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancelClose()
 	if err := s.backend.close(closing); err != nil {
@@ -207,15 +214,15 @@ func (s *Server) limiterError(_ http.ResponseWriter, r *http.Request, p ratelimi
 	return true
 }
 
-// publicRouter mounts every route of the policy file, each behind its
-// policies, on a demo handler.
-func (s *Server) publicRouter() http.Handler {
+// publicRouter mounts every route of set, each behind its policies, on a
+// demo handler.
+func (s *Server) publicRouter(set PolicySet, limits *httplimit.Middleware) http.Handler {
 	r := chi.NewRouter()
-	r.Use(s.requestLog)
-	for _, route := range s.cfg.Policies.Routes {
+	r.Use(s.requestLog(limits))
+	for _, route := range set.Routes {
 		h := s.demoHandler(route)
 		if len(route.Policies) > 0 {
-			h = s.limits.Handler(route.Policies...)(h)
+			h = limits.Handler(route.Policies...)(h)
 		}
 		r.Handle(route.Pattern, h)
 	}
@@ -258,10 +265,14 @@ func (s *Server) demoHandler(route Route) http.Handler {
 // requestLog sets the request id (nginx's X-Request-Id from a trusted
 // proxy with RL_TRUST_REQUEST_ID, else a new one) for the whole request, echoes it, counts it, and
 // logs it at debug (a 5xx at warn).
-func (s *Server) requestLog(next http.Handler) http.Handler {
+func (s *Server) requestLog(limits *httplimit.Middleware) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler { return s.logRequests(limits, next) }
+}
+
+func (s *Server) logRequests(limits *httplimit.Middleware, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		id := s.limits.RequestID(r)
+		id := limits.RequestID(r)
 		r = r.WithContext(httplimit.ContextWithRequestID(r.Context(), id))
 		w.Header().Set(httplimit.HeaderRequestID, id)
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}

@@ -353,15 +353,8 @@ func TestAdminEndpoints(t *testing.T) {
 // by the local fallback budget (a quarter of the quota per key with 4
 // expected instances), counted and journaled.
 func TestRedisUnreachable(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadAddr := ln.Addr().String()
-	_ = ln.Close()
-
 	s, logs := startServer(t, map[string]string{
-		"RL_REDIS_URL":          "redis://" + deadAddr + "/0",
+		"RL_REDIS_URL":          "redis://" + deadAddr(t) + "/0",
 		"RL_REDIS_TIMEOUT":      "50ms",
 		"RL_DEBUG_HEADERS":      "true",
 		"RL_EXPECTED_INSTANCES": "4",

@@ -26,6 +26,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/chaos/report"
 	"github.com/fleetlimit/fleetlimit/chaos/stack"
 	"github.com/fleetlimit/fleetlimit/chaos/suite"
+	"github.com/fleetlimit/fleetlimit/loadtest/progress"
 )
 
 // errFailed: the suite ran and an invariant failed.
@@ -125,6 +126,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 	}
+	// On a terminal, a status block (each scenario's phase, requests per
+	// second, 2xx / 429 / errors, each instance's mode) below the log;
+	// elsewhere, a line per phase. Everything the run logs goes through it.
+	prog := progress.New(stderr)
+	log := io.Writer(prog)
 	outDir := *out
 	if !filepath.IsAbs(outDir) {
 		wd, err := os.Getwd()
@@ -136,9 +142,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	var st stack.Stack
 	switch *stackName {
 	case "local":
-		st = stack.NewLocal(*root, stderr)
+		st = stack.NewLocal(*root, log)
 	case "compose":
-		c := stack.NewCompose(*root, stderr)
+		c := stack.NewCompose(*root, log)
 		c.LogFile = filepath.Join(outDir, "compose.log")
 		st = c
 	default:
@@ -149,6 +155,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		d.Fault, d.Flap = 5*time.Second, 8*time.Second
 		fmt.Fprintln(stderr, "chaos: -quick: fault 5 s, flap 8 s (development durations, not the contract's)")
 	}
+	prog.Start()
 	sum, err := suite.Run(ctx, suite.Config{
 		Stack:        st,
 		Scenarios:    selected,
@@ -159,8 +166,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		// The stacks' apps and this suite read the same variable; both
 		// default to the demo secret.
 		APIKeySecret: os.Getenv("RL_API_KEY_SECRET"),
-		Log:          stderr,
+		Log:          log,
+		Progress:     prog,
 	})
+	prog.Stop()
 	printSummary(stdout, sum, outDir)
 	if err != nil {
 		return err

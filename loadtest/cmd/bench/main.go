@@ -116,6 +116,9 @@ func run(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	lv := newLive()
+	lv.prog.Start()
+	defer lv.prog.Stop()
 	cpuStart, cpuOK := loadtest.ReadCPU()
 	stopProfile, err := loadtest.StartCPUProfile(*cpuProfile)
 	if err != nil {
@@ -153,13 +156,14 @@ func run(ctx context.Context, args []string) error {
 	var jobs []*job
 	add := func(name string, g int, d decider) {
 		if strings.HasPrefix(name, *only) {
-			jobs = append(jobs, &job{name: name, g: g, d: d})
+			jobs = append(jobs, &job{name: name, g: g, d: d, live: lv})
 		}
 	}
 	// measureAll measures the jobs added so far, in turns, and adds their
 	// rows.
-	measureAll := func(between func() error) error {
+	measureAll := func(what string, between func() error) error {
 		for r := range *rounds {
+			lv.prog.Phase(fmt.Sprintf("%s, round %d of %d", what, r+1, *rounds))
 			for _, j := range jobs {
 				j.run(ctx, *cell/time.Duration(*rounds), names, r == 0)
 			}
@@ -169,6 +173,7 @@ func run(ctx context.Context, args []string) error {
 				}
 			}
 		}
+		lv.prog.Phase("") // the last round's line before the rows
 		for _, j := range jobs {
 			res.Rows = append(res.Rows, j.row())
 		}
@@ -242,7 +247,7 @@ func run(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	if err := measureAll(between); err != nil {
+	if err := measureAll("libraries", between); err != nil {
 		return err
 	}
 	if s := lim.Status(); s.LocalDecisions > 0 {
@@ -256,7 +261,9 @@ func run(ctx context.Context, args []string) error {
 
 	// The fallback's decision and the journal's append, in memory.
 	if strings.HasPrefix("fallback/", *only) || strings.HasPrefix(*only, "fallback/") {
+		lv.prog.Phase("fallback")
 		res.Rows = append(res.Rows, fallbackRows(quiet)...)
+		lv.prog.Phase("")
 	}
 
 	// The whole stack through nginx, the same route with the limiter and
@@ -270,7 +277,7 @@ func run(ctx context.Context, args []string) error {
 				}
 			}
 		}
-		if err := measureAll(nil); err != nil {
+		if err := measureAll("stack", nil); err != nil {
 			return err
 		}
 	}
@@ -278,14 +285,14 @@ func run(ctx context.Context, args []string) error {
 	if end, ok := loadtest.ReadCPU(); ok && cpuOK {
 		if busy, steal := loadtest.CPUPercents(cpuStart, end); !math.IsNaN(busy) {
 			res.CPUBusyPct, res.CPUStealPct = &busy, &steal
-			fmt.Printf("machine CPU over the run: busy %.1f%%, steal %.1f%%\n", busy, steal)
+			fmt.Fprintf(display, "machine CPU over the run: busy %.1f%%, steal %.1f%%\n", busy, steal)
 		}
 	}
 	ratios(&res)
 	if err := write(*out, *md, res); err != nil {
 		return err
 	}
-	fmt.Printf("bench: wrote %s and %s\n", *out, *md)
+	fmt.Fprintf(display, "bench: wrote %s and %s\n", *out, *md)
 	return nil
 }
 
@@ -320,6 +327,7 @@ type job struct {
 	lat     []time.Duration
 	elapsed time.Duration
 	errs    sync.Map
+	live    *live
 }
 
 // run runs j's decider from j.g goroutines for about d over random keys,
@@ -331,6 +339,8 @@ func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool
 		}
 	}
 	lat := make([][]time.Duration, j.g)
+	counts := j.live.begin(j.name, j.g)
+	defer j.live.end(counts)
 	deadline := time.Now().Add(d)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -341,6 +351,9 @@ func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool
 				t := time.Now()
 				if err := j.d(ctx, keys[r.IntN(len(keys))]); err != nil {
 					j.errs.Store(err.Error(), true)
+					counts[i].errs.Add(1)
+				} else {
+					counts[i].ok.Add(1)
 				}
 				lat[i] = append(lat[i], time.Since(t))
 			}
@@ -362,7 +375,7 @@ func (j *job) row() Row {
 	})
 	row := Row{Name: j.name, Goroutines: j.g, DecisionsPerS: round(float64(len(j.lat)) / j.elapsed.Seconds()),
 		P50us: pct(j.lat, 0.50), P99us: pct(j.lat, 0.99)}
-	fmt.Printf("%-28s %4d goroutines  %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", j.name, j.g, row.DecisionsPerS, row.P50us, row.P99us)
+	fmt.Fprintf(display, "%-28s %4d goroutines  %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", j.name, j.g, row.DecisionsPerS, row.P50us, row.P99us)
 	return row
 }
 
@@ -390,7 +403,7 @@ func sumCeiling(sl []Row) Row {
 	slices.Sort(p99s)
 	row := sl[0]
 	row.DecisionsPerS, row.P50us, row.P99us = round(float64(len(sl))/secsPerCall), p50s[len(sl)/2], p99s[len(sl)/2]
-	fmt.Printf("%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs (%d slices)\n", row.Name, row.Goroutines, row.DecisionsPerS, row.P50us, row.P99us, len(sl))
+	fmt.Fprintf(display, "%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs (%d slices)\n", row.Name, row.Goroutines, row.DecisionsPerS, row.P50us, row.P99us, len(sl))
 	return row
 }
 
@@ -432,7 +445,7 @@ func ceiling(ctx context.Context, client redis.UniversalClient, addr string, dep
 	}
 	row := Row{Name: "ceiling/redis-benchmark-P" + strconv.Itoa(depth), Goroutines: conns,
 		DecisionsPerS: round(col("rps")), P50us: round(col("p50_latency_ms") * 1000), P99us: round(col("p99_latency_ms") * 1000)}
-	fmt.Printf("%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", row.Name, conns, row.DecisionsPerS, row.P50us, row.P99us)
+	fmt.Fprintf(display, "%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", row.Name, conns, row.DecisionsPerS, row.P50us, row.P99us)
 	return row, nil
 }
 
@@ -444,7 +457,7 @@ func fallbackRows(logger *slog.Logger) []Row {
 		r := testing.Benchmark(fn)
 		rows = append(rows, Row{Name: name, Goroutines: 1, NsPerOp: round(float64(r.NsPerOp())), AllocsPerOp: r.AllocsPerOp(),
 			DecisionsPerS: round(float64(r.N) / r.T.Seconds())})
-		fmt.Printf("%-28s %10d ns/op %4d allocs/op\n", name, r.NsPerOp(), r.AllocsPerOp())
+		fmt.Fprintf(display, "%-28s %10d ns/op %4d allocs/op\n", name, r.NsPerOp(), r.AllocsPerOp())
 	}
 	bench("fallback/decision", func(b *testing.B) {
 		lim, err := resilient.New(downStore{}, resilient.Config{Instance: "bench-fallback", Logger: logger, ExpectedInstances: 4})
@@ -498,7 +511,7 @@ func fallbackRows(logger *slog.Logger) []Row {
 			heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
 			rows = append(rows, Row{Name: "fallback/memory-1M-keys", Goroutines: 1, DecisionsPerS: round(keys / elapsed.Seconds()),
 				HeapBytes: heap, KeysHeld: int64(st.Keys)})
-			fmt.Printf("%-28s %10d keys held of 1M, heap +%d MiB\n", "fallback/memory-1M-keys", st.Keys, heap>>20)
+			fmt.Fprintf(display, "%-28s %10d keys held of 1M, heap +%d MiB\n", "fallback/memory-1M-keys", st.Keys, heap>>20)
 		}
 	}
 	for _, dir := range []string{"", "file"} {

@@ -8,7 +8,14 @@
 // with -api-key-secret (default: RL_API_KEY_SECRET, else the demo stacks'
 // secret), as the service checks them. Every request comes from one
 // address, so the service's per-address ceiling applies to the whole load:
-// run it against a stack whose ceiling is sized for it (chaos/policies.json).
+// run it against a stack whose ceiling is sized for it (chaos/policies.json;
+// loadtest/README.md, "The per-address ceiling"). The summary names the policy that
+// refused each route's 429s, and warns when polite keys were refused by a
+// policy other than their route's own.
+//
+// On a terminal, stderr shows the run's progress as it goes (elapsed time,
+// requests per second, 2xx / 429 / errors, the phase, each instance's
+// mode); elsewhere, a line per phase (learn, load, drain).
 package main
 
 import (
@@ -21,12 +28,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/loadtest"
+	"github.com/fleetlimit/fleetlimit/loadtest/progress"
 )
 
 func main() {
@@ -56,6 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		window      = fs.Duration("window", 0, "window of every route; with -quota")
 		jitter      = fs.Float64("jitter", 0.8, "send jitter as a fraction of each key's interval, in [0, 1)")
 		cpuProfile  = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+		sources     = fs.Int("sources", 0, "send the keys from this many loopback addresses, 127.0.0.2 and up (each a client address of its own to the service's per-address ceiling; 36: one per key of the default load); 0: one address")
 		secret      = fs.String("api-key-secret", envOr("RL_API_KEY_SECRET", loadtest.DemoAPIKeySecret),
 			`secret the keys are signed with, as the service checks them ("": send the key names unsigned)`)
 	)
@@ -85,6 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Duration:    *duration,
 		MaxRequests: *maxRequests,
 		MaxInFlight: *maxInFlight,
+		Sources:     *sources,
 		// The first of a comma-separated list signs, as in the service.
 		APIKeySecret: strings.Split(*secret, ",")[0],
 	}
@@ -107,29 +116,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	enc := json.NewEncoder(bw)
 	var writeErr error
-	type tally struct{ sent, ok, limited, errors int64 }
-	tallies := map[string]*tally{}
+	sum := newSummary()
+	// Progress on stderr: redrawn in place on a terminal, a line per phase
+	// elsewhere.
+	prog := progress.New(stderr)
+	prog.Reset("loadtest " + *baseURL)
+	cfg.OnPhase = prog.Phase
 	cfg.OnRecord = func(r loadtest.Record) {
 		if err := enc.Encode(r); err != nil && writeErr == nil {
 			writeErr = err
 		}
-		k := r.Route + " " + string(r.Class)
-		t := tallies[k]
-		if t == nil {
-			t = &tally{}
-			tallies[k] = t
-		}
-		t.sent++
-		switch {
-		case r.Status >= 200 && r.Status < 300:
-			t.ok++
-		case r.Status == 429:
-			t.limited++
-		case r.Status == 0 || r.Status >= 500:
-			t.errors++
-		}
+		sum.add(r)
+		prog.Record(r)
 	}
+	prog.Start()
 	res, err := loadtest.Run(ctx, cfg)
+	prog.Stop()
 	if ferr := bw.Flush(); ferr != nil && writeErr == nil {
 		writeErr = ferr
 	}
@@ -144,25 +146,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *out == "-" {
 		summary = stderr
 	}
-	fmt.Fprintf(summary, "run %s: %d requests in %v\n", res.RunID, res.Sent, res.End.Sub(res.Start).Round(time.Millisecond))
-	names := make([]string, 0, len(res.Policies))
-	for r := range res.Policies {
-		names = append(names, r)
-	}
-	sort.Strings(names)
-	for _, r := range names {
-		p := res.Policies[r]
-		fmt.Fprintf(summary, "  %-30s policy %q q=%d w=%v\n", r, p.Name, p.Quota, p.Window)
-	}
-	keys := make([]string, 0, len(tallies))
-	for k := range tallies {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		t := tallies[k]
-		fmt.Fprintf(summary, "  %-38s sent %6d  2xx %6d  429 %6d  errors %d\n", k, t.sent, t.ok, t.limited, t.errors)
-	}
+	sum.write(summary, res)
 	return err
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -45,6 +46,50 @@ func TestRunWritesRecords(t *testing.T) {
 	}
 	if !strings.Contains(stdout.String(), "run cli:") || !strings.Contains(stdout.String(), "/api/gcra abusive") {
 		t.Errorf("summary: %s", stdout.String())
+	}
+}
+
+// TestSummaryNamesTheRefusingPolicy: the summary says which policy refused
+// each route's 429s, and warns when polite keys were refused by a policy
+// other than the route's own (here a stand-in for the per-address ceiling
+// refuses every polite request; the route's policy the abusive ones).
+func TestSummaryNamesTheRefusingPolicy(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("X-API-Key")
+		policy := "per-address"
+		switch {
+		case strings.HasPrefix(key, "probe-"):
+			w.Header().Set("RateLimit-Policy", `"gcra";q=50;w=1, "per-address";q=100;w=1`)
+			return
+		case strings.HasPrefix(key, "abusive-"):
+			policy = "gcra"
+		}
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprintf(w, `{"status":429,"policy":%q}`, policy)
+	}))
+	defer srv.Close()
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"-url", srv.URL, "-routes", "/api/gcra", "-duration", "300ms",
+		"-out", filepath.Join(t.TempDir(), "r.jsonl"), "-run-id", "cli", "-api-key-secret", ""}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v; %s", err, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{
+		`/api/gcra polite`, `(429 by per-address `,
+		`/api/gcra abusive`, `(429 by gcra `,
+		`polite requests were refused by "per-address" (`, `loadtest/README.md`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+	// Off a terminal: a line per phase on stderr.
+	for _, phase := range []string{"phase learn", "phase load", "phase drain"} {
+		if !strings.Contains(stderr.String(), phase) {
+			t.Errorf("stderr lacks %q:\n%s", phase, stderr.String())
+		}
 	}
 }
 

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# `make reload`: every instance of the running stack re-reads its policy file (SIGHUP;
+# the service validates the file first and keeps its policies when the file is bad),
+# then each instance's policy version is printed from its /status, with the reason when
+# a bad file changed nothing.
+#   native stack (.run/stack.json, or $LOCAL_RUN_DIR): SIGHUP to the pids in .run/pids/
+#   compose stack: `compose kill -s HUP app1 app2 app3 app4`; /status on the published
+#     admin ports (APP1_ADMIN_PORT..APP4_ADMIN_PORT, from the environment or .env;
+#     9091..9094 by default); FLEET_TOPOLOGY (make reload TOPOLOGY=...) as for make up
+# The native stack is reloaded when it runs, else the compose stack; RELOAD_STACK=native
+# or compose picks one. Exit status 1 when an instance rejected its file or did not
+# report the reload within RELOAD_TIMEOUT (10) seconds, 2 when no stack runs.
+#
+# The instances also re-read the file on their own when it changes (within
+# RL_HEARTBEAT_INTERVAL); this is for when that is not enough: a file that was replaced
+# behind a bind mount, or an operator who wants the result now.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/lib/local-stack.sh
+source scripts/lib/local-stack.sh
+
+die() {
+    echo "reload: $*" >&2
+    exit 2
+}
+
+# policy_status URL: the policy fields of URL/status on one line, separated by the ASCII
+# unit separator (not whitespace: an empty field is kept): policy_reloads, policy_version,
+# policy_file, policy_reload_error.
+policy_status() {
+    local body
+    body=$("$CURL" -fsS --max-time 2 "$1/status" 2>/dev/null) || return 1
+    python3 -c 'import json, sys
+d = json.loads(sys.argv[1])
+print("\x1f".join(str(d.get(k) or "").replace("\x1f", " ").replace("\n", " ")
+                for k in ("policy_reloads", "policy_version", "policy_file", "policy_reload_error")))' "$body"
+}
+
+# ---- which stack ----------------------------------------------------------------------
+CURL=$(ls_find_bin curl) || die "curl not found (apt-get install curl)"
+stack=${RELOAD_STACK:-}
+native_running() {
+    [[ -f $STACK_JSON ]] || return 1
+    local a
+    for a in "${APPS[@]}"; do
+        ls_service_pid "$a" >/dev/null && return 0
+    done
+    return 1
+}
+compose_running() {
+    command -v docker >/dev/null 2>&1 || return 1
+    [[ -n $(scripts/compose.sh ps -q app1 2>/dev/null) ]]
+}
+if [[ -z $stack ]]; then
+    if native_running; then
+        stack=native
+    elif compose_running; then
+        stack=compose
+    else
+        die "no running stack: neither a native one ($STACK_JSON) nor the compose one (make local-up or make up)"
+    fi
+fi
+
+# admin URLs, one per app, and how to signal them
+declare -A admin
+case $stack in
+native)
+    ls_load_settings --saved
+    [[ -f $STACK_JSON ]] || die "no native stack is up ($STACK_JSON missing)"
+    for a in "${APPS[@]}"; do
+        admin[$a]="http://$LOCAL_HOST:$(ls_admin_port "$a")"
+    done
+    ;;
+compose)
+    # shellcheck source=scripts/lib/compose-topology.sh
+    source scripts/lib/compose-topology.sh
+    compose_topology "${FLEET_TOPOLOGY:-single}"
+    for a in "${APPS[@]}"; do
+        n=$(ls_app_index "$a")
+        var=APP${n}_ADMIN_PORT
+        port=${!var:-}
+        if [[ -z $port && -f .env ]]; then
+            port=$(sed -n "s/^$var=//p" .env | tail -n 1)
+        fi
+        admin[$a]="http://127.0.0.1:${port:-909$n}"
+    done
+    ;;
+*) die "RELOAD_STACK=$stack: want native or compose" ;;
+esac
+
+# ---- signal -----------------------------------------------------------------------------
+declare -A before
+for a in "${APPS[@]}"; do
+    before[$a]=unknown
+    if line=$(policy_status "${admin[$a]}"); then
+        before[$a]=${line%%$'\x1f'*}
+    fi
+done
+echo "reload: SIGHUP to every instance of the $stack stack"
+case $stack in
+native)
+    for a in "${APPS[@]}"; do
+        if pid=$(ls_service_pid "$a"); then
+            kill -HUP "$pid"
+        else
+            echo "reload: $a is not running" >&2
+        fi
+    done
+    ;;
+compose)
+    scripts/compose.sh kill -s HUP "${APPS[@]}" >/dev/null
+    ;;
+esac
+
+# ---- the outcome ------------------------------------------------------------------------
+fail=0
+deadline=$((SECONDS + ${RELOAD_TIMEOUT:-10}))
+versions=()
+for a in "${APPS[@]}"; do
+    url=${admin[$a]}
+    reloads="" version="" file="" err=""
+    while :; do
+        if line=$(policy_status "$url"); then
+            IFS=$'\x1f' read -r reloads version file err <<<"$line"
+            if [[ ${before[$a]} != unknown && $reloads -gt ${before[$a]} ]]; then
+                break
+            fi
+        fi
+        if ((SECONDS >= deadline)); then
+            reloads=""
+            break
+        fi
+        sleep 0.1
+    done
+    if [[ -z $reloads ]]; then
+        printf '  %-6s did not report a reload within %ss (%s/status)\n' "$a" "${RELOAD_TIMEOUT:-10}" "$url"
+        fail=1
+        continue
+    fi
+    versions+=("$version")
+    if [[ -n $err ]]; then
+        printf '  %-6s policy version %s  REJECTED, the policies of that version stay: %s\n' "$a" "$version" "$err"
+        fail=1
+    else
+        printf '  %-6s policy version %s  (%s)\n' "$a" "$version" "${file:-the embedded default: RL_POLICY_FILE is not set}"
+    fi
+done
+distinct=$(printf '%s\n' ${versions[@]+"${versions[@]}"} | sort -u | wc -l)
+if ((distinct > 1)); then
+    echo "reload: the instances run $distinct different policy versions"
+    fail=1
+fi
+exit "$fail"
