@@ -172,7 +172,7 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 		sh.mu.Lock()
 		e := sh.entry(k)
 		d = e.decideLocal(p, now, req.Units(), part)
-		if d.Allowed && !e.journaled {
+		if d.Allowed && !req.ReadOnly && !e.journaled {
 			// What this share started from, before its first grant, so a
 			// restart rebuilds it.
 			e.journaled = true
@@ -180,9 +180,10 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 		}
 		sh.mu.Unlock()
 	}
-	if d.Allowed {
+	if d.Allowed && !req.ReadOnly {
 		// Journaled before the response is sent; a full journal or a
-		// failed write is counted and logged by the journal itself.
+		// failed write is counted and logged by the journal itself. A
+		// read-only request took nothing.
 		_ = l.journal.Append(p, id, ratelimit.Grant{At: now, Cost: req.Units(), ID: req.ID})
 	}
 	return d
