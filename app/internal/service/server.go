@@ -38,7 +38,9 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	backend *backend
+	limiter ratelimit.Limiter // the backend's, instrumented: what every door decides with
 	limits  *httplimit.Middleware
+	rls     *rlsDoor // nil: RL_GRPC_ADDR is empty
 	started time.Time
 
 	public, admin     *http.Server
@@ -47,7 +49,7 @@ type Server struct {
 	ready       atomic.Bool
 	errLoggedAt atomic.Int64 // unix ns of the last limiter-error log line
 
-	serveErr chan error // unexpected Serve errors
+	serveErr chan error // unexpected Serve errors (public, admin, gRPC)
 	done     chan struct{}
 	waitErr  error
 }
@@ -80,7 +82,7 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 		log:      logger,
 		metrics:  newMetrics(),
 		started:  time.Now(),
-		serveErr: make(chan error, 2),
+		serveErr: make(chan error, 3),
 		done:     make(chan struct{}),
 	}
 	if s.backend, err = newBackend(cfg, s.metrics, logger); err != nil {
@@ -101,7 +103,8 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 	if cfg.DebugHeaders {
 		opts = append(opts, httplimit.WithDebugHeaders(cfg.Instance))
 	}
-	s.limits = httplimit.New(s.metrics.instrument(s.backend.limiter), opts...)
+	s.limiter = s.metrics.instrument(s.backend.limiter)
+	s.limits = httplimit.New(s.limiter, opts...)
 
 	errorLog := log.New(stderr, "", log.LstdFlags)
 	s.public = &http.Server{
@@ -124,6 +127,12 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 		_ = s.publicLn.Close()
 		_ = s.backend.close(ctx)
 		return nil, fmt.Errorf("listen on RL_ADMIN_ADDR %s: %w", cfg.AdminAddr, err)
+	}
+	if s.rls, err = s.startRLS(); err != nil {
+		_ = s.publicLn.Close()
+		_ = s.adminLn.Close()
+		_ = s.backend.close(ctx)
+		return nil, err
 	}
 	go s.serve(s.public, s.publicLn)
 	go s.serve(s.admin, s.adminLn)
@@ -172,6 +181,7 @@ func (s *Server) shutdownOn(ctx context.Context) {
 		s.log.Warn("drain incomplete; closing connections", slog.String("error", err.Error()))
 		_ = s.public.Close()
 	}
+	s.rls.stop(drain)
 	if err := s.admin.Shutdown(drain); err != nil {
 		_ = s.admin.Close()
 	}
@@ -205,6 +215,7 @@ func (s *Server) limiterError(_ http.ResponseWriter, r *http.Request, p ratelimi
 func (s *Server) publicRouter() http.Handler {
 	r := chi.NewRouter()
 	r.Use(s.requestLog)
+	r.Handle(CheckPath, s.checkHandler())
 	for _, route := range s.cfg.Policies.Routes {
 		h := s.demoHandler(route)
 		if len(route.Policies) > 0 {
