@@ -224,3 +224,20 @@ func TestLoadDirectory(t *testing.T) {
 		t.Fatal("a missing directory loaded")
 	}
 }
+
+// TestShippedConfigurations: the example the demo stacks load, and the
+// chaos suite's, which keeps to the contract (a 10 s window, a capacity of
+// at least 100).
+func TestShippedConfigurations(t *testing.T) {
+	if _, err := Load("../../../envoy/ratelimit"); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load("../../../chaos/rls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := cfg.lookup("chaos", []entry{{"gcra", "client-1"}})
+	if l == nil || l.Policy.Name != "chaos.gcra" || l.Policy.Window != 10*time.Second || l.Policy.Capacity() < 100 {
+		t.Fatalf("chaos limit %+v, want chaos.gcra with a 10 s window and a capacity of at least 100", l)
+	}
+}
