@@ -68,6 +68,9 @@ func TestNativeStack(t *testing.T) {
 	check("address-ceiling", "127.0.1.6", func(t *testing.T) { checkAddressCeiling(t, s, run) })
 	check("slow-connections", "127.0.1.8", func(t *testing.T) { checkSlowConnections(t, s, run) })
 	check("nginx-config", "127.0.1.10", func(t *testing.T) { checkNginxConfig(t, s) })
+	check("auth-request", "127.0.1.12", func(t *testing.T) { checkAuthRequest(t, s, run) })
+	check("rate-limit-service", "127.0.1.13", func(t *testing.T) { checkRateLimitService(t, s, run) })
+	check("limiter-unreachable", "127.0.1.14", func(t *testing.T) { checkLimiterUnreachable(t, s, run) })
 	check("redis-outage", "127.0.1.11", func(t *testing.T) { checkRedisOutage(t, s, run) })
 	t.Logf("stack up and checked in %v", time.Since(begin).Round(time.Millisecond))
 }
