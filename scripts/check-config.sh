@@ -65,7 +65,7 @@ for n in 1 2 3 4; do
 done
 ok "apps: nginx/nginx.conf names app1..app4, docker-compose.yml fixes their addresses"
 if grep -q "server static:8080 " nginx/nginx.conf &&
-    grep -q 'ipv4_address: ${FLEET_NET_PREFIX:-10.213}.1.20$' docker-compose.yml; then
+    grep -q "ipv4_address: \${FLEET_NET_PREFIX:-10.213}.1.20\$" docker-compose.yml; then
     ok "static site: nginx/nginx.conf names static:8080, docker-compose.yml fixes its address"
 else
     bad "nginx/nginx.conf does not name static:8080, or docker-compose.yml gives the static site no fixed address"
