@@ -54,23 +54,7 @@ func checkAuthRequest(t *testing.T, s *stack, run string) {
 		t.Errorf("%s: X-Request-Id %q (%v)", staticRoute, id, err)
 	}
 
-	key := withKey("door-files-" + run)
-	admitted := 0
-	var limited reply
-	for i := 0; i < 200 && limited.status == 0; i++ {
-		r := s.mustGet(t, filesRoute, key)
-		switch r.status {
-		case http.StatusOK:
-			admitted++
-		case http.StatusTooManyRequests:
-			limited = r
-		default:
-			t.Fatalf("%s: status %d after %d admitted\n%s", filesRoute, r.status, admitted, r.body)
-		}
-	}
-	if limited.status == 0 {
-		t.Fatalf("%s: no 429 in 200 requests", filesRoute)
-	}
+	admitted, limited := exhaust(t, s, filesRoute, withKey("door-files-"+run), 200)
 	checkRetryAfter(t, filesRoute, limited)
 	if p, err := parseProblem(http.StatusTooManyRequests, limited.header, limited.body); err != nil || p.Policy != "static-files" {
 		t.Errorf("%s: the 429's problem %+v (%v), want policy static-files", filesRoute, p, err)

@@ -193,25 +193,7 @@ func checkLimited(t *testing.T, s *stack, run string) {
 	for _, route := range demoRoutes {
 		key := "burst-" + run + route
 		start := time.Now()
-		admitted := 0
-		var limited reply
-		for i := 0; i < 1000 && limited.status == 0; i++ {
-			r := s.mustGet(t, route, withKey(key))
-			if m := r.mode(); m != "redis" {
-				t.Fatalf("%s, request %d: X-RateLimit-Mode %q, want redis (a Redis call failed or timed out: see the app's log); status %d", route, i, m, r.status)
-			}
-			switch r.status {
-			case http.StatusOK:
-				admitted++
-			case http.StatusTooManyRequests:
-				limited = r
-			default:
-				t.Fatalf("%s: status %d after %d admitted\n%s", route, r.status, admitted, r.body)
-			}
-		}
-		if limited.status == 0 {
-			t.Fatalf("%s: no 429 after %d requests", route, admitted)
-		}
+		admitted, limited := exhaust(t, s, route, withKey(key), 1000)
 		rh, err := parseRateHeaders(limited.header)
 		if err != nil {
 			t.Errorf("%s: the 429: %v", route, err)
@@ -226,6 +208,30 @@ func checkLimited(t *testing.T, s *stack, run string) {
 		retry := checkRetryAfter(t, route, limited)
 		t.Logf("%-28s %d admitted in %v, then 429 with Retry-After: %d", route, admitted, limited.recv.Sub(start).Round(time.Millisecond), retry)
 	}
+}
+
+// exhaust sends GET route with the headers hdr until one gets a 429 (at
+// most n), each decided in Redis, and returns how many were admitted before
+// it, and the 429.
+func exhaust(t *testing.T, s *stack, route string, hdr http.Header, n int) (int, reply) {
+	t.Helper()
+	admitted := 0
+	for i := range n {
+		r := s.mustGet(t, route, hdr)
+		if m := r.mode(); m != "redis" {
+			t.Fatalf("%s, request %d: X-RateLimit-Mode %q, want redis (a Redis call failed or timed out: see the app's log); status %d", route, i, m, r.status)
+		}
+		switch r.status {
+		case http.StatusOK:
+			admitted++
+		case http.StatusTooManyRequests:
+			return admitted, r
+		default:
+			t.Fatalf("%s: status %d after %d admitted\n%s", route, r.status, admitted, r.body)
+		}
+	}
+	t.Fatalf("%s: no 429 after %d requests", route, admitted)
+	return admitted, reply{}
 }
 
 // checkRetryAfter checks a 429's Retry-After (an integer >= 1) and its
