@@ -135,5 +135,6 @@ tidy: ## go mod tidy in every module; fails when that changed go.mod/go.sum
 deps: ## install redis-server, nginx-light, curl, gcc, prometheus (promtool) if missing (root + apt), else say what to install
 	@scripts/deps.sh
 
-nginx-conf: ## regenerate nginx/nginx.conf (compose) from nginx/nginx.conf.template
+nginx-conf: ## regenerate nginx/nginx.conf and nginx/static.conf (compose) from their templates
 	scripts/render-nginx.sh compose nginx/nginx.conf
+	NGINX_TEMPLATE=nginx/static.conf.template scripts/render-nginx.sh compose nginx/static.conf

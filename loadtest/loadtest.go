@@ -4,10 +4,11 @@
 // each key an independent sender with jittered send times, so that no key's
 // requests line up with the round-robin of the balancer in front.
 //
-// It is black-box: it speaks HTTP only, learns each route's quota and window
-// from the RateLimit-Policy header (or takes them as given), and records
-// every request as one Record (a line of requests.jsonl). It only ever
-// connects to loopback addresses.
+// It is black-box: it speaks HTTP, and gRPC to Envoy's rate limit service
+// for the routes that name it (RLSPrefix); it learns each route's quota and
+// window from the RateLimit-Policy header (or takes them as given), and
+// records every request as one Record (a line of requests.jsonl). It only
+// ever connects to loopback addresses.
 package loadtest
 
 // The file is one piece: the load's plan (routes, keys, rates), the senders
@@ -55,8 +56,13 @@ var DefaultRoutes = []string{
 
 // ShortRoute abbreviates a route for key names: "/api/token-bucket" is
 // "tb", "/api/sliding-window-log" "swl", "/api/sliding-window-counter"
-// "swc", "/api/gcra" "gcra"; any other route its last path element.
+// "swc", "/api/gcra" "gcra"; a route of the rate limit service
+// "rls:<domain>/<key>" is "rls-<key>"; any other route its last path
+// element.
 func ShortRoute(route string) string {
+	if _, key, err := rlsRoute(route); err == nil {
+		return "rls-" + key
+	}
 	switch route {
 	case "/api/token-bucket":
 		return "tb"
@@ -181,6 +187,9 @@ type Config struct {
 	// MaxInFlight bounds the requests waiting for an answer (1024); a send
 	// due while the bound is reached waits.
 	MaxInFlight int
+	// RLS calls the routes of Envoy's rate limit service (RLSPrefix);
+	// required when there are any.
+	RLS *RLSClient
 	// APIKeySecret signs the keys as the service checks them
 	// (RL_API_KEY_SECRET; DemoAPIKeySecret in the demo stacks). Empty: the
 	// key names are sent as they are, which a service with checked keys
@@ -303,6 +312,16 @@ func (c *Config) setDefaults() error {
 			}
 		}
 	}
+	for _, r := range c.Routes {
+		if IsRLSRoute(r) {
+			if c.RLS == nil {
+				return errNoRLS
+			}
+			if _, _, err := rlsRoute(r); err != nil {
+				return err
+			}
+		}
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -358,7 +377,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	if len(missing) > 0 {
 		cfg.phase("learn")
-		learned, err := LearnAll(ctx, cfg.Client, cfg.BaseURL, missing, cfg.RunID, cfg.APIKeySecret)
+		learned, err := LearnRoutes(ctx, cfg.Client, cfg.RLS, cfg.BaseURL, missing, cfg.RunID, cfg.APIKeySecret)
 		if err != nil {
 			return Result{}, err
 		}
@@ -436,6 +455,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					// The request itself outlives the run's deadline: an
 					// answer already on its way is recorded, within the
 					// client's timeout.
+					if IsRLSRoute(k.Route) {
+						records <- cfg.RLS.send(context.WithoutCancel(ctx), k, cfg.Now)
+						return
+					}
 					records <- send(context.WithoutCancel(ctx), clientOf(i), base, k, cfg.Now)
 				}()
 			}

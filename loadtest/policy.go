@@ -123,13 +123,29 @@ func Learn(ctx context.Context, client *http.Client, baseURL, route, key string)
 // LearnAll learns the policy of every route (see Learn), with probe keys
 // named "probe-<short route>-<runID>", signed with secret (see SignKey).
 func LearnAll(ctx context.Context, client *http.Client, baseURL string, routes []string, runID, secret string) (map[string]Policy, error) {
+	return LearnRoutes(ctx, client, nil, baseURL, routes, runID, secret)
+}
+
+// LearnRoutes is LearnAll with the routes of the rate limit service learned
+// through rls (RLSClient.Learn; the probe key's name is its descriptor's
+// value, unsigned).
+func LearnRoutes(ctx context.Context, client *http.Client, rls *RLSClient, baseURL string, routes []string, runID, secret string) (map[string]Policy, error) {
 	out := make(map[string]Policy, len(routes))
 	for _, r := range routes {
-		key, err := SignKey(secret, "probe-"+ShortRoute(r)+"-"+runID)
-		if err != nil {
-			return nil, err
+		name := "probe-" + ShortRoute(r) + "-" + runID
+		var p Policy
+		var err error
+		switch {
+		case IsRLSRoute(r) && rls == nil:
+			return nil, errNoRLS
+		case IsRLSRoute(r):
+			p, err = rls.Learn(ctx, r, name)
+		default:
+			var key string
+			if key, err = SignKey(secret, name); err == nil {
+				p, err = Learn(ctx, client, baseURL, r, key)
+			}
 		}
-		p, err := Learn(ctx, client, baseURL, r, key)
 		if err != nil {
 			return nil, err
 		}

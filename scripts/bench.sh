@@ -3,7 +3,8 @@
 # loadtest/cmd/bench against it (ours beside the peers and the redis-benchmark ceiling,
 # all in one run) and stops it. Writes bench-out/results.json and docs/BENCHMARKS.md.
 # Beside it, a native stack on free ports (its own run dir) serves one route with the
-# limiter and one without, for the stack/* rows; BENCH_STACK=0 leaves it out.
+# limiter and one without, and the doors (a static site behind auth_request, Envoy's rate
+# limit service), for the stack/* rows; BENCH_STACK=0 leaves it out.
 #
 #   scripts/bench.sh [flags for loadtest/cmd/bench]   (make bench BENCH_ARGS="-cell 5s")
 set -euo pipefail
@@ -30,14 +31,15 @@ done
 stack_args=()
 if [[ ${BENCH_STACK:-1} == 1 ]]; then
     # Ports: nginx base, Redis base+1, toxiproxy API base+2, apps base+3..6,
-    # admin base+7..10, fault proxies base+11..14 (unused: the apps dial Redis).
+    # admin base+7..10, fault proxies base+11..14 (unused: the apps dial Redis), the
+    # static site base+15, nginx's gRPC base+16, the apps' gRPC base+17..20.
     base=$(python3 -c '
 import random, socket
 for _ in range(200):
     b = random.randrange(20000, 60000)
     try:
         socks = []
-        for p in range(b, b + 15):
+        for p in range(b, b + 21):
             s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
         print(b); break
     except OSError:
@@ -49,14 +51,24 @@ for _ in range(200):
 {"policies": [{"name": "bench", "algorithm": "gcra", "limit": 100000000, "window": "1s"}],
  "routes": [{"pattern": "/api/bench-on", "policies": ["bench"]},
             {"pattern": "/api/bench-off", "policies": []},
-            {"pattern": "/api/*", "policies": ["bench"]}]}
+            {"pattern": "/api/*", "policies": ["bench"]}],
+ "checks": [{"pattern": "/static/*", "policies": ["bench"]}]}
 JSON
+    mkdir -p "$dir/rls"
+    cat >"$dir/rls/bench.yaml" <<'YAML'
+domain: bench
+descriptors:
+  - key: key
+    rate_limit: {unit: second, requests_per_unit: 100000000, algorithm: gcra}
+YAML
     export LOCAL_RUN_DIR=$dir/stack LOCAL_POLICY_FILE=$dir/policies.json LOCAL_REDIS_DIRECT=1 \
         LOCAL_LOG_LEVEL=info LOCAL_PROMETHEUS=0 LOCAL_NGINX_PORT=$base LOCAL_REDIS_PORT=$((base + 1)) \
         LOCAL_PROXY_API_PORT=$((base + 2)) LOCAL_APP_PORT_BASE=$((base + 2)) \
-        LOCAL_ADMIN_PORT_BASE=$((base + 6)) LOCAL_VIA_PORT_BASE=$((base + 10))
+        LOCAL_ADMIN_PORT_BASE=$((base + 6)) LOCAL_VIA_PORT_BASE=$((base + 10)) \
+        LOCAL_STATIC_PORT=$((base + 15)) LOCAL_RLS_PORT=$((base + 16)) LOCAL_GRPC_PORT_BASE=$((base + 16)) \
+        LOCAL_RLS_CONFIG_DIR=$dir/rls
     trap 'scripts/local-down.sh >/dev/null 2>&1 || true; kill "$redis" 2>/dev/null; wait "$redis" 2>/dev/null; rm -rf "$dir"' EXIT
     scripts/local-up.sh >"$dir/stack-up.log" 2>&1 || { cat "$dir/stack-up.log" >&2; exit 1; }
-    stack_args=(-stack "http://127.0.0.1:$base")
+    stack_args=(-stack "http://127.0.0.1:$base" -rls "127.0.0.1:$((base + 16))")
 fi
 bin/bench -redis "127.0.0.1:$port" "${stack_args[@]}" "$@"

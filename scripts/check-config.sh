@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Static checks of the deployment files (part of `make test`):
 #   1. every shell script parses (bash -n);
-#   2. nginx/nginx.conf is what scripts/render-nginx.sh compose makes of the template, and
-#      the app addresses it names are the ones docker-compose.yml gives the apps;
+#   2. nginx/nginx.conf (and the static site's nginx/static.conf) is what
+#      scripts/render-nginx.sh compose makes of its template, and the app addresses it
+#      names are the ones docker-compose.yml gives the apps;
 #   3. the compose files' default Redis password is redis/redis.conf's, and the topology
 #      overlays' Redis addresses are fixed addresses of their services;
-#   4. `nginx -t` accepts the native rendering, in a temp dir, without root (when run as
-#      root, it is checked a second time as the unprivileged user `nobody`);
+#   4. `nginx -t` accepts the native rendering (the front's and the static site's), in a
+#      temp dir, without root (when run as root, the front's is checked a second time as
+#      the unprivileged user `nobody`);
 #   5. the compose file, alone, with the chaos suite's overrides, with each topology
 #      overlay (docker-compose.sentinel.yml, docker-compose.cluster.yml) and with the policy
 #      file overlay (docker-compose.policies.yml), is valid for the
@@ -51,6 +53,13 @@ else
     bad "nginx/nginx.conf is stale: run make nginx-conf"
 fi
 rm -f /tmp/nginx-conf-drift.$$
+if diff -u nginx/static.conf <(NGINX_TEMPLATE=nginx/static.conf.template scripts/render-nginx.sh compose) >/tmp/nginx-conf-drift.$$ 2>&1; then
+    ok "nginx/static.conf matches nginx/static.conf.template"
+else
+    cat /tmp/nginx-conf-drift.$$ >&2
+    bad "nginx/static.conf is stale: run make nginx-conf"
+fi
+rm -f /tmp/nginx-conf-drift.$$
 for n in 1 2 3 4; do
     grep -q "server app$n:8080 " nginx/nginx.conf ||
         bad "nginx/nginx.conf does not name app$n:8080"
@@ -58,6 +67,12 @@ for n in 1 2 3 4; do
         bad "docker-compose.yml gives app$n no fixed address on the front network (nginx resolves its name once)"
 done
 ok "apps: nginx/nginx.conf names app1..app4, docker-compose.yml fixes their addresses"
+if grep -q "server static:8080 " nginx/nginx.conf &&
+    grep -q "ipv4_address: \${FLEET_NET_PREFIX:-10.213}.1.20\$" docker-compose.yml; then
+    ok "static site: nginx/nginx.conf names static:8080, docker-compose.yml fixes its address"
+else
+    bad "nginx/nginx.conf does not name static:8080, or docker-compose.yml gives the static site no fixed address"
+fi
 
 # 3. password defaults
 conf_pw=$(awk '$1 == "requirepass" { print $2; exit }' redis/redis.conf)
@@ -97,6 +112,13 @@ if nginx=$(find_bin nginx); then
     else
         echo "$out" >&2
         bad "nginx -t (native rendering, as $(id -un))"
+    fi
+    NGINX_TEMPLATE=nginx/static.conf.template scripts/render-nginx.sh native "$tmp/static.conf" "$tmp/static"
+    if out=$("$nginx" -t -q -p "$tmp/static/" -c "$tmp/static.conf" -e "$tmp/static/error.log" 2>&1); then
+        ok "nginx -t (the static site's native rendering)"
+    else
+        echo "$out" >&2
+        bad "nginx -t (the static site's native rendering)"
     fi
     if [[ $(id -u) -eq 0 ]] && command -v setpriv >/dev/null 2>&1 && id nobody >/dev/null 2>&1; then
         # As an ordinary user: a copy that user can read and write, rendered for it.

@@ -25,7 +25,7 @@ for f in "${pid_files[@]}"; do
     n=$(basename "$f" .pid)
     [[ $known == *" $n "* ]] || others+=("$n")
 done
-ls_stop prometheus nginx "${APPS[@]}"
+ls_stop prometheus nginx static "${APPS[@]}"
 if ((${#others[@]})); then
     ls_log "  left alone (not a service of local-up.sh): ${others[*]/%/.pid}"
 fi

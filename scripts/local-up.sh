@@ -158,7 +158,11 @@ for a in "${APPS[@]}"; do
 done
 ls_wait_ready "$deadline" "${APPS[@]}"
 
-ls_log "starting nginx on $LOCAL_HOST:$LOCAL_NGINX_PORT"
+ls_log "starting the static site on $LOCAL_HOST:$LOCAL_STATIC_PORT"
+ls_start static
+ls_wait_ready "$deadline" static
+
+ls_log "starting nginx on $LOCAL_HOST:$LOCAL_NGINX_PORT (Envoy's rate limit service on $LOCAL_HOST:$LOCAL_RLS_PORT)"
 ls_start nginx
 ls_wait_ready "$deadline" nginx
 

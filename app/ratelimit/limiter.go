@@ -41,6 +41,14 @@ type Request struct {
 	Key string
 	// Cost is how many units the request takes; 0 means 1.
 	Cost int64
+	// ReadOnly asks without counting: the request is decided as one of no
+	// units, so nothing is counted, journaled or remembered as admitted,
+	// and the decision reports the key as it is. Remaining is then how many
+	// units a request could take now; Allowed is false only when the key
+	// already holds more than the policy admits (under a stricter Weight,
+	// say). Cost must be 0. Envoy's per-descriptor hits_addend of 0 is such
+	// a request.
+	ReadOnly bool
 	// ID identifies the request, unique across the fleet (nginx's request
 	// id, say). The sliding window log stores it as the member of the grant,
 	// so the same request decided twice (a timed-out call that still ran,
@@ -56,8 +64,12 @@ type Request struct {
 	Weight Weight
 }
 
-// Units returns the cost with the default filled in.
+// Units returns the cost with the default filled in: 0 for a read-only
+// request, else Cost, and 1 when Cost is 0.
 func (r Request) Units() int64 {
+	if r.ReadOnly {
+		return 0
+	}
 	if r.Cost == 0 {
 		return 1
 	}
@@ -71,6 +83,9 @@ func (r Request) Validate() error {
 	}
 	if err := ValidateKey(r.Key); err != nil {
 		return err
+	}
+	if r.ReadOnly && r.Cost != 0 {
+		return fmt.Errorf("%w: a read-only request has no cost, got %d", ErrInvalidRequest, r.Cost)
 	}
 	c := r.Units()
 	if c < 0 {

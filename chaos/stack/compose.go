@@ -104,7 +104,11 @@ func (c *Compose) Up(ctx context.Context, needs string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	info := Info{NginxURL: "http://" + nginx, RedisAddr: redisAddr}
+	rls, err := c.published(ctx, "nginx", "8090")
+	if err != nil {
+		return Info{}, err
+	}
+	info := Info{NginxURL: "http://" + nginx, RedisAddr: redisAddr, UpstreamURL: "http://" + nginx + "/static/", RLSAddr: rls}
 	if needs == "latency" {
 		api, err := c.published(ctx, "toxiproxy", "8474")
 		if err != nil {

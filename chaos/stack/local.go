@@ -90,6 +90,9 @@ func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 		// for it (the demo's would refuse most of it).
 		r.env = append(r.env, "LOCAL_POLICY_FILE="+filepath.Join(l.r.root, PolicyFile))
 	}
+	if os.Getenv("LOCAL_RLS_CONFIG_DIR") == "" {
+		r.env = append(r.env, "LOCAL_RLS_CONFIG_DIR="+filepath.Join(l.r.root, RLSConfigDir))
+	}
 	if err := r.run(ctx, "make", "--no-print-directory", "local-up"); err != nil {
 		return Info{}, err
 	}

@@ -45,6 +45,12 @@ type Info struct {
 	RedisPID  int    `json:"redis_pid"`
 	ProxyAPI  string `json:"proxy_api"`
 	Apps      []App  `json:"apps"`
+	// UpstreamURL is the base URL, through nginx, of the upstream that is
+	// not Go and that nginx protects with auth_request; RLSAddr the
+	// host:port of Envoy's rate limit service balanced by nginx (plaintext
+	// gRPC). Empty: the stack has no such door.
+	UpstreamURL string `json:"upstream_url"`
+	RLSAddr     string `json:"rls_addr"`
 	// Topology is the native stack's LOCAL_TOPOLOGY: "single", "sentinel"
 	// or "cluster".
 	Topology string `json:"topology"`
@@ -223,6 +229,11 @@ func (r runner) output(ctx context.Context, name string, args ...string) ([]byte
 	}
 	return out.Bytes(), nil
 }
+
+// RLSConfigDir is the configuration of Envoy's rate limit service the suite
+// runs its stacks with, relative to the repository: the descriptor of the
+// gRPC door's load (suite.RLSRoute).
+const RLSConfigDir = "chaos/rls"
 
 // PolicyFile is the policy file the suite runs its stacks with, relative
 // to the repository: the demo policies with a per-address ceiling sized for

@@ -50,15 +50,19 @@ const (
 
 // Port layout of a test stack, as offsets from a base port: nginx on base,
 // appN on base+N (LOCAL_APP_PORT_BASE = base), Redis on base+5, the
-// toxiproxy API on base+6, Prometheus on base+7, appN's admin port on
-// base+10+N, appN's redis_via proxy on base+20+N.
+// toxiproxy API on base+6, Prometheus on base+7, the static site on
+// base+8, nginx's gRPC on base+9, appN's admin port on base+10+N, appN's
+// redis_via proxy on base+20+N, appN's gRPC on base+25+N.
 const (
 	offRedis      = 5
 	offProxyAPI   = 6
 	offPrometheus = 7
+	offStatic     = 8
+	offRLS        = 9
 	offAdminBase  = 10
 	offViaBase    = 20
-	blockSize     = 25
+	offGRPCBase   = 25
+	blockSize     = 30
 )
 
 // Port blocks are picked below the Linux ephemeral range (32768-60999 by
@@ -192,6 +196,9 @@ func stackEnv(runDir string, base int, password string) []string {
 		"LOCAL_PROMETHEUS_PORT="+port(base+offPrometheus),
 		// The embedded default's copy, which checkReload changes.
 		"LOCAL_POLICY_FILE="+filepath.Join(runDir, policyFileName),
+		"LOCAL_STATIC_PORT="+port(base+offStatic),
+		"LOCAL_RLS_PORT="+port(base+offRLS),
+		"LOCAL_GRPC_PORT_BASE="+port(base+offGRPCBase),
 		"REDIS_PASSWORD="+password,
 		"RL_API_KEY_SECRET="+stackSecret,
 		// The demo's 50 ms per Redis call is for an idle machine; under

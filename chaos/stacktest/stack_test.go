@@ -68,10 +68,13 @@ func TestNativeStack(t *testing.T) {
 	check("address-ceiling", "127.0.1.6", func(t *testing.T) { checkAddressCeiling(t, s, run) })
 	check("slow-connections", "127.0.1.8", func(t *testing.T) { checkSlowConnections(t, s, run) })
 	check("nginx-config", "127.0.1.10", func(t *testing.T) { checkNginxConfig(t, s) })
-	check("reset", "127.0.1.12", func(t *testing.T) { checkReset(t, s, run) })
+	check("reset", "127.0.1.15", func(t *testing.T) { checkReset(t, s, run) })
+	check("auth-request", "127.0.1.12", func(t *testing.T) { checkAuthRequest(t, s, run) })
+	check("rate-limit-service", "127.0.1.13", func(t *testing.T) { checkRateLimitService(t, s, run) })
+	check("limiter-unreachable", "127.0.1.14", func(t *testing.T) { checkLimiterUnreachable(t, s, run) })
 	check("redis-outage", "127.0.1.11", func(t *testing.T) { checkRedisOutage(t, s, run) })
-	check("prometheus", "127.0.1.12", func(t *testing.T) { checkPrometheus(t, s) })
-	check("reload", "127.0.1.13", func(t *testing.T) { checkReload(t, s) })
+	check("prometheus", "127.0.1.16", func(t *testing.T) { checkPrometheus(t, s) })
+	check("reload", "127.0.1.17", func(t *testing.T) { checkReload(t, s) })
 	t.Logf("stack up and checked in %v", time.Since(begin).Round(time.Millisecond))
 }
 
@@ -193,25 +196,7 @@ func checkLimited(t *testing.T, s *stack, run string) {
 	for _, route := range demoRoutes {
 		key := "burst-" + run + route
 		start := time.Now()
-		admitted := 0
-		var limited reply
-		for i := 0; i < 1000 && limited.status == 0; i++ {
-			r := s.mustGet(t, route, withKey(key))
-			if m := r.mode(); m != "redis" {
-				t.Fatalf("%s, request %d: X-RateLimit-Mode %q, want redis (a Redis call failed or timed out: see the app's log); status %d", route, i, m, r.status)
-			}
-			switch r.status {
-			case http.StatusOK:
-				admitted++
-			case http.StatusTooManyRequests:
-				limited = r
-			default:
-				t.Fatalf("%s: status %d after %d admitted\n%s", route, r.status, admitted, r.body)
-			}
-		}
-		if limited.status == 0 {
-			t.Fatalf("%s: no 429 after %d requests", route, admitted)
-		}
+		admitted, limited := exhaust(t, s, route, withKey(key), 1000)
 		rh, err := parseRateHeaders(limited.header)
 		if err != nil {
 			t.Errorf("%s: the 429: %v", route, err)
@@ -226,6 +211,30 @@ func checkLimited(t *testing.T, s *stack, run string) {
 		retry := checkRetryAfter(t, route, limited)
 		t.Logf("%-28s %d admitted in %v, then 429 with Retry-After: %d", route, admitted, limited.recv.Sub(start).Round(time.Millisecond), retry)
 	}
+}
+
+// exhaust sends GET route with the headers hdr until one gets a 429 (at
+// most n), each decided in Redis, and returns how many were admitted before
+// it, and the 429.
+func exhaust(t *testing.T, s *stack, route string, hdr http.Header, n int) (int, reply) {
+	t.Helper()
+	admitted := 0
+	for i := range n {
+		r := s.mustGet(t, route, hdr)
+		if m := r.mode(); m != "redis" {
+			t.Fatalf("%s, request %d: X-RateLimit-Mode %q, want redis (a Redis call failed or timed out: see the app's log); status %d", route, i, m, r.status)
+		}
+		switch r.status {
+		case http.StatusOK:
+			admitted++
+		case http.StatusTooManyRequests:
+			return admitted, r
+		default:
+			t.Fatalf("%s: status %d after %d admitted\n%s", route, r.status, admitted, r.body)
+		}
+	}
+	t.Fatalf("%s: no 429 after %d requests", route, admitted)
+	return admitted, reply{}
 }
 
 // checkRetryAfter checks a 429's Retry-After (an integer >= 1) and its

@@ -91,6 +91,9 @@ type Config struct {
 	// it as Log too, so that on a terminal the lines scroll above its
 	// status block).
 	Progress *progress.Reporter
+
+	// rls calls the stack's rate limit service (withDoors).
+	rls *loadtest.RLSClient
 }
 
 func (c *Config) setDefaults() {
@@ -156,18 +159,15 @@ func Run(ctx context.Context, cfg Config) (report.Summary, error) {
 }
 
 // AlgorithmOf names the algorithm of a demo route, or of a policy named
-// after its algorithm; "" if neither says.
+// after its algorithm, or ending in "-<algorithm>" or ".<algorithm>"
+// ("static-sliding-window-counter", "chaos.gcra"); "" if neither says.
 func AlgorithmOf(route, policyName string) string {
 	for _, s := range []string{strings.TrimPrefix(route, "/api/"), policyName} {
-		switch strings.ReplaceAll(s, "-", "_") {
-		case ideal.TokenBucket:
-			return ideal.TokenBucket
-		case ideal.GCRA:
-			return ideal.GCRA
-		case ideal.SlidingWindowLog:
-			return ideal.SlidingWindowLog
-		case ideal.SlidingWindowCounter:
-			return ideal.SlidingWindowCounter
+		s = strings.ReplaceAll(s, "-", "_")
+		for _, alg := range []string{ideal.TokenBucket, ideal.GCRA, ideal.SlidingWindowLog, ideal.SlidingWindowCounter} {
+			if s == alg || strings.HasSuffix(s, "_"+alg) || strings.HasSuffix(s, "."+alg) {
+				return alg
+			}
 		}
 	}
 	return ""
@@ -309,10 +309,17 @@ func RunScenario(ctx context.Context, cfg Config, sc Scenario) *report.Report {
 func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, run *scenarioRun, rep *report.Report) ([]invariant.Request, error) {
 	client := loadtest.NewClient()
 	defer client.CloseIdleConnections()
+	cfg, rls, err := withDoors(cfg, info)
+	if err != nil {
+		return nil, fmt.Errorf("the doors: %w", err)
+	}
+	if rls != nil {
+		defer rls.Close()
+	}
 	var learned map[string]loadtest.Policy
-	err := retry(ctx, 10*time.Second, func() error {
+	err = retry(ctx, 10*time.Second, func() error {
 		var err error
-		learned, err = loadtest.LearnAll(ctx, client, info.NginxURL, cfg.Routes, rep.RunID, cfg.APIKeySecret)
+		learned, err = loadtest.LearnRoutes(ctx, client, cfg.rls, info.NginxURL, cfg.Routes, rep.RunID, cfg.APIKeySecret)
 		return err
 	})
 	if err != nil {
@@ -377,6 +384,7 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 			// The first of a comma-separated list signs, as in the service.
 			APIKeySecret: strings.Split(cfg.APIKeySecret, ",")[0],
 			Client:       client,
+			RLS:          cfg.rls,
 			OnRecord: func(r loadtest.Record) {
 				cfg.Progress.Record(r)
 				records = append(records, r)
@@ -609,6 +617,7 @@ func primeStack(ctx context.Context, cfg Config, info stack.Info, client *http.C
 		APIKeySecret: strings.Split(cfg.APIKeySecret, ",")[0],
 		Client:       client,
 		OnRecord:     cfg.Progress.Record,
+		RLS:          cfg.rls,
 	})
 	if err != nil {
 		return fmt.Errorf("priming the stack: %w", err)

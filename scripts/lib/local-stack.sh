@@ -7,8 +7,13 @@
 #   redis      redis-server with redis/redis.conf, 127.0.0.1:6390, data in .run/redis
 #   toxiproxy  bin/toxiproxy-server, API on 127.0.0.1:8474, proxies appN-redis
 #              127.0.0.1:1639N -> Redis (the fault-injection point for each app)
-#   app1..app4 bin/ratelimiter, public 127.0.0.1:808N, admin 127.0.0.1:908N
-#   nginx      nginx/nginx.conf.template rendered into .run/nginx/, 127.0.0.1:8080
+#   app1..app4 bin/ratelimiter, public 127.0.0.1:808N, admin 127.0.0.1:908N, Envoy's rate
+#              limit service (RL_GRPC_ADDR) 127.0.0.1:708N
+#   static     a second nginx serving nginx/site/ (nginx/static.conf.template rendered
+#              into .run/static/), 127.0.0.1:8070: the upstream that is not Go, which
+#              nginx protects with auth_request (docs/DOORS.md)
+#   nginx      nginx/nginx.conf.template rendered into .run/nginx/, 127.0.0.1:8080; the
+#              apps' gRPC balanced on 127.0.0.1:8090
 #   prometheus Debian's /usr/bin/prometheus, when installed (LOCAL_PROMETHEUS), on
 #              127.0.0.1:9089: scrapes every app's admin port and evaluates
 #              prometheus/rules.yml; config .run/prometheus/prometheus.yml (written by
@@ -58,6 +63,10 @@
 #   (proxy appN-redis on base+N, proxy replication on base+9)
 #   REDIS_PASSWORD (default: requirepass in redis/redis.conf)
 #   LOCAL_POLICY_FILE (optional JSON policy file, passed to the apps as RL_POLICY_FILE)
+#   LOCAL_STATIC_PORT=8070 (the static site)  LOCAL_RLS_PORT=8090 (nginx's gRPC listener)
+#   LOCAL_GRPC_PORT_BASE=7080 (appN's RL_GRPC_ADDR on base+N)
+#   LOCAL_RLS_CONFIG_DIR (default envoy/ratelimit: the apps' RL_RLS_CONFIG_DIR, a directory
+#   of envoyproxy/ratelimit YAML files)
 #   RL_API_KEY_SECRET (default: the demo secret, fleetlimit-demo-secret-change-me, which
 #   the apps accept in demo mode only: RL_DEMO, default true here)
 #   LOCAL_READY_TIMEOUT=30 (seconds)  LOCAL_SKIP_BUILD=1 (use the binaries in bin/ as is)
@@ -93,7 +102,7 @@ REPLICATION_PROXY=replication # the toxiproxy proxy the replica starts replicati
 # The single topology's until ls_load_settings says otherwise.
 REDIS_NODES=(redis)
 SENTINELS=()
-SERVICES=(redis toxiproxy "${APPS[@]}" nginx)
+SERVICES=(redis toxiproxy "${APPS[@]}" static nginx)
 
 ls_log() { printf '%s\n' "$*" >&2; }
 ls_die() {
@@ -135,6 +144,12 @@ ls_load_settings() {
     0 | 1) ;;
     *) ls_die "LOCAL_PROMETHEUS=$LOCAL_PROMETHEUS: want auto, 1 or 0" ;;
     esac
+    LOCAL_STATIC_PORT=${LOCAL_STATIC_PORT:-8070}
+    LOCAL_RLS_PORT=${LOCAL_RLS_PORT:-8090}
+    LOCAL_GRPC_PORT_BASE=${LOCAL_GRPC_PORT_BASE:-7080}
+    LOCAL_RLS_CONFIG_DIR=${LOCAL_RLS_CONFIG_DIR:-$LS_ROOT/envoy/ratelimit}
+    [[ -d $LOCAL_RLS_CONFIG_DIR ]] || ls_die "LOCAL_RLS_CONFIG_DIR=$LOCAL_RLS_CONFIG_DIR: no such directory"
+    LOCAL_RLS_CONFIG_DIR=$(cd "$LOCAL_RLS_CONFIG_DIR" && pwd)
     # The API-key secret (comma-separated; the first signs): the demo's unless set.
     RL_API_KEY_SECRET=${RL_API_KEY_SECRET:-fleetlimit-demo-secret-change-me}
     if [[ -n $LOCAL_POLICY_FILE ]]; then
@@ -162,7 +177,7 @@ ls_set_topology() {
         # Sentinel (resolve-hostnames no) and the cluster announce addresses, not names.
         ls_die "LOCAL_TOPOLOGY=$LOCAL_TOPOLOGY needs LOCAL_HOST to be an IPv4 address, not $LOCAL_HOST"
     fi
-    SERVICES=("${REDIS_NODES[@]}" ${SENTINELS[@]+"${SENTINELS[@]}"} toxiproxy "${APPS[@]}" nginx)
+    SERVICES=("${REDIS_NODES[@]}" ${SENTINELS[@]+"${SENTINELS[@]}"} toxiproxy "${APPS[@]}" static nginx)
     if [[ ${LOCAL_PROMETHEUS:-0} == 1 ]]; then SERVICES+=(prometheus); fi
 }
 
@@ -175,7 +190,8 @@ ls_save_settings() {
             LOCAL_APP_PORT_BASE LOCAL_ADMIN_PORT_BASE LOCAL_VIA_PORT_BASE LOCAL_SENTINEL_PORT_BASE \
             LOCAL_READY_TIMEOUT LOCAL_REDIS_TIMEOUT LOCAL_POLICY_FILE REDIS_PASSWORD \
             RL_API_KEY_SECRET LOCAL_REDIS_DIRECT LOCAL_LOG_LEVEL LOCAL_GOMAXPROCS \
-            LOCAL_PROMETHEUS LOCAL_PROMETHEUS_PORT; do
+            LOCAL_PROMETHEUS LOCAL_PROMETHEUS_PORT LOCAL_STATIC_PORT LOCAL_RLS_PORT LOCAL_GRPC_PORT_BASE \
+            LOCAL_RLS_CONFIG_DIR; do
             printf '%s=%q\n' "$v" "${!v}"
         done
     } >"$STACK_ENV.tmp"
@@ -188,6 +204,7 @@ ls_app_index() { echo "${1#app}"; }
 ls_app_port() { echo $((LOCAL_APP_PORT_BASE + $(ls_app_index "$1"))); }
 ls_admin_port() { echo $((LOCAL_ADMIN_PORT_BASE + $(ls_app_index "$1"))); }
 ls_via_port() { echo $((LOCAL_VIA_PORT_BASE + $(ls_app_index "$1"))); }
+ls_grpc_port() { echo $((LOCAL_GRPC_PORT_BASE + $(ls_app_index "$1"))); }
 
 # redis -> 1, redisN -> N; sentinelN -> N.
 ls_node_index() {
@@ -232,8 +249,9 @@ ls_ports_of() {
         echo "$LOCAL_PROXY_API_PORT"
         while read -r name port upstream; do echo "$port"; done < <(ls_proxies)
         ;;
-    nginx) echo "$LOCAL_NGINX_PORT" ;;
-    app*) echo "$(ls_app_port "$1")" "$(ls_admin_port "$1")" ;;
+    nginx) echo "$LOCAL_NGINX_PORT" "$LOCAL_RLS_PORT" ;;
+    static) echo "$LOCAL_STATIC_PORT" ;;
+    app*) echo "$(ls_app_port "$1")" "$(ls_admin_port "$1")" "$(ls_grpc_port "$1")" ;;
     prometheus) echo "$LOCAL_PROMETHEUS_PORT" ;;
     esac
 }
@@ -293,7 +311,7 @@ ls_expected_cmd() {
     case $1 in
     redis* | sentinel*) echo redis-server ;;
     toxiproxy) echo toxiproxy-server ;;
-    nginx) echo nginx ;;
+    nginx | static) echo nginx ;;
     app*) echo ratelimiter ;;
     prometheus) echo prometheus ;;
     esac
@@ -525,6 +543,9 @@ ls_start_app() {
         "RL_DEMO=${RL_DEMO:-true}"
         # nginx overwrites X-Request-Id ($request_id): a resend is counted once.
         "RL_TRUST_REQUEST_ID=true"
+        "RL_GRPC_ADDR=$LOCAL_HOST:$(ls_grpc_port "$a")"
+        "RL_RLS_CONFIG_DIR=$LOCAL_RLS_CONFIG_DIR"
+        "RL_RLS_RESPONSE_HEADERS=true"
     )
     case $LOCAL_TOPOLOGY in
     single)
@@ -543,7 +564,7 @@ ls_start_app() {
     fi
     # -u: settings from the caller's environment that would change the topology.
     ls_spawn "$a" env -u RL_REDIS_URL -u RL_REDIS_ADDRS -u RL_REDIS_MASTER_NAME \
-        -u RL_REDIS_USERNAME -u RL_REDIS_PASSWORD -u RL_POLICY_FILE \
+        -u RL_REDIS_USERNAME -u RL_REDIS_PASSWORD -u RL_POLICY_FILE -u RL_RLS_CONFIG_DIR \
         "${envs[@]}" "$LS_ROOT/bin/ratelimiter"
 }
 
@@ -601,9 +622,18 @@ ls_start_prometheus() {
         --web.listen-address="$LOCAL_HOST:$LOCAL_PROMETHEUS_PORT"
 }
 
+# The static site: a second nginx serving nginx/site/, under .run/static/.
+ls_start_static() {
+    NGINX_TEMPLATE="$LS_ROOT/nginx/static.conf.template" \
+        "$LS_ROOT/scripts/render-nginx.sh" native "$RUN_DIR/static/nginx.conf" "$RUN_DIR/static"
+    ls_spawn static "$NGINX" -p "$RUN_DIR/static/" -c "$RUN_DIR/static/nginx.conf" \
+        -e "$RUN_DIR/static/error.log" -g 'daemon off;'
+}
+
 ls_start() {
     [[ " ${SERVICES[*]} " == *" $1 "* ]] || ls_die "unknown service: $1 (one of: ${SERVICES[*]})"
     case $1 in
+    static) ls_start_static ;;
     redis*) ls_start_redis "$1" "${2:-}" ;;
     sentinel*) ls_start_sentinel "$1" ;;
     toxiproxy) ls_start_toxiproxy ;;
@@ -647,6 +677,9 @@ ls_probe() {
         ;;
     prometheus)
         "$CURL" -fsS --max-time 2 -o /dev/null "http://$LOCAL_HOST:$LOCAL_PROMETHEUS_PORT/-/ready"
+        ;;
+    static)
+        "$CURL" -fsS --max-time 2 -o /dev/null "http://$LOCAL_HOST:$LOCAL_STATIC_PORT/healthz"
         ;;
     esac
 }
@@ -882,7 +915,7 @@ ls_stop() {
 # Every topology's Redis processes, whichever left a pid file; the Sentinels before the
 # data nodes, so that they do not start a failover meanwhile.
 ls_stop_all() {
-    ls_stop prometheus nginx "${APPS[@]}"
+    ls_stop prometheus nginx static "${APPS[@]}"
     ls_stop "${ALL_SENTINELS[@]}"
     ls_stop toxiproxy "${ALL_REDIS_NODES[@]}"
 }
@@ -913,6 +946,8 @@ ls_write_stack_json() {
         printf '  "redis_addr": "%s:%s",\n' "$h" "$LOCAL_REDIS_PORT"
         printf '  "redis_pid": %s,\n' "$redis_pid"
         printf '  "proxy_api": "http://%s:%s",\n' "$h" "$LOCAL_PROXY_API_PORT"
+        printf '  "upstream_url": "http://%s:%s/static/",\n' "$h" "$LOCAL_NGINX_PORT"
+        printf '  "rls_addr": "%s:%s",\n' "$h" "$LOCAL_RLS_PORT"
         # Not in the contract's keys: "" when the stack runs no prometheus.
         if [[ $LOCAL_PROMETHEUS == 1 ]]; then
             printf '  "prometheus_url": "http://%s:%s",\n' "$h" "$LOCAL_PROMETHEUS_PORT"

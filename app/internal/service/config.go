@@ -14,6 +14,7 @@ import (
 	"github.com/caarlos0/env/v11"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetlimit/fleetlimit/app/internal/envoyrls"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 )
@@ -90,6 +91,16 @@ type Config struct {
 	ResendWindow   time.Duration `env:"RL_RESEND_WINDOW" envDefault:"3s"`
 	Demo           bool          `env:"RL_DEMO" envDefault:"false"`
 	Pprof          bool          `env:"RL_PPROF" envDefault:"false"`
+	// GRPCAddr is where Envoy's rate limit service v3 is served (plaintext
+	// gRPC); empty: not served. RLSConfigDir is its configuration, a
+	// directory of envoyproxy/ratelimit YAML files (required with
+	// GRPCAddr); RLSResponseHeaders adds the rate-limit headers to its
+	// answers (docs/DOORS.md).
+	GRPCAddr           string `env:"RL_GRPC_ADDR"`
+	RLSConfigDir       string `env:"RL_RLS_CONFIG_DIR"`
+	RLSResponseHeaders bool   `env:"RL_RLS_RESPONSE_HEADERS" envDefault:"false"`
+	// RLS is the loaded RLSConfigDir.
+	RLS *envoyrls.Config `env:"-"`
 
 	// Policies is the loaded and validated policy file.
 	Policies PolicySet `env:"-"`
@@ -146,6 +157,14 @@ func LoadConfig(getenv func(string) string) (Config, error) {
 		return Config{}, &ConfigError{Var: "RL_POLICY_FILE", Err: err}
 	}
 	cfg.Policies = policies
+	if cfg.GRPCAddr != "" {
+		if cfg.RLSConfigDir == "" {
+			return Config{}, configErr("RL_RLS_CONFIG_DIR", "needed with RL_GRPC_ADDR: a directory of envoyproxy/ratelimit configuration files")
+		}
+		if cfg.RLS, err = envoyrls.Load(cfg.RLSConfigDir); err != nil {
+			return Config{}, &ConfigError{Var: "RL_RLS_CONFIG_DIR", Err: err}
+		}
+	}
 	return cfg, nil
 }
 
@@ -178,6 +197,9 @@ func (c *Config) validate() error {
 	}
 	if c.ListenAddr == c.AdminAddr && !strings.HasSuffix(c.ListenAddr, ":0") {
 		return configErr("RL_ADMIN_ADDR", "must differ from RL_LISTEN_ADDR (%s)", c.ListenAddr)
+	}
+	if (c.GRPCAddr == c.ListenAddr || c.GRPCAddr == c.AdminAddr) && !strings.HasSuffix(c.GRPCAddr, ":0") {
+		return configErr("RL_GRPC_ADDR", "must differ from RL_LISTEN_ADDR (%s) and RL_ADMIN_ADDR (%s)", c.ListenAddr, c.AdminAddr)
 	}
 	if c.RedisURL != "" {
 		if len(c.RedisAddrs) > 0 {

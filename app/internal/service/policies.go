@@ -23,6 +23,10 @@ var defaultPolicies []byte
 type PolicySet struct {
 	Policies []ratelimit.Policy
 	Routes   []Route
+	// Checks apply policies to the requests a proxy asks about at the
+	// check endpoint (nginx auth_request; CheckPath), matched on the
+	// original URI: the doors to upstreams that are not this service.
+	Checks []Route
 	// PerAddress names the policies that count per client address
 	// ("per": "address"), a ceiling over every key one address uses.
 	PerAddress []string
@@ -53,6 +57,8 @@ func (s PolicySet) Policy(name string) (ratelimit.Policy, bool) {
 type policyFile struct {
 	Policies []policyJSON `json:"policies"`
 	Routes   []routeJSON  `json:"routes"`
+	// Checks are optional; the same shape as routes.
+	Checks []routeJSON `json:"checks"`
 }
 
 type policyJSON struct {
@@ -142,36 +148,53 @@ func ParsePolicies(data []byte) (PolicySet, error) {
 	if len(f.Routes) == 0 {
 		return PolicySet{}, errors.New("no routes")
 	}
-	for _, rj := range f.Routes {
+	var err error
+	if set.Routes, err = set.routes("route", f.Routes); err != nil {
+		return PolicySet{}, err
+	}
+	if set.Checks, err = set.routes("check", f.Checks); err != nil {
+		return PolicySet{}, err
+	}
+	return set, nil
+}
+
+// routes validates a list of routes (or checks: what names them in errors)
+// against the policies.
+func (s PolicySet) routes(what string, list []routeJSON) ([]Route, error) {
+	var out []Route
+	for _, rj := range list {
 		if err := validPattern(rj.Pattern); err != nil {
-			return PolicySet{}, fmt.Errorf("route %q: %w", rj.Pattern, err)
+			return nil, fmt.Errorf("%s %q: %w", what, rj.Pattern, err)
 		}
-		for _, r := range set.Routes {
+		if rj.Pattern == CheckPath {
+			return nil, fmt.Errorf("%s %q: the path of the check endpoint", what, rj.Pattern)
+		}
+		for _, r := range out {
 			if r.Pattern == rj.Pattern {
-				return PolicySet{}, fmt.Errorf("route %q: defined twice", rj.Pattern)
+				return nil, fmt.Errorf("%s %q: defined twice", what, rj.Pattern)
 			}
 		}
 		if rj.Policies == nil {
 			// An empty list is a deliberate choice; a missing one is
 			// more likely a mistake.
-			return PolicySet{}, fmt.Errorf("route %q: no policies (write \"policies\": [] for a route served without limits)", rj.Pattern)
+			return nil, fmt.Errorf("%s %q: no policies (write \"policies\": [] for a %s served without limits)", what, rj.Pattern, what)
 		}
 		route := Route{Pattern: rj.Pattern}
 		for _, name := range rj.Policies {
-			p, ok := set.Policy(name)
+			p, ok := s.Policy(name)
 			if !ok {
-				return PolicySet{}, fmt.Errorf("route %q: unknown policy %q", rj.Pattern, name)
+				return nil, fmt.Errorf("%s %q: unknown policy %q", what, rj.Pattern, name)
 			}
 			for _, q := range route.Policies {
 				if q.Name == name {
-					return PolicySet{}, fmt.Errorf("route %q: policy %q listed twice", rj.Pattern, name)
+					return nil, fmt.Errorf("%s %q: policy %q listed twice", what, rj.Pattern, name)
 				}
 			}
 			route.Policies = append(route.Policies, p)
 		}
-		set.Routes = append(set.Routes, route)
+		out = append(out, route)
 	}
-	return set, nil
+	return out, nil
 }
 
 // policy converts and validates one policy entry.

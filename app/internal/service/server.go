@@ -39,7 +39,8 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	backend *backend
-	limiter ratelimit.Limiter // the backend's, counted by the metrics
+	limiter ratelimit.Limiter // the backend's, instrumented: what every door decides with
+	rls     *rlsDoor          // nil: RL_GRPC_ADDR is empty
 	started time.Time
 	resets  *prometheus.CounterVec // POST /admin/reset by result (reset.go)
 
@@ -56,7 +57,7 @@ type Server struct {
 	errLoggedAt atomic.Int64 // unix ns of the last limiter-error log line
 	uncounted   atomic.Uint64
 
-	serveErr chan error // unexpected Serve errors
+	serveErr chan error // unexpected Serve errors (public, admin, gRPC)
 	done     chan struct{}
 	waitErr  error
 }
@@ -89,7 +90,7 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 		log:      logger,
 		metrics:  newMetrics(),
 		started:  time.Now(),
-		serveErr: make(chan error, 2),
+		serveErr: make(chan error, 3),
 		done:     make(chan struct{}),
 	}
 	if s.backend, err = newBackend(cfg, s.metrics, logger); err != nil {
@@ -127,6 +128,12 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 		_ = s.publicLn.Close()
 		_ = s.backend.close(ctx)
 		return nil, fmt.Errorf("listen on RL_ADMIN_ADDR %s: %w", cfg.AdminAddr, err)
+	}
+	if s.rls, err = s.startRLS(); err != nil {
+		_ = s.publicLn.Close()
+		_ = s.adminLn.Close()
+		_ = s.backend.close(ctx)
+		return nil, err
 	}
 	go s.serve(s.public, s.publicLn)
 	go s.serve(s.admin, s.adminLn)
@@ -182,6 +189,7 @@ func (s *Server) shutdownOn(ctx context.Context) {
 		s.log.Warn("drain incomplete; closing connections", slog.String("error", err.Error()))
 		_ = s.public.Close()
 	}
+	s.rls.stop(drain)
 	if err := s.admin.Shutdown(drain); err != nil {
 		_ = s.admin.Close()
 	}
@@ -219,6 +227,7 @@ func (s *Server) limiterError(_ http.ResponseWriter, r *http.Request, p ratelimi
 func (s *Server) publicRouter(set PolicySet, limits *httplimit.Middleware) http.Handler {
 	r := chi.NewRouter()
 	r.Use(s.requestLog(limits))
+	r.Handle(CheckPath, s.checkHandler(set, limits))
 	for _, route := range set.Routes {
 		h := s.demoHandler(route)
 		if len(route.Policies) > 0 {

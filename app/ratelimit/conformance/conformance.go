@@ -1,6 +1,7 @@
 // Package conformance is the suite every ratelimit.Limiter implementation
 // runs: validation, admission up to the capacity and not beyond, the
-// numbers a decision reports, key and policy isolation, and concurrency.
+// numbers a decision reports, read-only requests, key and policy
+// isolation, and concurrency.
 // memstore and redisstore run it; a third-party Limiter (another store, a
 // wrapper) runs it from its own tests:
 //
@@ -78,6 +79,25 @@ func Run(t *testing.T, mode ratelimit.Mode, newLimiter func(t *testing.T) rateli
 					}
 				}
 			})
+			t.Run("read-only requests take nothing", func(t *testing.T) {
+				l, k := newLimiter(t), key(t)
+				read := ratelimit.Request{Policy: p, Key: k, ReadOnly: true}
+				if d := mustDecide(t, l, read); !d.Allowed || d.Remaining != 10 || d.Mode != mode {
+					t.Fatalf("read of a fresh key: %+v, want allowed with 10 remaining", d)
+				}
+				mustDecide(t, l, ratelimit.Request{Policy: p, Key: k, Cost: 7})
+				for range 3 {
+					if d := mustDecide(t, l, read); !d.Allowed || d.Remaining != 3 {
+						t.Fatalf("read after 7 units: %+v, want allowed with 3 remaining", d)
+					}
+				}
+				if d := mustDecide(t, l, ratelimit.Request{Policy: p, Key: k, Cost: 3}); !d.Allowed || d.Remaining != 0 {
+					t.Fatalf("3 units after the reads: %+v, want admitted: the reads took nothing", d)
+				}
+				if d := mustDecide(t, l, read); d.Remaining != 0 {
+					t.Fatalf("read of an exhausted key: %+v, want 0 remaining", d)
+				}
+			})
 			t.Run("keys and policies are independent", func(t *testing.T) {
 				l, k := newLimiter(t), key(t)
 				mustDecide(t, l, ratelimit.Request{Policy: p, Key: k, Cost: 10})
@@ -108,6 +128,7 @@ func Run(t *testing.T, mode ratelimit.Mode, newLimiter func(t *testing.T) rateli
 					{ratelimit.Request{Policy: p, Key: "a\nb"}, ratelimit.ErrInvalidRequest},
 					{ratelimit.Request{Policy: p, Key: k, Cost: 11}, ratelimit.ErrInvalidRequest},
 					{ratelimit.Request{Policy: p, Key: k, Cost: -1}, ratelimit.ErrInvalidRequest},
+					{ratelimit.Request{Policy: p, Key: k, Cost: 1, ReadOnly: true}, ratelimit.ErrInvalidRequest},
 					{ratelimit.Request{Policy: ratelimit.Policy{Name: "x", Algorithm: alg, Limit: 0, Window: time.Second}, Key: k}, ratelimit.ErrInvalidPolicy},
 					{ratelimit.Request{Policy: ratelimit.Policy{Name: "x", Algorithm: "leaky", Limit: 1, Window: time.Second}, Key: k}, ratelimit.ErrInvalidPolicy},
 				}

@@ -171,3 +171,44 @@ func ceilSeconds(d time.Duration) int64 {
 }
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+// SetHeaders sets on hdr the rate-limit headers the middleware writes for a
+// request that policies decided as ds (one decision per policy, in order):
+// RateLimit-Policy and RateLimit listing every enforced policy (every
+// shadow one when none is enforced), the X-RateLimit trio of the most
+// restrictive decision, and Retry-After when that one refused. It returns
+// the index of the most restrictive decision (see the package
+// documentation), or -1 when no policy is given. Another door to the same
+// decisions (a gRPC service, say) answers with the same headers through it.
+// It panics when a policy is invalid.
+func SetHeaders(hdr http.Header, policies []ratelimit.Policy, ds []ratelimit.Decision) int {
+	if len(policies) == 0 || len(policies) != len(ds) {
+		return -1
+	}
+	h := &handler{m: &Middleware{}, policies: make([]compiledPolicy, len(policies))}
+	which := make([]int, len(policies))
+	best, shadow := -1, -1
+	for i, p := range policies {
+		if err := p.Validate(); err != nil {
+			panic("httplimit: " + err.Error())
+		}
+		h.policies[i], which[i] = compile(p), i
+		switch {
+		case p.Shadow:
+			if shadow < 0 || moreRestrictive(ds[i], ds[shadow]) {
+				shadow = i
+			}
+		case best < 0 || moreRestrictive(ds[i], ds[best]):
+			best = i
+		}
+	}
+	enforced := best >= 0
+	if !enforced {
+		best = shadow
+	}
+	h.writeHeaders(hdr, which, ds, best, enforced)
+	if enforced && !ds[best].Allowed {
+		setHeader(hdr, keyRetryAfter, itoa(retryAfterSeconds(ds[best].RetryAfter)))
+	}
+	return best
+}

@@ -314,11 +314,11 @@ func (m *Middleware) requestIDOf(r *http.Request, peerTrusted bool) (string, boo
 		return id, true
 	}
 	if m.requestID != nil {
-		if id := m.requestID(r); saneRequestID(id) {
+		if id := m.requestID(r); ValidRequestID(id) {
 			return id, false
 		}
 	} else if peerTrusted && m.trustIDs {
-		if id := getHeader(r.Header, keyRequestID); saneRequestID(id) {
+		if id := getHeader(r.Header, keyRequestID); ValidRequestID(id) {
 			return id, false
 		}
 	}

@@ -429,7 +429,21 @@ func TestShadow(t *testing.T) {
 		if len(lim.DecideCalls()) != 2 {
 			t.Errorf("Decide called %d times, want 2", len(lim.DecideCalls()))
 		}
+		sameAsSetHeaders(t, res.rec.Header(), []ratelimit.Policy{shadow, perIP}, []ratelimit.Decision{refuse, admit})
 	})
+}
+
+// sameAsSetHeaders checks that httplimit.SetHeaders gives the rate-limit
+// headers the middleware wrote for the same decisions.
+func sameAsSetHeaders(t *testing.T, written http.Header, policies []ratelimit.Policy, ds []ratelimit.Decision) {
+	t.Helper()
+	got := http.Header{}
+	httplimit.SetHeaders(got, policies, ds)
+	for _, k := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
+		if got.Get(k) != written.Get(k) {
+			t.Errorf("SetHeaders: %s %q, the middleware wrote %q", k, got.Get(k), written.Get(k))
+		}
+	}
 }
 
 func TestMultiPolicy(t *testing.T) {
@@ -474,6 +488,7 @@ func TestMultiPolicy(t *testing.T) {
 			if n := len(lim.DecideCalls()); n != 2 {
 				t.Errorf("Decide called %d times, want every policy decided", n)
 			}
+			sameAsSetHeaders(t, res.rec.Header(), []ratelimit.Policy{gcra, perIP}, []ratelimit.Decision{tt.gcra, tt.ip})
 			if tt.status == 429 {
 				if p := decodeProblem(t, res.rec); p.Policy != tt.wantPolicy {
 					t.Errorf("problem policy = %q", p.Policy)

@@ -159,9 +159,10 @@ func contains(prefixes []netip.Prefix, a netip.Addr) bool {
 	return false
 }
 
-// saneRequestID accepts 1 to 128 bytes of [A-Za-z0-9._:-] (nginx's
-// $request_id is 32 hex digits; UUIDs pass too).
-func saneRequestID(id string) bool {
+// ValidRequestID reports whether id is usable as a request id: 1 to 128
+// bytes of [A-Za-z0-9._:-] (nginx's $request_id is 32 hex digits; UUIDs
+// pass too). The middleware replaces any other id with a generated one.
+func ValidRequestID(id string) bool {
 	if id == "" || len(id) > maxRequestIDBytes {
 		return false
 	}

@@ -21,13 +21,13 @@ func TestConformance(t *testing.T) {
 var shared = memstore.New()
 
 func TestVectors(t *testing.T) {
-	for _, c := range vectors.Cases {
+	for _, c := range vectors.All() {
 		t.Run(c.Name, func(t *testing.T) {
 			var now int64
 			l := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
 			for i, s := range c.Steps {
 				now = vectors.T0 + s.At
-				got, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: "k", Cost: s.Cost, Weight: s.Weight})
+				got, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: "k", Cost: s.Cost, ReadOnly: s.ReadOnly, Weight: s.Weight})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -275,7 +275,7 @@ func (l *Limiter) decideOne(ctx context.Context, req ratelimit.Request) (ratelim
 	p := req.Policy
 	start := time.Now()
 	res, err := scripts[p.Algorithm].Run(callCtx, l.client, []string{l.Key(p, req.Key)},
-		now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), req.ID, req.Weight.Num, req.Weight.Den, l.resend).Slice()
+		now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, l.resend).Slice()
 	latency := time.Since(start)
 	var d ratelimit.Decision
 	if err == nil {
@@ -294,6 +294,16 @@ func (l *Limiter) decideOne(ctx context.Context, req ratelimit.Request) (ratelim
 		l.hooks.OnDecision(req, d, latency)
 	}
 	return d, nil
+}
+
+// scriptID is the request id a decision script gets: none for a read-only
+// request, which must not be remembered as admitted (lua/once.lua) nor
+// become a member of a sliding window log.
+func scriptID(r ratelimit.Request) string {
+	if r.ReadOnly {
+		return ""
+	}
+	return r.ID
 }
 
 // replyHead is the length of the part of a decision script's reply that is
@@ -499,7 +509,7 @@ func (l *Limiter) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]rat
 			r := reqs[i]
 			p := r.Policy
 			cmds[i] = scripts[p.Algorithm].EvalSha(ctx, pipe, []string{l.Key(p, r.Key)},
-				now, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), r.ID, r.Weight.Num, r.Weight.Den, l.resend)
+				now, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), scriptID(r), r.Weight.Num, r.Weight.Den, l.resend)
 		}
 		_, _ = pipe.Exec(ctx)
 	}

@@ -32,14 +32,14 @@ func newClient(t testing.TB, addr string) *redis.Client {
 // TestVectors runs the shared vector table against the Lua twins.
 func TestVectors(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	for i, c := range vectors.Cases {
+	for i, c := range vectors.All() {
 		t.Run(c.Name, func(t *testing.T) {
 			var now int64
 			l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
 			key := fmt.Sprintf("vector-%d", i)
 			for j, s := range c.Steps {
 				now = vectors.T0 + s.At
-				got, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: key, Cost: s.Cost, Weight: s.Weight, ID: fmt.Sprintf("req-%d", j)})
+				got, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: key, Cost: s.Cost, ReadOnly: s.ReadOnly, Weight: s.Weight, ID: fmt.Sprintf("req-%d", j)})
 				if err != nil {
 					t.Fatal(err)
 				}

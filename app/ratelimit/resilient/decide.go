@@ -202,7 +202,7 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 		e.identity = id
 		e.ensureLocal(p, now, part, closed, func() int64 { return l.hidden(e, p, id) })
 		d = e.decideLocal(p, now, req.Units(), part)
-		if d.Allowed && !e.journaled {
+		if d.Allowed && !req.ReadOnly && !e.journaled {
 			// What this share started from, before its first grant, so a
 			// restart rebuilds it.
 			e.journaled = true
@@ -211,9 +211,12 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 		sh.mu.Unlock()
 	}
 	if !d.Allowed {
-		if pending {
+		if pending && !req.ReadOnly {
 			l.late.refuse(req, now)
 		}
+		return d
+	}
+	if req.ReadOnly { // it took nothing
 		return d
 	}
 	// Journaled before the response is sent; a failed write is counted

@@ -10,7 +10,10 @@
 //   - ceiling/redis-benchmark-P1 and -P16: redis-benchmark running our own
 //     GCRA script by EVALSHA, one command per round trip and 16 deep;
 //   - fallback/decision and fallback/journal-append: the in-memory decision
-//     an instance makes while Redis is out, and the journaling of its grant.
+//     an instance makes while Redis is out, and the journaling of its grant;
+//   - stack/*: a native stack through nginx: a route with the limiter and
+//     without it, and the doors for other languages beside them (a static
+//     site behind auth_request, Envoy's rate limit service over gRPC).
 //
 // Each row has decisions/s, p50 and p99 (µs) at 1, 16, 64 and 256
 // goroutines over 10 000 keys. It writes bench-out/results.json and
@@ -44,6 +47,7 @@ import (
 	"testing"
 	"time"
 
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 	ulule "github.com/ulule/limiter/v3"
@@ -110,6 +114,7 @@ func run(ctx context.Context, args []string) error {
 	coalesce := fs.Int("coalesce", 4, "our pipelines in flight at once (RL_REDIS_PIPELINES; 0: a round trip per decision)")
 	only := fs.String("only", "", "measure only the rows whose name starts with this")
 	stackURL := fs.String("stack", "", "nginx of a native stack serving /api/bench-on (limited) and /api/bench-off (not): measure the stack with the limiter on and off")
+	rlsAddr := fs.String("rls", "", "with -stack: its rate limit service (domain bench, descriptor key), and /static/ behind auth_request: measure the doors beside the route")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	out := fs.String("out", "bench-out/results.json", "results file")
 	md := fs.String("md", "docs/BENCHMARKS.md", "the table, rendered")
@@ -269,8 +274,24 @@ func run(ctx context.Context, args []string) error {
 	// The whole stack through nginx, the same route with the limiter and
 	// without it.
 	if *stackURL != "" {
+		deciders := map[string]decider{}
 		for _, route := range []string{"limiter-off", "limiter-on"} {
-			d := httpDecider(*stackURL + "/api/bench-" + strings.TrimPrefix(route, "limiter-"))
+			deciders[route] = httpDecider(*stackURL + "/api/bench-" + strings.TrimPrefix(route, "limiter-"))
+		}
+		if *rlsAddr != "" {
+			rls, err := loadtest.DialRLS(*rlsAddr)
+			if err != nil {
+				return err
+			}
+			defer rls.Close()
+			deciders["auth-request"] = httpDecider(*stackURL + "/static/")
+			deciders["grpc"] = rlsDecider(rls, loadtest.RLSPrefix+"bench/key")
+		}
+		for _, route := range []string{"limiter-off", "limiter-on", "auth-request", "grpc"} {
+			d, ok := deciders[route]
+			if !ok {
+				continue
+			}
 			for _, g := range gs {
 				if g >= 16 {
 					add("stack/"+route, g, d)
@@ -314,6 +335,21 @@ func httpDecider(url string) decider {
 		_ = resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+		}
+		return nil
+	}
+}
+
+// rlsDecider calls the rate limit service on route with the key as the
+// descriptor's value, and expects OK.
+func rlsDecider(rls *loadtest.RLSClient, route string) decider {
+	return func(ctx context.Context, key string) error {
+		resp, _, err := rls.ShouldRateLimit(ctx, route, key)
+		if err != nil {
+			return err
+		}
+		if resp.GetOverallCode() != pb.RateLimitResponse_OK {
+			return fmt.Errorf("%s: %s", route, resp.GetOverallCode())
 		}
 		return nil
 	}
@@ -588,6 +624,11 @@ func ratios(res *Results) {
 		if on != nil && off != nil && off.DecisionsPerS > 0 {
 			res.Ratios[fmt.Sprintf("stack_on_vs_off_at_%d", g)] = round(on.DecisionsPerS/off.DecisionsPerS*100) / 100
 		}
+		for _, door := range []string{"auth-request", "grpc"} {
+			if d := find(*res, "stack/"+door, g); d != nil && on != nil && on.DecisionsPerS > 0 {
+				res.Ratios[fmt.Sprintf("stack_%s_vs_on_at_%d", strings.ReplaceAll(door, "-", "_"), g)] = round(d.DecisionsPerS/on.DecisionsPerS*100) / 100
+			}
+		}
 	}
 	if c := find(*res, "ceiling/redis-benchmark-P16", 0); c != nil && c.DecisionsPerS > 0 {
 		best := 0.0
@@ -619,7 +660,7 @@ func write(out, md string, res Results) error {
 	if res.CPUStealPct != nil {
 		fmt.Fprintf(&b, "Over the run the machine's cores were %.1f %% busy and the hypervisor took %.1f %% of their time (steal): with steal, every row is slower, so compare rows of one run only.\n\n", *res.CPUBusyPct, *res.CPUStealPct)
 	}
-	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant, `stack/*` the native stack (nginx, four instances, Redis; the apps dial Redis directly, log at info) answering one route with its limiter (a GCRA policy it never refuses) and without (a route with no policies), requests per second through nginx over keep-alive connections. The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
+	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant, `stack/*` the native stack (nginx, four instances, Redis; the apps dial Redis directly, log at info) answering one route with its limiter (a GCRA policy it never refuses) and without (a route with no policies), requests per second through nginx over keep-alive connections; beside them the doors for other languages through the same nginx and instances (docs/DOORS.md): `stack/auth-request` a static site (a second nginx) whose every request nginx first checks with an instance (auth_request, a GCRA policy it never refuses), `stack/grpc` Envoy's rate limit service (ShouldRateLimit over one plaintext HTTP/2 connection, a descriptor per key, GCRA). The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
 	var mem strings.Builder
 	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range res.Rows {

@@ -3,6 +3,11 @@
 //
 //	go run ./loadtest/cmd/loadtest -url http://127.0.0.1:8080 -duration 30s -out requests.jsonl
 //
+// A route "rls:<domain>/<descriptor key>" is loaded through Envoy's rate
+// limit service at -rls (ShouldRateLimit, one descriptor per key):
+//
+//	go run ./loadtest/cmd/loadtest -rls 127.0.0.1:8090 -routes /api/gcra,/static/,rls:chaos/gcra ...
+//
 // Quota and window of each route come from its RateLimit-Policy header,
 // unless -quota and -window give them for every route. Keys are signed
 // with -api-key-secret (default: RL_API_KEY_SECRET, else the demo stacks'
@@ -52,6 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var (
 		baseURL     = fs.String("url", "http://127.0.0.1:8080", "base URL of the service (loopback only)")
+		rlsAddr     = fs.String("rls", "", "host:port of Envoy's rate limit service, for the routes rls:<domain>/<descriptor key> (loopback only)")
 		routes      = fs.String("routes", strings.Join(loadtest.DefaultRoutes, ","), "comma-separated routes loaded at once")
 		duration    = fs.Duration("duration", 30*time.Second, "how long to send")
 		maxRequests = fs.Int64("max-requests", 1_000_000, "stop after this many requests")
@@ -96,6 +102,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Sources:     *sources,
 		// The first of a comma-separated list signs, as in the service.
 		APIKeySecret: strings.Split(*secret, ",")[0],
+	}
+	if *rlsAddr != "" {
+		rls, err := loadtest.DialRLS(*rlsAddr)
+		if err != nil {
+			return err
+		}
+		defer rls.Close()
+		cfg.RLS = rls
 	}
 	if *quota > 0 {
 		cfg.Policies = map[string]loadtest.Policy{}

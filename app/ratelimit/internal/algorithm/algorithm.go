@@ -3,7 +3,8 @@
 // twins (policy, state, now, grants) -> (state, result). Every quantity is an
 // integer (time in µs, token levels scaled by the window in µs) so that the
 // Lua twins in redisstore, which compute in float64, agree to the bit. Each
-// function expects a validated policy, 1 <= cost <= p.Capacity() and a
+// function expects a validated policy, 0 <= cost <= p.Capacity() (0: a
+// read-only request, which changes nothing) and a
 // valid weight (see ratelimit.Weight: the decider's share of the policy is
 // Den/Num of it). The in-memory store and the resilient limiter's fallback
 // decide with them.

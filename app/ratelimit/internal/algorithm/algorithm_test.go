@@ -51,7 +51,7 @@ func (w *twin) replay(now int64, grants []ratelimit.Grant) ratelimit.ReplayResul
 
 // TestVectors runs the shared vector table against the pure transitions.
 func TestVectors(t *testing.T) {
-	for _, c := range vectors.Cases {
+	for _, c := range vectors.All() {
 		t.Run(c.Name, func(t *testing.T) {
 			if err := c.Policy.Validate(); err != nil {
 				t.Fatal(err)

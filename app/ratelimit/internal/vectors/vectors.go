@@ -16,12 +16,14 @@ import (
 const T0 int64 = 1_700_000_000_000_000
 
 // Step is one request of a case: at T0+At µs, for Cost units, on the case's
-// key; Want is the expected decision.
+// key; Want is the expected decision. A ReadOnly step (ratelimit.Request's
+// ReadOnly) has Cost 0 and must leave the key as it was.
 type Step struct {
-	At     int64
-	Cost   int64
-	Weight ratelimit.Weight
-	Want   Want
+	At       int64
+	Cost     int64
+	ReadOnly bool
+	Weight   ratelimit.Weight
+	Want     Want
 }
 
 // Want is an expected decision. TAT and WindowStart are relative to T0.
@@ -208,6 +210,78 @@ var Cases = []Case{
 			{At: sec, Cost: 1, Weight: ratelimit.Weight{Num: 3, Den: 2}, Want: Want{Remaining: 0, Reset: 9 * sec, Retry: 9 * sec, Ages: [8]int64{2}}},
 			{At: sec, Cost: 1, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{3}}},
 			{At: sec, Cost: 3, Weight: ratelimit.Weight{Num: 3, Den: 2}, Want: Want{Remaining: 0, Reset: 10 * sec, Retry: 10 * sec, Ages: [8]int64{3}}},
+		},
+	},
+}
+
+// All returns Cases and ReadOnlyCases, the decision table every twin runs.
+func All() []Case { return append(append([]Case{}, Cases...), ReadOnlyCases...) }
+
+// ReadOnlyCases are requests of no units (ratelimit.Request's ReadOnly)
+// between ordinary ones: each reports the key as it is, and the ordinary
+// requests after it are decided as if it had not been made.
+var ReadOnlyCases = []Case{
+	{
+		// Capacity 3 refilled over 3 s: scaled level tokens × 3e6, refill
+		// 3 scaled units per µs.
+		Name:   "token bucket: read-only",
+		Policy: ratelimit.Policy{Name: "tb-ro", Algorithm: ratelimit.TokenBucket, Limit: 3, Window: 3 * time.Second},
+		Steps: []Step{
+			{At: 0, ReadOnly: true, Want: Want{Allowed: true, Remaining: 3, Tokens: 9e6}},
+			{At: 0, Cost: 2, Want: Want{Allowed: true, Remaining: 1, Reset: 2 * sec, Tokens: 3e6}},
+			// 0.5 s refills 1.5e6: 4.5e6, one whole token.
+			{At: sec / 2, ReadOnly: true, Want: Want{Allowed: true, Remaining: 1, Reset: 1500000, Tokens: 4500000}},
+			{At: sec / 2, Cost: 2, Want: Want{Remaining: 1, Reset: 1500000, Retry: 500000, Tokens: 4500000}},
+			// Nothing was taken by the read at 0.5 s: 6e6 at 1 s.
+			{At: sec, ReadOnly: true, Want: Want{Allowed: true, Remaining: 2, Reset: 1 * sec, Tokens: 6e6}},
+			{At: sec, Cost: 2, Want: Want{Allowed: true, Remaining: 0, Reset: 3 * sec, Tokens: 0}},
+			{At: sec, ReadOnly: true, Want: Want{Allowed: true, Remaining: 0, Reset: 3 * sec, Tokens: 0}},
+		},
+	},
+	{
+		// 3 per 3 s, burst 3: emission interval 1e6 µs, tolerance 9e6.
+		Name:   "gcra: read-only",
+		Policy: ratelimit.Policy{Name: "gc-ro", Algorithm: ratelimit.GCRA, Limit: 3, Window: 3 * time.Second},
+		Steps: []Step{
+			{At: 0, ReadOnly: true, Want: Want{Allowed: true, Remaining: 3}},
+			{At: 0, Cost: 2, Want: Want{Allowed: true, Remaining: 1, Reset: 2 * sec, TAT: 2 * sec}},
+			// (2e6 - 0.5e6) × 3 = 4.5e6 ahead: 4.5e6 of 9e6 left.
+			{At: sec / 2, ReadOnly: true, Want: Want{Allowed: true, Remaining: 1, Reset: 1500000, TAT: 2 * sec}},
+			{At: sec / 2, Cost: 2, Want: Want{Remaining: 1, Reset: 1500000, Retry: 500000, TAT: 2 * sec}},
+			{At: sec, ReadOnly: true, Want: Want{Allowed: true, Remaining: 2, Reset: 1 * sec, TAT: 2 * sec}},
+			// (4e6 - 1e6) × 3 = 9e6 <= 9e6.
+			{At: sec, Cost: 2, Want: Want{Allowed: true, Remaining: 0, Reset: 3 * sec, TAT: 4 * sec}},
+			{At: sec, ReadOnly: true, Want: Want{Allowed: true, Remaining: 0, Reset: 3 * sec, TAT: 4 * sec}},
+		},
+	},
+	{
+		// 4 per 10 s. Used = prev × (W - elapsed) + cur × W.
+		Name:   "sliding window counter: read-only",
+		Policy: ratelimit.Policy{Name: "swc-ro", Algorithm: ratelimit.SlidingWindowCounter, Limit: 4, Window: 10 * time.Second},
+		Steps: []Step{
+			{At: 0, ReadOnly: true, Want: Want{Allowed: true, Remaining: 4}},
+			{At: 1 * sec, Cost: 3, Want: Want{Allowed: true, Remaining: 1, Reset: 19 * sec, Cur: 3}},
+			// Next window, 2 s in: used 3 × 8e6 = 2.4e7 of 4e7.
+			{At: 12 * sec, ReadOnly: true, Want: Want{Allowed: true, Remaining: 1, Reset: 8 * sec, WindowStart: 10 * sec, Prv: 3}},
+			// 2 fit once 3 × (W - e) <= 2e7: e >= 3333334, 1333334 µs on.
+			{At: 12 * sec, Cost: 2, Want: Want{Remaining: 1, Reset: 8 * sec, Retry: 1333334, WindowStart: 10 * sec, Prv: 3}},
+			{At: 16 * sec, ReadOnly: true, Want: Want{Allowed: true, Remaining: 2, Reset: 4 * sec, WindowStart: 10 * sec, Prv: 3}},
+			{At: 16 * sec, Cost: 2, Want: Want{Allowed: true, Remaining: 0, Reset: 14 * sec, WindowStart: 10 * sec, Cur: 2, Prv: 3}},
+			{At: 16 * sec, ReadOnly: true, Want: Want{Allowed: true, Remaining: 0, Reset: 14 * sec, WindowStart: 10 * sec, Cur: 2, Prv: 3}},
+		},
+	},
+	{
+		// 3 per 10 s, exact. Ages in eighths of the window (1.25 s).
+		Name:   "sliding window log: read-only",
+		Policy: ratelimit.Policy{Name: "swl-ro", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: 10 * time.Second},
+		Steps: []Step{
+			{At: 0, ReadOnly: true, Want: Want{Allowed: true, Remaining: 3}},
+			{At: 1 * sec, Cost: 2, Want: Want{Allowed: true, Remaining: 1, Reset: 10 * sec, Ages: [8]int64{2}}},
+			{At: 4 * sec, ReadOnly: true, Want: Want{Allowed: true, Remaining: 1, Reset: 7 * sec, Ages: [8]int64{0, 0, 2}}},
+			{At: 4 * sec, Cost: 2, Want: Want{Remaining: 1, Reset: 7 * sec, Retry: 7 * sec, Ages: [8]int64{0, 0, 2}}},
+			// The read added no entry: one unit still fits.
+			{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{1, 0, 2}}},
+			{At: 4 * sec, ReadOnly: true, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{1, 0, 2}}},
 		},
 	},
 }

@@ -34,17 +34,20 @@ elseif count + cost <= limit then
     extra = '@' .. str(now)
   end
   -- ZADD in chunks: unpack of more than a few thousand values overflows
-  -- Lua 5.1's C stack ("too many results to unpack").
-  local args = {str(now), id}
-  for i = 2, cost do
-    if #args >= 1000 then
-      redis.call('ZADD', key, unpack(args))
-      args = {}
+  -- Lua 5.1's C stack ("too many results to unpack"). A read-only request
+  -- (cost 0) adds nothing.
+  if cost > 0 then
+    local args = {str(now), id}
+    for i = 2, cost do
+      if #args >= 1000 then
+        redis.call('ZADD', key, unpack(args))
+        args = {}
+      end
+      args[#args + 1] = str(now)
+      args[#args + 1] = id .. '#' .. i .. extra
     end
-    args[#args + 1] = str(now)
-    args[#args + 1] = id .. '#' .. i .. extra
+    redis.call('ZADD', key, unpack(args))
   end
-  redis.call('ZADD', key, unpack(args))
   count = count + cost
 elseif cost > limit then
   retry = window

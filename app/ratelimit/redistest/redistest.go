@@ -1,0 +1,27 @@
+// Package redistest starts real redis-server processes for the tests of
+// code outside this module's tree: the service that wraps the library, a
+// third-party store or wrapper (as package conformance serves them). It is
+// the standalone-server part of the library's own test helper: see
+// StartServer for what runs, and Require for the rule when redis-server is
+// missing (skip, or fail when CI is set).
+package redistest
+
+import (
+	"testing"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
+)
+
+// Server is a running redis-server (Addr, Client, Kill, Restart, ...).
+type Server = redistest.Server
+
+// ServerOptions configures StartServer (AOF, Password, extra Args).
+type ServerOptions = redistest.ServerOptions
+
+// StartServer starts a redis-server on a free loopback port in its own
+// t.TempDir, returns once it answers, and kills it in t.Cleanup.
+func StartServer(t testing.TB, opts ServerOptions) *Server { return redistest.StartServer(t, opts) }
+
+// Require returns the path of the executable bin; when it is missing, it
+// fails the test if CI is set and skips it otherwise.
+func Require(t testing.TB, bin string) string { return redistest.Require(t, bin) }

@@ -1,0 +1,47 @@
+package suite
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/fleetlimit/fleetlimit/chaos/ideal"
+	"github.com/fleetlimit/fleetlimit/chaos/stack"
+)
+
+// TestDoorRoutes: the stack's doors become routes of the load: the path of
+// the upstream URL through nginx, and the rate limit service's route.
+func TestDoorRoutes(t *testing.T) {
+	cases := []struct {
+		info stack.Info
+		want []string
+		fail bool
+	}{
+		{stack.Info{NginxURL: "http://127.0.0.1:8080"}, nil, false},
+		{stack.Info{NginxURL: "http://127.0.0.1:8080", UpstreamURL: "http://127.0.0.1:8080/static/", RLSAddr: "127.0.0.1:8090"},
+			[]string{"/static/", RLSRoute}, false},
+		{stack.Info{NginxURL: "http://127.0.0.1:8080", RLSAddr: "127.0.0.1:8090"}, []string{RLSRoute}, false},
+		{stack.Info{NginxURL: "http://127.0.0.1:8080", UpstreamURL: "http://127.0.0.1:9999/static/"}, nil, true},
+	}
+	for _, c := range cases {
+		got, err := DoorRoutes(c.info)
+		if (err != nil) != c.fail || !slices.Equal(got, c.want) {
+			t.Errorf("%+v: %v %v, want %v (error: %v)", c.info, got, err, c.want, c.fail)
+		}
+	}
+}
+
+// TestDoorPoliciesNameTheirAlgorithm: the doors' policies in the chaos
+// stacks are named after their algorithms, as the invariants need.
+func TestDoorPoliciesNameTheirAlgorithm(t *testing.T) {
+	for _, c := range []struct{ route, policy, want string }{
+		{"/static/", "static-sliding-window-counter", ideal.SlidingWindowCounter},
+		{"/static/files/", "static-files-token-bucket", ideal.TokenBucket},
+		{RLSRoute, "chaos.gcra", ideal.GCRA},
+		{"/static/", "static", ""},
+		{RLSRoute, "chaos.client", ""},
+	} {
+		if got := AlgorithmOf(c.route, c.policy); got != c.want {
+			t.Errorf("AlgorithmOf(%s, %s) = %q, want %q", c.route, c.policy, got, c.want)
+		}
+	}
+}
