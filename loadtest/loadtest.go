@@ -127,6 +127,10 @@ type Record struct {
 	// RefusedBy names the policy that refused a 429 (RefusedBy); absent
 	// on other answers.
 	RefusedBy string `json:"refused_by,omitempty"`
+	// Aborted: the client reset the connection on purpose before the answer
+	// came (Config.AbortShare); Status is 0. Whether the fleet counted the
+	// request is not known.
+	Aborted bool `json:"aborted,omitempty"`
 }
 
 // Admitted reports whether the fleet admitted the request (a 2xx answer).
@@ -135,8 +139,9 @@ func (r Record) Admitted() bool { return r.Status >= 200 && r.Status < 300 }
 // Limited reports whether the request was refused (429).
 func (r Record) Limited() bool { return r.Status == 429 }
 
-// Failed reports whether the request got no answer or a 5xx.
-func (r Record) Failed() bool { return r.Status == 0 || r.Status >= 500 }
+// Failed reports whether the request got no answer or a 5xx, other than a
+// request its client aborted on purpose.
+func (r Record) Failed() bool { return !r.Aborted && (r.Status == 0 || r.Status >= 500) }
 
 // UnixMS converts t to Unix milliseconds, keeping microseconds.
 func UnixMS(t time.Time) float64 { return float64(t.UnixMicro()) / 1000 }
@@ -204,6 +209,15 @@ type Config struct {
 	// key sends through Client. At most 250; the base URL must then be an
 	// IPv4 loopback address or localhost.
 	Sources int
+	// AbortShare is the share of the HTTP requests (0 to 0.5) whose client
+	// resets its connection once it has sent the request: half at once,
+	// half at a random point up to AbortWithin (a typical answer's time): a
+	// client that gives up.
+	// Such a request's record is Aborted, unless its answer came first.
+	AbortShare float64
+	// AbortWithin bounds how long after sending an aborting client resets
+	// its connection (10 ms).
+	AbortWithin time.Duration
 	// OnRecord, if set, receives every record, from one goroutine at a
 	// time, in the order the answers arrive.
 	OnRecord func(Record)
@@ -322,6 +336,12 @@ func (c *Config) setDefaults() error {
 			}
 		}
 	}
+	if c.AbortShare < 0 || c.AbortShare > 0.5 {
+		return fmt.Errorf("loadtest: abort share %v: want 0 to 0.5", c.AbortShare)
+	}
+	if c.AbortWithin <= 0 {
+		c.AbortWithin = 10 * time.Millisecond
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -420,6 +440,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		clientOf = func(i int) *http.Client { return clients[i%len(clients)] }
 	}
+	abortClient := cfg.Client
+	if cfg.AbortShare > 0 {
+		abortClient = newAbortingClient()
+		defer abortClient.CloseIdleConnections()
+	}
 	var (
 		sent     atomic.Int64
 		inflight = make(chan struct{}, cfg.MaxInFlight)
@@ -434,6 +459,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		go func() {
 			defer senders.Done()
 			rng := rand.New(rand.NewPCG(cfg.Seed, seedOf(i)))
+			aborts := rand.New(rand.NewPCG(cfg.Seed^0xab, seedOf(i)))
 			for at := range schedule(rng, res.Start, deadline, k.Interval, cfg.Jitter) {
 				if !sleepUntil(runCtx, cfg.Now, at) {
 					return
@@ -448,6 +474,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					cancel()
 					return
 				}
+				abortAfter := time.Duration(-1)
+				if cfg.AbortShare > 0 && aborts.Float64() < cfg.AbortShare {
+					// Half at once (the request written, nothing read),
+					// half at a random point up to AbortWithin.
+					abortAfter = 0
+					if aborts.IntN(2) == 0 {
+						abortAfter = time.Duration(aborts.Int64N(int64(cfg.AbortWithin) + 1))
+					}
+				}
 				requests.Add(1)
 				go func() {
 					defer requests.Done()
@@ -457,6 +492,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					// client's timeout.
 					if IsRLSRoute(k.Route) {
 						records <- cfg.RLS.send(context.WithoutCancel(ctx), k, cfg.Now)
+						return
+					}
+					if abortAfter >= 0 && !IsRLSRoute(k.Route) {
+						records <- sendAborting(context.WithoutCancel(ctx), abortClient, base, k, cfg.Now, abortAfter)
 						return
 					}
 					records <- send(context.WithoutCancel(ctx), clientOf(i), base, k, cfg.Now)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -378,16 +379,23 @@ func TestCheck(t *testing.T) {
 	add(rq("polite-1", 19_990, 20_010, 429), "app1", "local") // received in fault
 	add(rq("abusive-1", 40_000, 40_003, 502), "", "")
 	add(rq("abusive-1", 56_000, 58_000, 0), "", "")
+	aborted := rq("abusive-1", 30_000, 30_004, 0)
+	aborted.Aborted = true // not an error, not judged
+	add(aborted, "", "")
+	phases := slices.Clone(testPhases)
+	for i, counted := range []float64{0, 0, 0, 2, 2} { // 2 uncounted in fault
+		phases[i].Uncounted = map[string]float64{"app1": counted}
+	}
 	in := Input{
 		Requests:     reqs,
-		Phases:       testPhases,
+		Phases:       phases,
 		Policies:     map[string]Policy{"/api/sliding-window-log": pol(ideal.SlidingWindowLog, 100)},
 		RedisTimeout: 100 * time.Millisecond,
 		Affected:     []string{"app1"},
-		Statuses:     []InstanceStatus{status("app1", true, `{"journal_size":0}`)},
+		Statuses:     []InstanceStatus{status("app1", true, `{"journal_size":0,"uncounted_requests":2}`)},
 	}
 	rows := Check(in)
-	if len(rows) != 4+4+3+4+4+1+2 {
+	if len(rows) != 4+4+4+4+4+1+4+2 {
 		t.Fatalf("%d rows", len(rows))
 	}
 	get := func(name, phase string) Row {
@@ -431,6 +439,15 @@ func TestCheck(t *testing.T) {
 	}
 	if r := get(Reconciled, Settle); r.Pass {
 		t.Errorf("reconciled without the fields: %+v", r)
+	}
+	if r := get(Uncounted, Fault); r.Measured != 2.0 || r.Pass {
+		t.Errorf("uncounted in fault: %+v", r)
+	}
+	if r := get(Uncounted, Settle); r.Measured != 0.0 || !r.Pass {
+		t.Errorf("uncounted in settle: %+v", r)
+	}
+	if r := get(Errors, Fault); r.Measured != 0 || !r.Pass {
+		t.Errorf("errors in fault (an aborted request is none): %+v", r)
 	}
 	for _, r := range rows {
 		if r.Phase == Warmup {

@@ -42,6 +42,7 @@ const (
 	Errors        = "errors"
 	LatencyP99    = "latency_p99_ms"
 	Reconciled    = "reconciled"
+	Uncounted     = "uncounted"
 	FailoverMS    = "failover_ms"
 	RecoveryMS    = "recovery_ms"
 )
@@ -74,6 +75,10 @@ type Phase struct {
 	// hypervisor (steal). Absent where unknown (not Linux).
 	CPUBusyPct  *float64 `json:"cpu_busy_pct,omitempty"`
 	CPUStealPct *float64 `json:"cpu_steal_pct,omitempty"`
+	// Uncounted is each instance's count of requests whose handler ran
+	// without a counted decision (its /status uncounted_requests), read
+	// as the phase began; an instance that did not answer is absent.
+	Uncounted map[string]float64 `json:"uncounted,omitempty"`
 }
 
 // Policy is a route's policy as the suite knows it: learned from the

@@ -72,6 +72,9 @@ type Report struct {
 	// Affected are the instances the fault cut off from Redis (failover_ms
 	// and recovery_ms are measured on them).
 	Affected []string `json:"affected_instances,omitempty"`
+	// NoFault: the scenario left Redis healthy (failover_ms and
+	// recovery_ms are not judged).
+	NoFault bool `json:"no_fault,omitempty"`
 	// Statuses are the /status documents the reconciled invariant read.
 	Statuses []invariant.InstanceStatus `json:"statuses,omitempty"`
 	// RedisCheck is what Redis held after settle (informational).

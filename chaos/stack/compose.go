@@ -468,11 +468,16 @@ func (c *Compose) dropTo(ctx context.Context, app, ip string, on bool) error {
 
 // Latency implements Stack: a latency toxic on every app's proxy (Up adds
 // the proxies for a fault that needs latency).
-func (c *Compose) Latency(ctx context.Context, d time.Duration) error {
+func (c *Compose) Latency(ctx context.Context, d, jitter time.Duration) error {
 	if c.info.ProxyAPI == "" {
 		return &UnsupportedError{Fault: "latency", Reason: "the stack was started without the fault proxy (Up with needs \"latency\")"}
 	}
-	return c.latency(ctx, c.info, d)
+	return c.latency(ctx, c.info, d, jitter)
+}
+
+// SetClock implements Stack, on the app's published admin port.
+func (c *Compose) SetClock(ctx context.Context, app string, offset time.Duration) error {
+	return c.setClock(ctx, c.info, app, offset)
 }
 
 // Status implements Stack: GET the app's published admin /status.

@@ -22,19 +22,45 @@ func newHTTPAPI() httpAPI { return httpAPI{client: &http.Client{Timeout: 5 * tim
 const LatencyToxic = "chaos-latency"
 
 // latency adds (d > 0) or removes a latency toxic on the downstream (Redis to
-// app) of every app's proxy.
-func (h httpAPI) latency(ctx context.Context, info Info, d time.Duration) error {
+// app) of every app's proxy: toxiproxy delays each reply by d, plus or minus
+// up to jitter.
+func (h httpAPI) latency(ctx context.Context, info Info, d, jitter time.Duration) error {
 	var errs []error
 	for _, a := range info.Apps {
 		if d > 0 {
-			body := fmt.Sprintf(`{"name":%q,"type":"latency","stream":"downstream","toxicity":1,"attributes":{"latency":%d,"jitter":0}}`,
-				LatencyToxic, d.Milliseconds())
+			body := fmt.Sprintf(`{"name":%q,"type":"latency","stream":"downstream","toxicity":1,"attributes":{"latency":%d,"jitter":%d}}`,
+				LatencyToxic, d.Milliseconds(), min(jitter, d).Milliseconds())
 			errs = append(errs, h.proxyCall(ctx, info.ProxyAPI, http.MethodPost, "/proxies/"+a.Proxy+"/toxics", body, false))
 		} else {
 			errs = append(errs, h.proxyCall(ctx, info.ProxyAPI, http.MethodDelete, "/proxies/"+a.Proxy+"/toxics/"+LatencyToxic, "", true))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// setClock sets app's wall clock offset (POST /debug/clock on its admin
+// port, which the chaos stacks open with RL_DEBUG_CLOCK).
+func (h httpAPI) setClock(ctx context.Context, info Info, app string, offset time.Duration) error {
+	admin, err := adminURL(info, app)
+	if err != nil {
+		return err
+	}
+	body := fmt.Sprintf(`{"offset":%q}`, offset.String())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, admin+"/debug/clock", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s clock: %w", app, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("%s clock: %s: %s", app, resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
 }
 
 // proxyCall sends one request to toxiproxy's API at api.

@@ -93,6 +93,8 @@ func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 	if os.Getenv("LOCAL_RLS_CONFIG_DIR") == "" {
 		r.env = append(r.env, "LOCAL_RLS_CONFIG_DIR="+filepath.Join(l.r.root, RLSConfigDir))
 	}
+	// clock-step moves an instance's wall clock through its admin port.
+	r.env = append(r.env, "RL_DEBUG_CLOCK=true")
 	if err := r.run(ctx, "make", "--no-print-directory", "local-up"); err != nil {
 		return Info{}, err
 	}
@@ -513,8 +515,13 @@ func (l *Local) Partition(ctx context.Context, app string, on bool) error {
 }
 
 // Latency implements Stack: a latency toxic on every app's proxy.
-func (l *Local) Latency(ctx context.Context, d time.Duration) error {
-	return l.latency(ctx, l.info, d)
+func (l *Local) Latency(ctx context.Context, d, jitter time.Duration) error {
+	return l.latency(ctx, l.info, d, jitter)
+}
+
+// SetClock implements Stack, on the app's admin port.
+func (l *Local) SetClock(ctx context.Context, app string, offset time.Duration) error {
+	return l.setClock(ctx, l.info, app, offset)
 }
 
 // Status implements Stack: GET <admin_url>/status.

@@ -112,8 +112,13 @@ type Stack interface {
 	StartApp(ctx context.Context, app string) error
 	// Partition cuts app off Redis (on) or reconnects it (off).
 	Partition(ctx context.Context, app string, on bool) error
-	// Latency delays every Redis reply to every app by d (0: removes it).
-	Latency(ctx context.Context, d time.Duration) error
+	// Latency delays every Redis reply to every app by d, give or take up
+	// to jitter, drawn per reply (d 0: removes it).
+	Latency(ctx context.Context, d, jitter time.Duration) error
+	// SetClock moves app's wall clock offset from the host's (0: back to
+	// it), through the admin endpoint the chaos stacks open
+	// (RL_DEBUG_CLOCK).
+	SetClock(ctx context.Context, app string, offset time.Duration) error
 	// Status returns an app's admin /status body.
 	Status(ctx context.Context, app string) ([]byte, error)
 	// Unsupported says why a fault ("latency", ...) cannot be injected on

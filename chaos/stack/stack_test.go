@@ -57,10 +57,10 @@ func TestLocalToxiproxyCalls(t *testing.T) {
 	if err := l.Partition(ctx, "app1", false); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Latency(ctx, 300*time.Millisecond); err != nil {
+	if err := l.Latency(ctx, 300*time.Millisecond, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Latency(ctx, 0); err != nil {
+	if err := l.Latency(ctx, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Partition(ctx, "app9", true); err == nil {
@@ -143,7 +143,7 @@ func TestEveryFaultSupported(t *testing.T) {
 		t.Error("compose should support every fault")
 	}
 	var u *UnsupportedError
-	if err := c.Latency(context.Background(), time.Second); err == nil || !errors.As(err, &u) || u.Fault != "latency" {
+	if err := c.Latency(context.Background(), time.Second, 0); err == nil || !errors.As(err, &u) || u.Fault != "latency" {
 		t.Errorf("Latency before Up(latency): %v", err)
 	}
 	if NewLocal(t.TempDir(), io.Discard).Unsupported("latency") != "" {

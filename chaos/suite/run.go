@@ -186,6 +186,8 @@ type scenarioRun struct {
 	cpuOK  bool
 	log    io.Writer
 	prog   *progress.Reporter
+	// uncounted reads every instance's uncounted_requests (nil: none).
+	uncounted func() map[string]float64
 }
 
 func (s *scenarioRun) event(name, detail string) {
@@ -216,8 +218,14 @@ func (s *scenarioRun) phase(name string) {
 		}
 	}
 	s.cpuAt, s.cpuOK = cpu, cpuOK
+	s.mu.Unlock()
+	var counted map[string]float64
+	if name != "" && s.uncounted != nil {
+		counted = s.uncounted()
+	}
+	s.mu.Lock()
 	if name != "" {
-		s.phases = append(s.phases, invariant.Phase{Name: name, StartMS: now})
+		s.phases = append(s.phases, invariant.Phase{Name: name, StartMS: now, Uncounted: counted})
 	}
 	s.mu.Unlock()
 	s.prog.Phase(name)
@@ -385,6 +393,7 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 			APIKeySecret: strings.Split(cfg.APIKeySecret, ",")[0],
 			Client:       client,
 			RLS:          cfg.rls,
+			AbortShare:   sc.AbortShare,
 			OnRecord: func(r loadtest.Record) {
 				cfg.Progress.Record(r)
 				records = append(records, r)
@@ -400,7 +409,8 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 		loadDone <- err
 	}()
 
-	env := &Env{Stack: cfg.Stack, Info: info, Fault: d.Fault, Flap: d.Flap, Event: run.event}
+	run.uncounted = func() map[string]float64 { return readUncounted(ctx, cfg.Stack, info) }
+	env := &Env{Stack: cfg.Stack, Info: info, Fault: d.Fault, Flap: d.Flap, Event: run.event, Window: window, Timeout: timeout}
 	injectErr := func() error {
 		run.phase(invariant.Warmup)
 		if err := sleep(ctx, d.Warmup); err != nil {
@@ -452,6 +462,7 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 	rep.Events = append(rep.Events[:0], run.events...)
 	run.mu.Unlock()
 	rep.Affected = sc.Affected(info)
+	rep.NoFault = sc.NoFault
 
 	reqs := records // requests.jsonl's lines, as the invariants read them
 	switch {
@@ -475,10 +486,29 @@ func analyze(rep *report.Report, reqs []invariant.Request) {
 		Affected:     rep.Affected,
 		FailedAtMS:   failedAt(rep.Events),
 		Statuses:     rep.Statuses,
+		NoFault:      rep.NoFault,
 	}
 	rep.Invariants = invariant.Check(in)
 	rep.Failover, _ = invariant.Failover(reqs, rep.Phases, rep.Affected, in.FailedAtMS)
 	rep.Totals = invariant.ComputeTotals(reqs, rep.Phases)
+}
+
+// readUncounted reads every instance's uncounted_requests from its
+// /status; an instance that does not answer is left out.
+func readUncounted(ctx context.Context, st stack.Stack, info stack.Info) map[string]float64 {
+	out := map[string]float64{}
+	for _, a := range info.AppNames() {
+		c, cancel := context.WithTimeout(ctx, 2*time.Second)
+		b, err := st.Status(c, a)
+		cancel()
+		var body struct {
+			Uncounted *float64 `json:"uncounted_requests"`
+		}
+		if err == nil && json.Unmarshal(b, &body) == nil && body.Uncounted != nil {
+			out[a] = *body.Uncounted
+		}
+	}
+	return out
 }
 
 // failedAt is the time of the first redis_down event (0: none).

@@ -26,6 +26,13 @@ type Scenario struct {
 	// is back and answering, the partition healed, ...). The fault phase is
 	// the time Inject runs.
 	Inject func(ctx context.Context, e *Env) error
+	// AbortShare is the share of the load's HTTP requests whose clients
+	// reset their connections at random points, through the whole run
+	// (loadtest.Config.AbortShare).
+	AbortShare float64
+	// NoFault: Redis stays healthy (failover_ms and recovery_ms are not
+	// judged).
+	NoFault bool
 }
 
 // Env is what a scenario's Inject works with.
@@ -36,6 +43,8 @@ type Env struct {
 	Fault time.Duration
 	// Flap is the span of redis-flap's four kill/restart cycles (20 s).
 	Flap time.Duration
+	// Window is the policies' window; Timeout the apps' Redis call timeout.
+	Window, Timeout time.Duration
 	// Event records a fault event (t_ms is taken when it is called).
 	Event func(event, detail string)
 	// Snapshots collects the last /status of app incarnations killed during
@@ -169,25 +178,7 @@ var All = []Scenario{
 		Needs:    "latency",
 		Affected: allApps,
 		Inject: func(ctx context.Context, e *Env) error {
-			const delay = 300 * time.Millisecond
-			if err := e.Stack.Latency(ctx, delay); err != nil {
-				c, cancel := cleanupCtx(ctx)
-				defer cancel()
-				_ = e.Stack.Latency(c, 0)
-				return err
-			}
-			e.Event("latency_start", delay.String())
-			if err := sleep(ctx, e.Fault); err != nil {
-				c, cancel := cleanupCtx(ctx)
-				defer cancel()
-				_ = e.Stack.Latency(c, 0)
-				return err
-			}
-			if err := e.Stack.Latency(ctx, 0); err != nil {
-				return err
-			}
-			e.Event("latency_end", delay.String())
-			return nil
+			return withLatency(ctx, e, 300*time.Millisecond, 0)
 		},
 	},
 	{
@@ -302,6 +293,117 @@ var All = []Scenario{
 			return clusterFault(ctx, e, true)
 		},
 	},
+}
+
+// The scenarios after the contract's first eleven: gray failures, and a way
+// around the limit.
+func init() {
+	All = append(All,
+		Scenario{
+			Name: "redis-slow",
+			Fault: "every Redis reply delayed at random across the decision timeout (0.4-1.2 of it, a latency toxic " +
+				"with jitter on every app's proxy) for the fault duration: some calls answer in time, some time out after Redis applied them",
+			Needs:    "latency",
+			Affected: allApps,
+			Inject: func(ctx context.Context, e *Env) error {
+				d, jitter := e.Timeout*8/10, e.Timeout*4/10
+				return withLatency(ctx, e, d, jitter)
+			},
+		},
+		Scenario{
+			Name: "clock-step",
+			Fault: "during a Redis outage (SIGKILL, restarted after the fault duration), one app instance's (app1) wall clock " +
+				"jumps a window ahead a third into it and back two thirds into it",
+			Affected: allApps,
+			Inject:   clockStep,
+		},
+		Scenario{
+			Name: "client-abort",
+			Fault: "through the whole run a share of the requests (5 %) reset their connections at random points, from at once " +
+				"after sending to after a typical answer; Redis stays healthy",
+			Affected:   func(stack.Info) []string { return nil },
+			AbortShare: 0.05,
+			NoFault:    true,
+			Inject: func(ctx context.Context, e *Env) error {
+				e.Event("aborts", "5 % of the requests, through the whole run")
+				return sleep(ctx, e.Fault)
+			},
+		},
+	)
+}
+
+// withLatency delays every Redis reply by d ± jitter for the fault
+// duration, then removes the delay.
+func withLatency(ctx context.Context, e *Env, d, jitter time.Duration) error {
+	detail := d.String()
+	if jitter > 0 {
+		detail += " ± " + jitter.String()
+	}
+	if err := e.Stack.Latency(ctx, d, jitter); err != nil {
+		c, cancel := cleanupCtx(ctx)
+		defer cancel()
+		_ = e.Stack.Latency(c, 0, 0)
+		return err
+	}
+	e.Event("latency_start", detail)
+	if err := sleep(ctx, e.Fault); err != nil {
+		c, cancel := cleanupCtx(ctx)
+		defer cancel()
+		_ = e.Stack.Latency(c, 0, 0)
+		return err
+	}
+	if err := e.Stack.Latency(ctx, 0, 0); err != nil {
+		return err
+	}
+	e.Event("latency_end", detail)
+	return nil
+}
+
+// clockStep kills Redis, moves app1's wall clock a window ahead a third
+// into the fault and back two thirds into it, and restarts Redis with its
+// data at the end.
+func clockStep(ctx context.Context, e *Env) (err error) {
+	if len(e.Info.Apps) == 0 {
+		return fmt.Errorf("no app to step the clock of")
+	}
+	app := e.Info.Apps[0].Name
+	start := time.Now()
+	if err := e.Stack.KillRedis(ctx); err != nil {
+		return err
+	}
+	e.Event("redis_down", "SIGKILL")
+	stepped := false
+	defer func() {
+		if stepped {
+			c, cancel := cleanupCtx(ctx)
+			defer cancel()
+			_ = e.Stack.SetClock(c, app, 0)
+		}
+	}()
+	if err := sleep(ctx, time.Until(start.Add(e.Fault/3))); err != nil {
+		return err
+	}
+	if err := e.Stack.SetClock(ctx, app, e.Window); err != nil {
+		return err
+	}
+	stepped = true
+	e.Event("clock_step", app+" +"+e.Window.String())
+	if err := sleep(ctx, time.Until(start.Add(2*e.Fault/3))); err != nil {
+		return err
+	}
+	if err := e.Stack.SetClock(ctx, app, 0); err != nil {
+		return err
+	}
+	stepped = false
+	e.Event("clock_step", app+" back")
+	if err := sleep(ctx, time.Until(start.Add(e.Fault))); err != nil {
+		return err
+	}
+	if err := e.Stack.StartRedis(ctx, false); err != nil {
+		return err
+	}
+	e.Event("redis_up", "restarted with its data")
+	return nil
 }
 
 // lagFor is how long failover-lag cuts replication before it kills the

@@ -136,14 +136,22 @@ func (s *fakeStack) Partition(_ context.Context, app string, on bool) error {
 	s.mu.Unlock()
 	return nil
 }
-func (s *fakeStack) Latency(_ context.Context, d time.Duration) error {
-	s.record("latency " + d.String())
+func (s *fakeStack) Latency(_ context.Context, d, jitter time.Duration) error {
+	if jitter > 0 {
+		s.record("latency " + d.String() + "±" + jitter.String())
+	} else {
+		s.record("latency " + d.String())
+	}
 	s.setDown(d > 0)
+	return nil
+}
+func (s *fakeStack) SetClock(_ context.Context, app string, offset time.Duration) error {
+	s.record("clock " + app + " " + offset.String())
 	return nil
 }
 func (s *fakeStack) Status(_ context.Context, app string) ([]byte, error) {
 	return []byte(`{"instance":"` + app + `","journal_size":0,"limiter":{"local_grants":5,"journal":{"granted":5,"reloaded":0,` +
-		`"replayed":3,"present":1,"dropped":1,"duplicate_units":0,"pending":0}}}`), nil
+		`"replayed":3,"present":1,"dropped":1,"duplicate_units":0,"pending":0}},"uncounted_requests":0}`), nil
 }
 func (s *fakeStack) Unsupported(fault string) string {
 	if fault == "latency" {
@@ -237,13 +245,13 @@ func TestRunScenarioEndToEnd(t *testing.T) {
 	if len(rep.Policies) != 4 || rep.Policies["/api/gcra"].Capacity == nil || *rep.Policies["/api/gcra"].Capacity != 10 {
 		t.Errorf("policies %+v", rep.Policies)
 	}
-	if n := len(rep.Invariants); n != 4*(4+4+3+4+4)+1+2 {
+	if n := len(rep.Invariants); n != 4*(4+4+4+4+4)+1+4+2 {
 		t.Errorf("%d invariant rows", n)
 	}
 	for _, row := range rep.Invariants {
 		switch row.Name {
 		case invariant.OverAdmission, invariant.PoliteLimited, invariant.Errors,
-			invariant.FailoverMS, invariant.RecoveryMS, invariant.Reconciled:
+			invariant.FailoverMS, invariant.RecoveryMS, invariant.Reconciled, invariant.Uncounted:
 			if !row.Pass {
 				t.Errorf("row failed: %+v", row)
 			}
@@ -337,6 +345,9 @@ func TestFlapAndCrashSequences(t *testing.T) {
 		{"app-crash", []string{"up", "kill redis", "kill app2", "start app2", "start redis wipe=false", "down"}},
 		{"redis-pause", []string{"up", "pause", "resume", "down"}},
 		{"redis-latency", []string{"up", "latency 300ms", "latency 0s", "down"}},
+		{"redis-slow", []string{"up", "latency 80ms±40ms", "latency 0s", "down"}},
+		{"clock-step", []string{"up", "kill redis", "clock app1 1s", "clock app1 0s", "start redis wipe=false", "down"}},
+		{"client-abort", []string{"up", "down"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			st := newFake(t)
@@ -352,6 +363,18 @@ func TestFlapAndCrashSequences(t *testing.T) {
 			}
 			if tt.name == "app-crash" && (len(rep.Statuses) != 5 || rep.Statuses[0].Final) {
 				t.Errorf("statuses %+v: want the crashed incarnation's snapshot first", rep.Statuses)
+			}
+			if tt.name == "client-abort" {
+				reqs, err := report.ReadJSONL[invariant.Request](filepath.Join(cfg.Out, tt.name, "requests.jsonl"))
+				aborted := 0
+				for _, r := range reqs {
+					if r.Aborted {
+						aborted++
+					}
+				}
+				if err != nil || aborted == 0 || !rep.NoFault {
+					t.Errorf("%d of %d requests aborted (%v), no_fault %v: want some aborted, and no fault judged", aborted, len(reqs), err, rep.NoFault)
+				}
 			}
 		})
 	}
@@ -383,11 +406,11 @@ func TestUnsupportedScenarioIsSkipped(t *testing.T) {
 
 func TestSelect(t *testing.T) {
 	all, err := Select("")
-	if err != nil || len(all) != 11 {
+	if err != nil || len(all) != 14 {
 		t.Fatalf("Select(\"\") = %d scenarios, %v", len(all), err)
 	}
 	want := []string{"redis-kill", "redis-pause", "redis-flap", "redis-wipe", "redis-latency", "partition-one", "app-crash",
-		"master-failover", "failover-lag", "master-failover-cluster", "shard-wipe"}
+		"master-failover", "failover-lag", "master-failover-cluster", "shard-wipe", "redis-slow", "clock-step", "client-abort"}
 	if !slices.Equal(Names(), want) {
 		t.Errorf("names %v", Names())
 	}

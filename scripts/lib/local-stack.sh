@@ -543,6 +543,9 @@ ls_start_app() {
         "RL_DEMO=${RL_DEMO:-true}"
         # nginx overwrites X-Request-Id ($request_id): a resend is counted once.
         "RL_TRUST_REQUEST_ID=true"
+        # The chaos suite's clock-step moves an instance's wall clock (RL_DEBUG_CLOCK,
+        # POST /debug/clock on its admin port); off unless asked.
+        "RL_DEBUG_CLOCK=${RL_DEBUG_CLOCK:-false}"
         "RL_GRPC_ADDR=$LOCAL_HOST:$(ls_grpc_port "$a")"
         "RL_RLS_CONFIG_DIR=$LOCAL_RLS_CONFIG_DIR"
         "RL_RLS_RESPONSE_HEADERS=true"

@@ -56,6 +56,9 @@ func (s *Server) adminRouter() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
 	mux.HandleFunc("GET /status", s.status)
 	mux.HandleFunc("POST /admin/reset", s.reset)
+	if s.cfg.DebugClock {
+		mux.HandleFunc("/debug/clock", s.clock.serve)
+	}
 	if s.cfg.Pprof {
 		// The Go profiler, for finding where an instance's CPU goes (a
 		// replay, a load test), only with RL_PPROF=true (TestPprofOnlyWhenAsked):

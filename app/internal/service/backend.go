@@ -39,7 +39,7 @@ type backend struct {
 // configured: the Redis store wrapped in the resilient limiter (circuit
 // breaker, fallback budget, journal and replay). Nothing is dialled here, so
 // an unreachable Redis does not stop the start: the fallback serves.
-func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
+func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) (*backend, error) {
 	if !cfg.RedisEnabled() {
 		mem := memstore.New(memstore.WithCapacity(cfg.KeyCapacity))
 		m.watchLocal(mem.Len, mem.Evictions)
@@ -95,6 +95,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger) (*backend, error) {
 		}))
 	rl, err := resilient.New(store, resilient.Config{
 		Instance:          cfg.Instance,
+		Now:               now,
 		Timeout:           cfg.RedisTimeout,
 		ReplayTimeout:     cfg.ReplayTimeout,
 		FailureThreshold:  cfg.BreakerFailures,

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -91,6 +92,10 @@ type Config struct {
 	ResendWindow   time.Duration `env:"RL_RESEND_WINDOW" envDefault:"3s"`
 	Demo           bool          `env:"RL_DEMO" envDefault:"false"`
 	Pprof          bool          `env:"RL_PPROF" envDefault:"false"`
+	// DebugClock opens POST /debug/clock on the admin port, which moves
+	// this instance's wall clock (the chaos suite's clock-step scenario):
+	// for the chaos stacks only.
+	DebugClock bool `env:"RL_DEBUG_CLOCK" envDefault:"false"`
 	// GRPCAddr is where Envoy's rate limit service v3 is served (plaintext
 	// gRPC); empty: not served. RLSConfigDir is its configuration, a
 	// directory of envoyproxy/ratelimit YAML files (required with
@@ -104,6 +109,18 @@ type Config struct {
 
 	// Policies is the loaded and validated policy file.
 	Policies PolicySet `env:"-"`
+}
+
+// clash reports whether listening on a and on b would take the same port:
+// the same port (not 0) on the same host, or on a host and every interface.
+func clash(a, b string) bool {
+	ha, pa, err1 := net.SplitHostPort(a)
+	hb, pb, err2 := net.SplitHostPort(b)
+	if err1 != nil || err2 != nil {
+		return a == b
+	}
+	any := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return pa == pb && pa != "0" && (ha == hb || any(ha) || any(hb))
 }
 
 // RedisEnabled reports whether a shared store is configured.
@@ -195,10 +212,10 @@ func (c *Config) validate() error {
 	if err := ratelimit.ValidateName(c.Instance); err != nil {
 		return configErr("RL_INSTANCE", "%w", err)
 	}
-	if c.ListenAddr == c.AdminAddr && !strings.HasSuffix(c.ListenAddr, ":0") {
+	if clash(c.ListenAddr, c.AdminAddr) {
 		return configErr("RL_ADMIN_ADDR", "must differ from RL_LISTEN_ADDR (%s)", c.ListenAddr)
 	}
-	if (c.GRPCAddr == c.ListenAddr || c.GRPCAddr == c.AdminAddr) && !strings.HasSuffix(c.GRPCAddr, ":0") {
+	if c.GRPCAddr != "" && (clash(c.GRPCAddr, c.ListenAddr) || clash(c.GRPCAddr, c.AdminAddr)) {
 		return configErr("RL_GRPC_ADDR", "must differ from RL_LISTEN_ADDR (%s) and RL_ADMIN_ADDR (%s)", c.ListenAddr, c.AdminAddr)
 	}
 	if c.RedisURL != "" {

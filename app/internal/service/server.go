@@ -53,6 +53,7 @@ type Server struct {
 	public, admin     *http.Server
 	publicLn, adminLn net.Listener
 
+	clock       wallClock
 	ready       atomic.Bool
 	errLoggedAt atomic.Int64 // unix ns of the last limiter-error log line
 	uncounted   atomic.Uint64
@@ -93,7 +94,10 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 		serveErr: make(chan error, 3),
 		done:     make(chan struct{}),
 	}
-	if s.backend, err = newBackend(cfg, s.metrics, logger); err != nil {
+	if cfg.DebugClock {
+		logger.Warn("RL_DEBUG_CLOCK is on: POST /debug/clock on the admin port moves this instance's wall clock (chaos stacks only)")
+	}
+	if s.backend, err = newBackend(cfg, s.metrics, logger, s.clock.Now); err != nil {
 		return nil, err
 	}
 	s.metrics.watchStatus(s.backend.status)
