@@ -85,6 +85,11 @@ func (b *breaker) success() {
 	}
 }
 
+// quietFor reports whether no call has succeeded for d.
+func (b *breaker) quietFor(d time.Duration) bool {
+	return b.now().UnixMicro()-b.lastSuccess.Load() >= d.Microseconds()
+}
+
 // admit says whether a decision may call the store while the breaker is
 // closed. Normally every one may. A closed breaker whose last threshold
 // calls all failed (a store that stalls, not yet long enough to open it)

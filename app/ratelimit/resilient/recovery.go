@@ -138,7 +138,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 			} else {
 				l.missedBeats.Store(0)
 			}
-			if missed > 0 && (!isTimeout(err) || missed >= slowBeatsToOpen) {
+			if missed > 0 && (!isTimeout(err) || missed >= slowBeatsToOpen && l.br.quietFor(l.cfg.SlowWindow)) {
 				// The store (on a Cluster, one of its masters) refused a
 				// heartbeat, or three in a row did not answer in time. Every
 				// instance's heartbeat reaches every master, so each of
@@ -146,10 +146,14 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 				// one failure among the decisions instead let an instance
 				// whose decisions mostly reached the healthy masters stay
 				// in Redis for up to a second while the others spent their
-				// local shares: a partition the fleet could not see
-				// (shard-wipe over-admission 1.12). A slow heartbeat or
-				// two is a busy store, not a dead one
-				// (TestBreakerSlowStoreStaysClosed).
+				// local shares: a partition the fleet could not see. Slow
+				// heartbeats open it only when nothing else succeeded for
+				// SlowWindow either: a store that answers the decisions,
+				// late or not, is slow, not dead, and every instance that
+				// went local over it made the others hold back their
+				// shares from the polite clients
+				// (TestBreakerSlowStoreStaysClosed,
+				// TestSlowHeartbeatsOpenAfterThree).
 				l.br.trip("heartbeat: " + err.Error())
 			} else {
 				l.br.failure("heartbeat: "+err.Error(), isTimeout(err))
