@@ -52,6 +52,9 @@ type breaker struct {
 	state      atomic.Int32
 	threshold  int
 	slowWindow time.Duration
+	// stallAfter is how long without a success makes failing calls a
+	// stalled store, probed one call at a time (admit): two timeouts.
+	stallAfter time.Duration
 	now        func() time.Time
 	onChange   func(from, to BreakerState, reason string)
 
@@ -110,6 +113,14 @@ func (b *breaker) quietFor(d time.Duration) bool {
 // must call done when its call returns.
 func (b *breaker) admit() (ok, probe bool) {
 	if b.failures.Load() < int64(b.threshold) && !b.refused.Load() {
+		return true, false
+	}
+	if !b.refused.Load() && !b.quietFor(b.stallAfter) {
+		// Calls time out, but others succeed: a slow store, not a
+		// stalled one. Every call goes on to it: a late answer still
+		// counts (late replies), where a probe's wait sent the rest
+		// to a local share with nothing to refill it
+		// (TestSlowStoreIsStillAsked).
 		return true, false
 	}
 	if b.probing.CompareAndSwap(false, true) {

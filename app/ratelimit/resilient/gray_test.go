@@ -3,6 +3,7 @@ package resilient_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -158,4 +159,42 @@ func TestWallClockStepDoesNotMoveTheFallback(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestSlowStoreIsStillAsked: a store that times out some calls but keeps
+// answering others is slow, not stalled: every decision still goes to it,
+// whatever the run of timeouts, instead of waiting behind a probe while a
+// local share with nothing to refill it refuses.
+func TestSlowStoreIsStillAsked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		var calls atomic.Int64
+		decide := f.DecideFunc
+		f.DecideFunc = func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+			if n := calls.Add(1); n%4 != 0 { // three timeouts, one answer
+				<-ctx.Done()
+				return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
+			}
+			return decide(ctx, req)
+		}
+		l := newLimiter(t, f, resilient.Config{})
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Minute}
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		for g := range 8 { // concurrent callers, so timeouts come in runs
+			wg.Go(func() {
+				for i := range 20 {
+					_, _ = l.Decide(ctx, ratelimit.Request{Policy: p, Key: fmt.Sprint("k", g, "-", i%3)})
+					time.Sleep(5 * time.Millisecond)
+				}
+			})
+		}
+		wg.Wait()
+		if n := calls.Load(); n < 8*20 {
+			t.Fatalf("%d store calls for %d decisions: decisions were kept from a store that answers", n, 8*20)
+		}
+		if l.Breaker() != resilient.Closed {
+			t.Fatalf("breaker %s", l.Breaker())
+		}
+	})
 }

@@ -10,6 +10,7 @@
 package resilient
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -35,6 +36,7 @@ type lateBook struct {
 	refused map[string]int64 // request id: store µs of the local refusal
 	early   map[string]earlyReply
 	stats   LateStats
+	refunds refunds
 }
 
 // earlyReply is a late reply that came before its local decision, and when
@@ -58,8 +60,11 @@ type LateStats struct {
 	// them.
 	Unknown uint64 `json:"unknown"`
 	// Overcounted: refused locally, and admitted (so counted) by the
-	// store: usage the client did not get.
+	// store: usage the client did not get. Refunded of them were given
+	// back to the store (a store that can: redisstore's Refund); the rest
+	// stay counted (the refund failed, or the queue was full).
 	Overcounted uint64 `json:"overcounted"`
+	Refunded    uint64 `json:"refunded"`
 	// Expired: doubts whose reply never came (the store was replaced, say):
 	// replayed.
 	Expired uint64 `json:"expired"`
@@ -93,6 +98,7 @@ func (b *lateBook) refuse(req ratelimit.Request, now int64) {
 		delete(b.early, req.ID)
 		if e.r.Err == nil && e.r.Decision.Allowed {
 			b.stats.Overcounted += uint64(req.Units())
+			b.refunds.add(e.r)
 		}
 		return
 	}
@@ -130,6 +136,7 @@ func (l *Limiter) onLate(r ratelimit.LateReply) {
 			delete(b.refused, r.Request.ID)
 			if counted {
 				b.stats.Overcounted += uint64(r.Request.Units())
+				l.refund(r)
 			}
 		} else if len(b.early) < maxLate {
 			// Its local decision is still being made.
@@ -176,4 +183,56 @@ func (l *Limiter) lateStats() LateStats {
 	l.late.mu.Lock()
 	defer l.late.mu.Unlock()
 	return l.late.stats
+}
+
+// refunder is a Store that can undo what it counted for a request it
+// admitted (redisstore.Limiter is one).
+type refunder interface {
+	Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error)
+}
+
+// maxRefunds bounds the refunds waiting to be sent; past it an overcount
+// stays.
+const maxRefunds = 4096
+
+// refunds queues the admissions to give back: the store admitted them after
+// their callers' deadlines, and the callers were refused locally. One
+// goroutine sends them, each once (a refund that timed out may have been
+// applied: a second one would give back usage that is real).
+type refunds struct {
+	queue chan ratelimit.LateReply // nil: the store cannot refund
+}
+
+// add queues r's refund, unless the queue is full or there is none. The
+// late book's lock is held.
+func (q *refunds) add(r ratelimit.LateReply) {
+	if q.queue == nil {
+		return
+	}
+	select {
+	case q.queue <- r:
+	default:
+	}
+}
+
+// refund queues r's refund (see refunds). The late book's lock is held.
+func (l *Limiter) refund(r ratelimit.LateReply) { l.late.refunds.add(r) }
+
+// sendRefunds sends the queued refunds until ctx ends.
+func (l *Limiter) sendRefunds(ctx context.Context, s refunder) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-l.late.refunds.queue:
+			callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+			n, err := s.Refund(callCtx, r.Request, r.Decision)
+			cancel()
+			if err == nil && n > 0 {
+				l.late.mu.Lock()
+				l.late.stats.Refunded += uint64(n)
+				l.late.mu.Unlock()
+			}
+		}
+	}
 }

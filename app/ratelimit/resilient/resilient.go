@@ -194,8 +194,12 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	if s, ok := store.(lateReporter); ok {
 		l.lateReplies = s.OnLate(cfg.LateWindow, l.onLate)
 	}
+	if _, ok := store.(refunder); ok && l.lateReplies {
+		l.late.refunds.queue = make(chan ratelimit.LateReply, maxRefunds)
+	}
 	l.br.threshold = cfg.FailureThreshold
 	l.br.slowWindow = cfg.SlowWindow
+	l.br.stallAfter = 2 * cfg.Timeout
 	// On a sharded store (a Redis Cluster) a refused call says that one
 	// master is down, not the store: the calls to the others must go on.
 	if s, ok := store.(sharded); ok && s.Sharded() {
@@ -221,6 +225,9 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
+	if s, ok := store.(refunder); ok && l.late.refunds.queue != nil {
+		go l.sendRefunds(ctx, s)
+	}
 	go l.loop(ctx)
 	return l, nil
 }

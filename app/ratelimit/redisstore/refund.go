@@ -1,0 +1,50 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+//go:embed lua/refund.lua
+var refundLua string
+
+var refundScript = redis.NewScript(helpersLua + refundLua)
+
+// algorithmArg names an algorithm in the repair scripts' arguments.
+var algorithmArg = map[ratelimit.Algorithm]string{
+	ratelimit.TokenBucket: "tb", ratelimit.GCRA: "gcra",
+	ratelimit.SlidingWindowCounter: "swc", ratelimit.SlidingWindowLog: "swl",
+}
+
+// Refund undoes what Redis counted for req, admitted by decision d, and
+// returns the units given back (less than the cost when the state has
+// refilled, aged or expired since). It is for a request Redis admitted
+// after its caller had stopped waiting and answered it otherwise (the
+// resilient limiter's late replies): send it once, never again, for a
+// refund that timed out may have been applied.
+func (l *Limiter) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
+	if err := req.Validate(); err != nil {
+		return 0, err
+	}
+	p := req.Policy
+	var now int64
+	if l.now != nil {
+		now = l.now().UnixMicro()
+	}
+	callCtx, cancel := l.callContext(ctx)
+	defer cancel()
+	n, err := refundScript.Run(callCtx, l.client, []string{l.Key(p, req.Key)}, now, algorithmArg[p.Algorithm],
+		p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, d.State.Now).Int64()
+	if err != nil {
+		return 0, classify(ctx, err)
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("%w: refund reply %d", ratelimit.ErrBadReply, n)
+	}
+	return n, nil
+}
