@@ -21,6 +21,11 @@ import (
 // and the pipeline goes on for the others) and gets the answers it would
 // get alone. n <= 0 turns coalescing off (the default: one round trip per
 // call). On a Cluster, go-redis splits each pipeline per node.
+//
+// When Redis is slow, waiting for a pipeline to come back before sending
+// costs each call a second round trip: a call that finds the n pipelines in
+// flight, the latest of them sent more than a tenth of the store's timeout
+// ago (at least 2 ms), sends one more, up to 16 × n (TestSlowPipelinesDoNotQueue).
 func WithCoalescing(n int) Option {
 	return func(l *Limiter) {
 		if n > 0 {
@@ -63,6 +68,22 @@ type coalescer struct {
 	mu       sync.Mutex
 	queue    []*call
 	inflight int
+	lastSent time.Time // when the latest pipeline left
+}
+
+// patience is how long after the latest pipeline left a call still waits
+// for a slot instead of sending another pipeline (see WithCoalescing).
+func (c *coalescer) patience() time.Duration { return max(2*time.Millisecond, c.timeout/10) }
+
+// slotLocked reports whether a call may send a pipeline now, taking the
+// slot if so. c.mu must be held.
+func (c *coalescer) slotLocked(now time.Time) bool {
+	if c.inflight < c.max || c.inflight < 16*c.max && now.Sub(c.lastSent) > c.patience() {
+		c.inflight++
+		c.lastSent = now
+		return true
+	}
+	return false
 }
 
 // The states of a call: its answer is handed either to its caller or, once
@@ -90,8 +111,7 @@ func (c *coalescer) do(ctx context.Context, reqs []ratelimit.Request) ([]ratelim
 	cl := &call{ctx: ctx, reqs: reqs, done: make(chan struct{})}
 	c.mu.Lock()
 	c.queue = append(c.queue, cl)
-	if c.inflight < c.max {
-		c.inflight++
+	if c.slotLocked(time.Now()) {
 		batch := c.queue
 		c.queue = nil
 		c.mu.Unlock()
@@ -144,6 +164,7 @@ func (c *coalescer) next() []*call {
 	}
 	batch := c.queue
 	c.queue = nil
+	c.lastSent = time.Now()
 	return batch
 }
 

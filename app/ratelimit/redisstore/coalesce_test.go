@@ -325,3 +325,62 @@ func TestLateRepliesAccountForEveryDecision(t *testing.T) {
 		t.Fatal("no call was both answered and left pending: the test did not test")
 	}
 }
+
+// inFlight records the most pipelines a client had in flight at once.
+type inFlight struct{ now, most atomic.Int64 }
+
+func (f *inFlight) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (f *inFlight) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return f.around(next) }
+func (f *inFlight) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := f.now.Add(1)
+		for m := f.most.Load(); n > m && !f.most.CompareAndSwap(m, n); m = f.most.Load() {
+		}
+		defer f.now.Add(-1)
+		return next(ctx, cmds)
+	}
+}
+func (f *inFlight) around(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		n := f.now.Add(1)
+		for m := f.most.Load(); n > m && !f.most.CompareAndSwap(m, n); m = f.most.Load() {
+		}
+		defer f.now.Add(-1)
+		return next(ctx, cmd)
+	}
+}
+
+// TestSlowPipelinesDoNotQueue: with Redis answering in 40 ms, calls that
+// find the one pipeline of WithCoalescing(1) in flight for longer than its
+// patience send pipelines of their own, instead of each waiting a second
+// round trip (past a 50 ms deadline, every call of a slow Redis timed out).
+func TestSlowPipelinesDoNotQueue(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	px := redistest.StartProxy(t, srv.Addr())
+	o := srv.Options()
+	o.Addr, o.ReadTimeout, o.ContextTimeoutEnabled = px.Addr(), 5*time.Second, true
+	c := redis.NewClient(o)
+	t.Cleanup(func() { _ = c.Close() })
+	var f inFlight
+	c.AddHook(&f)
+	// Patience: a tenth of the 100 ms timeout.
+	l := redisstore.New(c, redisstore.WithCoalescing(1), redisstore.WithTimeout(100*time.Millisecond))
+	p := ratelimit.Policy{Name: "slow", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Second}
+	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
+		t.Fatal(err)
+	}
+	px.Latency(40 * time.Millisecond)
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: fmt.Sprint("k", i)}); err != nil {
+				t.Error(err)
+			}
+		})
+		time.Sleep(5 * time.Millisecond)
+	}
+	wg.Wait()
+	if m := f.most.Load(); m < 3 {
+		t.Fatalf("at most %d round trips in flight at once: the calls queued behind one slow pipeline", m)
+	}
+}
