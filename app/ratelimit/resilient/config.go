@@ -85,6 +85,11 @@ type Config struct {
 	// redisstore.ClientConfig.LateReplies); with any other, a timed-out
 	// call's local grant is replayed, and counted twice if the call ran.
 	LateWindow time.Duration
+	// LateGrace is how much longer than Timeout a request that the local
+	// share would refuse waits for the store's late answer (Timeout / 4):
+	// behind a slow store that answer is often an admission. A request
+	// admitted locally does not wait.
+	LateGrace time.Duration
 	// RecoveryWait bounds how long a recovered instance keeps deciding
 	// locally while other instances are still missing (2 × ProbeInterval).
 	// Until every instance has replayed its journal, the store
@@ -129,5 +134,6 @@ func (c *Config) setDefaults() error {
 	}
 	def(&c.RecoveryWait, 2*c.ProbeInterval)
 	def(&c.LateWindow, c.LeaseGrace)
+	def(&c.LateGrace, c.Timeout/4)
 	return nil
 }

@@ -28,7 +28,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 	}
 	id := ratelimit.IdentityOf(req.Key)
 	k := l.keyOfIdentity(req.Policy, id)
-	pending := false
+	var pending time.Time // the store still has the call: its late answer is awaited until then
 	if l.br.State() == Closed {
 		req = l.withID(req)
 		r := req
@@ -48,7 +48,9 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 			if d, local, err = l.settle(k, r, id, d, err, sent, true); !local {
 				return d, err
 			}
-			pending = l.lateReplies && errors.Is(err, ratelimit.ErrPending)
+			if l.lateReplies && errors.Is(err, ratelimit.ErrPending) {
+				pending = sent.Add(l.cfg.Timeout + l.cfg.LateGrace)
+			}
 		}
 	}
 	return l.decideLocal(k, id, req, pending), nil
@@ -89,7 +91,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			ok, probe = l.br.admit()
 		}
 	}
-	late := make([]bool, len(reqs)) // decided locally while the store still has the call
+	late := make([]time.Time, len(reqs)) // decided locally while the store still has the call (see Decide)
 	if ok {
 		sent := make([]ratelimit.Request, len(pending))
 		for j, i := range pending {
@@ -110,7 +112,9 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			if fallback {
 				counted = true
 				local = append(local, i)
-				late[i] = l.lateReplies && errors.Is(err, ratelimit.ErrPending)
+				if l.lateReplies && errors.Is(err, ratelimit.ErrPending) {
+					late[i] = at.Add(l.cfg.Timeout + l.cfg.LateGrace)
+				}
 				continue
 			}
 			ds[i], errs[i] = d, err
@@ -164,10 +168,14 @@ func (l *Limiter) settle(k key, req ratelimit.Request, id ratelimit.Identity, d 
 	return ratelimit.Decision{}, true, err
 }
 
-// decideLocal decides req from the key's local share. pending: the store
-// still has the request's call (it timed out), and will say whether it
-// counted it: a grant is a doubt until then (late.go).
-func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Request, pending bool) ratelimit.Decision {
+// decideLocal decides req from the key's local share. pending (not zero):
+// the store still has the request's call (it timed out), and will say
+// whether it counted it: a grant is a doubt until then (late.go), and a
+// refusal waits for the store's answer until pending, then takes it if it
+// came: a slow store's late answer is often an admission, and refused
+// here it would only be refunded.
+func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Request, until time.Time) ratelimit.Decision {
+	pending := !until.IsZero()
 	l.stats.localDecisions.Add(1)
 	p := req.Policy
 	if p.Algorithm == ratelimit.SlidingWindowLog {
@@ -212,6 +220,9 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 	}
 	if !d.Allowed {
 		if pending && !req.ReadOnly {
+			if sd, ok := l.awaitLate(req, until); ok {
+				return sd
+			}
 			l.late.refuse(req, now)
 		}
 		return d

@@ -35,6 +35,9 @@ type lateBook struct {
 	mu      sync.Mutex
 	refused map[string]int64 // request id: store µs of the local refusal
 	early   map[string]earlyReply
+	// waiting are the requests whose local refusal waits for their late
+	// reply (awaitLate).
+	waiting map[string]chan ratelimit.LateReply
 	stats   LateStats
 	refunds refunds
 }
@@ -68,6 +71,9 @@ type LateStats struct {
 	// Expired: doubts whose reply never came (the store was replaced, say):
 	// replayed.
 	Expired uint64 `json:"expired"`
+	// Awaited: requests the local share would have refused, answered
+	// instead by the store's late reply, which came within LateGrace.
+	Awaited uint64 `json:"awaited"`
 }
 
 // journalGrant journals a local grant: a doubt when the store still has the
@@ -123,6 +129,12 @@ func (l *Limiter) onLate(r ratelimit.LateReply) {
 	}
 	b := &l.late
 	b.mu.Lock()
+	if ch, waiting := b.waiting[r.Request.ID]; waiting {
+		delete(b.waiting, r.Request.ID)
+		ch <- r // buffered: awaitLate takes it, now or as it gives up
+		b.mu.Unlock()
+		return
+	}
 	p, id, units, ok := l.journal.Resolve(r.Request.ID, counted)
 	switch {
 	case ok && counted:
@@ -235,4 +247,57 @@ func (l *Limiter) sendRefunds(ctx context.Context, s refunder) {
 			}
 		}
 	}
+}
+
+// awaitLate waits until until (local time) for the late reply to req, whose
+// local decision is a refusal, and returns the store's decision if it came
+// with one. The store counted what it admitted, as for any of its
+// decisions.
+func (l *Limiter) awaitLate(req ratelimit.Request, until time.Time) (ratelimit.Decision, bool) {
+	b := &l.late
+	b.mu.Lock()
+	if e, ok := b.early[req.ID]; ok {
+		delete(b.early, req.ID)
+		b.mu.Unlock()
+		return l.lateDecision(e.r)
+	}
+	wait := until.Sub(l.clock.now())
+	if wait <= 0 || len(b.waiting) >= maxLate {
+		b.mu.Unlock()
+		return ratelimit.Decision{}, false
+	}
+	if b.waiting == nil {
+		b.waiting = map[string]chan ratelimit.LateReply{}
+	}
+	ch := make(chan ratelimit.LateReply, 1)
+	b.waiting[req.ID] = ch
+	b.mu.Unlock()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return l.lateDecision(r)
+	case <-t.C:
+	}
+	b.mu.Lock()
+	delete(b.waiting, req.ID)
+	b.mu.Unlock()
+	select {
+	case r := <-ch: // it came as the wait ended
+		return l.lateDecision(r)
+	default:
+		return ratelimit.Decision{}, false
+	}
+}
+
+// lateDecision is the decision a late reply carries, if it carries one.
+func (l *Limiter) lateDecision(r ratelimit.LateReply) (ratelimit.Decision, bool) {
+	if r.Err != nil {
+		return ratelimit.Decision{}, false
+	}
+	l.late.mu.Lock()
+	l.late.stats.Awaited++
+	l.late.mu.Unlock()
+	l.stats.storeDecisions.Add(1)
+	return r.Decision, true
 }
