@@ -2,6 +2,7 @@ package resilient
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -79,6 +80,91 @@ func TestChargesLeaveNoMoreThanTheIdeal(t *testing.T) {
 			t.Logf("%d grants; after the charges %d tokens left, the ideal bucket %d", len(all), got, ideal)
 			if got > ideal {
 				t.Errorf("the store holds %d tokens after the charges, more than the %d of one bucket fed every grant", got, ideal)
+			}
+		})
+	}
+}
+
+// TestInterleavedSharesReplayInAnyOrder: four instances' grants at exactly
+// the rate, interleaved in time (each at a quarter of it), on a key the
+// fleet kept saturated when the outage began, are charged one instance
+// after another, in every order. The store ends where one limiter fed every
+// grant in time order ends (empty: every grant took the unit the refill
+// brought), whatever the order: a fold of each instance's grants at their
+// own times charged every grant of the second, third and fourth instance a
+// full emission interval behind the first's, (N-1)/N of the outage's usage
+// twice.
+func TestInterleavedSharesReplayInAnyOrder(t *testing.T) {
+	const sec = int64(time.Second / time.Microsecond)
+	t0 := int64(1_700_000_000) * sec
+	end := t0 + 20*sec
+	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+		t.Run(string(alg), func(t *testing.T) {
+			p := ratelimit.Policy{Name: "p", Algorithm: alg, Limit: 100, Window: 10 * time.Second}
+			w := p.WindowMicros()
+			snap := journal.Snapshot{Policy: p, State: ratelimit.State{Now: t0, TAT: t0 + w}, Valid: true, N: 4, Confirmed: t0}
+			interval := w / p.Limit // one unit refills in this long
+			grants := make([][]ratelimit.Grant, 4)
+			for k := int64(1); t0+k*interval <= end; k++ {
+				i := k % 4
+				grants[i] = append(grants[i], ratelimit.Grant{At: t0 + k*interval, Cost: 1})
+			}
+			remaining := func(order []int) time.Duration {
+				tb, gcra := algorithm.TokenBucketState{Tokens: 0, Last: t0}, algorithm.GCRAState{TAT: t0 + w}
+				for _, i := range order {
+					at, units, ok := netOfRefill(p, snap, slices.Clone(grants[i]), end)
+					if !ok {
+						t.Fatal("no charge")
+					}
+					charge := []ratelimit.Grant{{At: at, Cost: int64(math.Ceil(units - 1e-9))}}
+					if alg == ratelimit.TokenBucket {
+						tb, _ = algorithm.TokenBucketReplay(p, tb, end, charge)
+					} else {
+						gcra, _ = algorithm.GCRAReplay(p, gcra, end, charge)
+					}
+				}
+				var d ratelimit.Decision
+				if alg == ratelimit.TokenBucket {
+					_, d = algorithm.TokenBucketDecide(p, tb, end, 1, ratelimit.Weight{})
+				} else {
+					_, d = algorithm.GCRADecide(p, gcra, end, 1, ratelimit.Weight{})
+				}
+				return d.RetryAfter
+			}
+			// The ideal: one bucket, empty at t0, fed every grant in time order.
+			tb, gcra := algorithm.TokenBucketState{Tokens: 0, Last: t0}, algorithm.GCRAState{TAT: t0 + w}
+			var all []ratelimit.Grant
+			for _, g := range grants {
+				all = append(all, g...)
+			}
+			algorithm.SortGrants(all)
+			var ideal ratelimit.Decision
+			for _, g := range append(all, ratelimit.Grant{At: end, Cost: 1}) {
+				if alg == ratelimit.TokenBucket {
+					tb, ideal = algorithm.TokenBucketDecide(p, tb, g.At, g.Cost, ratelimit.Weight{})
+				} else {
+					gcra, ideal = algorithm.GCRADecide(p, gcra, g.At, g.Cost, ratelimit.Weight{})
+				}
+			}
+			var orders [][]int
+			var permute func(prefix, rest []int)
+			permute = func(prefix, rest []int) {
+				if len(rest) == 0 {
+					orders = append(orders, slices.Clone(prefix))
+					return
+				}
+				for j := range rest {
+					permute(append(prefix, rest[j]), append(slices.Clone(rest[:j]), rest[j+1:]...))
+				}
+			}
+			permute(nil, []int{0, 1, 2, 3})
+			unit := time.Duration(interval) * time.Microsecond
+			for _, order := range orders {
+				// Charges round up to whole units: at most one per
+				// instance more than the ideal.
+				if got := remaining(order); got < ideal.RetryAfter || got > ideal.RetryAfter+4*unit {
+					t.Errorf("instances replayed in the order %v: the next unit in %v, the ideal's in %v", order, got, ideal.RetryAfter)
+				}
 			}
 		})
 	}
