@@ -227,3 +227,16 @@ func (r *Report) Routes() []string {
 	slices.Sort(out)
 	return out
 }
+
+// ReadReport reads a scenario's report.json.
+func ReadReport(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &r, nil
+}

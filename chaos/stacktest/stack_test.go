@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -72,6 +74,7 @@ func TestNativeStack(t *testing.T) {
 	check("auth-request", "127.0.1.12", func(t *testing.T) { checkAuthRequest(t, s, run) })
 	check("rate-limit-service", "127.0.1.13", func(t *testing.T) { checkRateLimitService(t, s, run) })
 	check("limiter-unreachable", "127.0.1.14", func(t *testing.T) { checkLimiterUnreachable(t, s, run) })
+	check("client-reset", "127.0.1.18", func(t *testing.T) { checkClientReset(t, s, run) })
 	check("redis-outage", "127.0.1.11", func(t *testing.T) { checkRedisOutage(t, s, run) })
 	check("prometheus", "127.0.1.16", func(t *testing.T) { checkPrometheus(t, s) })
 	check("reload", "127.0.1.17", func(t *testing.T) { checkReload(t, s) })
@@ -688,3 +691,81 @@ func (s *stack) waitFleetMode(t *testing.T, want, path, key string, deadline tim
 }
 
 func kill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
+
+// checkClientReset: clients that reset their connections right after
+// sending, against a spent key, never get its handler run: every app's
+// uncounted_requests stays 0, and the sliding window log's route (whose
+// spent key frees nothing within the check) answers no 200 meanwhile.
+func checkClientReset(t *testing.T, s *stack, run string) {
+	route := "/api/sliding-window-log"
+	key := "reset-" + run
+	hdr := withKey(key)
+	exhaust(t, s, route, hdr, 1000)
+	before := s.counters(t, route)
+	addr := strings.TrimPrefix(s.info.NginxURL, "http://")
+	req := fmt.Sprintf("GET %s HTTP/1.1\r\nHost: %s\r\nX-API-Key: %s\r\n\r\n", route, addr, hdr.Get("X-Api-Key"))
+	for i := range 400 {
+		conn, err := s.dial(context.Background(), "tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.(*net.TCPConn).SetLinger(0) // Close sends a reset
+		_, _ = io.WriteString(conn, req)
+		if i%2 == 1 {
+			time.Sleep(time.Duration(i%5) * time.Millisecond)
+		}
+		_ = conn.Close()
+	}
+	time.Sleep(200 * time.Millisecond) // the apps finish what reached them
+	after := s.counters(t, route)
+	if after.uncounted != before.uncounted || after.ok != before.ok {
+		t.Errorf("after 400 resets against a spent key: uncounted %v -> %v, %s 200s %v -> %v; want both unchanged",
+			before.uncounted, after.uncounted, route, before.ok, after.ok)
+	}
+	t.Logf("%d requests reached the apps and ended without an answer (499)", int(after.gone-before.gone))
+}
+
+// fleetCounters are counters summed over the instances.
+type fleetCounters struct{ uncounted, ok, gone float64 }
+
+// counters reads every instance's uncounted_requests (/status) and its
+// route's 200s and 499s (/metrics).
+func (s *stack) counters(t *testing.T, route string) fleetCounters {
+	t.Helper()
+	var c fleetCounters
+	for _, a := range s.info.Apps {
+		resp, err := s.client.Get(a.AdminURL + "/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct {
+			Uncounted float64 `json:"uncounted_requests"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		_ = resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.uncounted += st.Uncounted
+		resp, err = s.client.Get(a.AdminURL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		for _, l := range strings.Split(string(body), "\n") {
+			if !strings.HasPrefix(l, "ratelimit_http_requests_total{") || !strings.Contains(l, `route="`+route+`"`) {
+				continue
+			}
+			f := strings.Fields(l)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			switch {
+			case strings.Contains(l, `code="200"`):
+				c.ok += v
+			case strings.Contains(l, `code="499"`):
+				c.gone += v
+			}
+		}
+	}
+	return c
+}

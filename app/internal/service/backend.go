@@ -64,9 +64,8 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 		Password:   cfg.RedisPassword,
 		Timeout:    cfg.RedisTimeout,
 		PoolSize:   cfg.RedisPoolSize,
-		// A reply is read until the limiter's late window ends
-		// (resilient.Config.LateWindow, LeaseGrace by default).
-		LateReplies: cfg.LeaseGrace,
+		// A reply is read until the limiter's late window ends.
+		LateReplies: cfg.LateWindow,
 	}
 	client, err := redisstore.NewClient(cc)
 	if err != nil {
@@ -96,6 +95,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 	rl, err := resilient.New(store, resilient.Config{
 		Instance:          cfg.Instance,
 		Now:               now,
+		LateWindow:        cfg.LateWindow,
 		Timeout:           cfg.RedisTimeout,
 		ReplayTimeout:     cfg.ReplayTimeout,
 		FailureThreshold:  cfg.BreakerFailures,

@@ -52,6 +52,11 @@ type Config struct {
 	// ReplayTimeout bounds one replay or restore pipeline, on a client of
 	// its own (the decisions' timeout would cut a pipeline of 1000 keys).
 	ReplayTimeout time.Duration `env:"RL_REPLAY_TIMEOUT" envDefault:"2s"`
+	// LateWindow is how long a decision's reply is still read after its
+	// deadline, so that what Redis decided is not lost (resilient.Config
+	// .LateWindow): the request was decided locally meanwhile, and its
+	// grant waits for the reply before it is replayed.
+	LateWindow time.Duration `env:"RL_LATE_WINDOW" envDefault:"5s"`
 
 	// ExpectedInstances is the fleet size assumed until the first
 	// heartbeat is read (used by the resilient limiter).
@@ -240,6 +245,9 @@ func (c *Config) validate() error {
 	}
 	if c.RedisTimeout <= 0 || c.RedisTimeout > time.Minute {
 		return configErr("RL_REDIS_TIMEOUT", "must be between 1ns and 1m, got %v", c.RedisTimeout)
+	}
+	if c.LateWindow < 0 || c.LateWindow > 10*time.Minute {
+		return configErr("RL_LATE_WINDOW", "must be between 0 and 10m, got %v", c.LateWindow)
 	}
 	if c.ReplayTimeout < c.RedisTimeout || c.ReplayTimeout > 10*time.Minute {
 		return configErr("RL_REPLAY_TIMEOUT", "must be between RL_REDIS_TIMEOUT (%v) and 10m, got %v", c.RedisTimeout, c.ReplayTimeout)

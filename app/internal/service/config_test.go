@@ -32,6 +32,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		RedisPoolSize:     64,
 		RedisPipelines:    4,
 		ReplayTimeout:     2 * time.Second,
+		LateWindow:        5 * time.Second,
 		ExpectedInstances: 1,
 		TrustedProxies:    []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")},
 		JournalDir:        "./journal-app1",

@@ -290,6 +290,11 @@ func (s *Server) logRequests(limits *httplimit.Middleware, next http.Handler) ht
 		w.Header().Set(httplimit.HeaderRequestID, id)
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(sw, r)
+		if !sw.wroteHeader && r.Context().Err() != nil {
+			// The client went away before anything was answered (the
+			// limiter ran no handler: httplimit): nginx's 499.
+			sw.status = statusClientClosed
+		}
 		route := "unmatched"
 		if rc := chi.RouteContext(r.Context()); rc != nil && rc.RoutePattern() != "" {
 			route = rc.RoutePattern()
@@ -315,6 +320,10 @@ func (s *Server) logRequests(limits *httplimit.Middleware, next http.Handler) ht
 			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
 	})
 }
+
+// statusClientClosed is nginx's code for a request whose client closed the
+// connection before it was answered.
+const statusClientClosed = 499
 
 // statusWriter records the status code.
 type statusWriter struct {

@@ -88,6 +88,10 @@ func (b *breaker) success() {
 	}
 }
 
+// alive records that the store answered a call late: it is slow, not
+// stalled or dead (admit, failure), though the call failed.
+func (b *breaker) alive() { b.lastSuccess.Store(b.now().UnixMicro()) }
+
 // quietFor reports whether no call has succeeded for d.
 func (b *breaker) quietFor(d time.Duration) bool {
 	return b.now().UnixMicro()-b.lastSuccess.Load() >= d.Microseconds()

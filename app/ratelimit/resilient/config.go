@@ -78,17 +78,17 @@ type Config struct {
 	ReplayTimeout time.Duration
 	// LateWindow is how long the store goes on reading a call's reply
 	// after the caller's deadline, so that a decision it made is not lost
-	// (LeaseGrace): a request decided locally meanwhile is a doubt in the
+	// (5 s): a request decided locally meanwhile is a doubt in the
 	// journal until the store says whether it counted it (late.go). It
 	// needs a store that reports late replies (redisstore with
 	// coalescing, on a client whose read timeout allows the window:
 	// redisstore.ClientConfig.LateReplies); with any other, a timed-out
 	// call's local grant is replayed, and counted twice if the call ran.
 	LateWindow time.Duration
-	// LateGrace is how much longer than Timeout a request that the local
-	// share would refuse waits for the store's late answer (Timeout / 4):
-	// behind a slow store that answer is often an admission. A request
-	// admitted locally does not wait.
+	// LateGrace is how much longer than Timeout a request whose call timed
+	// out waits for the store's late answer before it is decided locally
+	// (Timeout / 4): behind a slow or briefly stalled store that answer
+	// usually comes, and is exact.
 	LateGrace time.Duration
 	// RecoveryWait bounds how long a recovered instance keeps deciding
 	// locally while other instances are still missing (2 × ProbeInterval).
@@ -133,7 +133,7 @@ func (c *Config) setDefaults() error {
 		c.ReplayBatch = 1000
 	}
 	def(&c.RecoveryWait, 2*c.ProbeInterval)
-	def(&c.LateWindow, c.LeaseGrace)
+	def(&c.LateWindow, 5*time.Second)
 	def(&c.LateGrace, c.Timeout/4)
 	return nil
 }

@@ -168,14 +168,20 @@ func (l *Limiter) settle(k key, req ratelimit.Request, id ratelimit.Identity, d 
 	return ratelimit.Decision{}, true, err
 }
 
-// decideLocal decides req from the key's local share. pending (not zero):
+// decideLocal decides req from the key's local share. until (not zero):
 // the store still has the request's call (it timed out), and will say
-// whether it counted it: a grant is a doubt until then (late.go), and a
-// refusal waits for the store's answer until pending, then takes it if it
-// came: a slow store's late answer is often an admission, and refused
-// here it would only be refunded.
+// whether it counted it. Its answer is awaited until then, and taken if it
+// comes: a slow store's late answer is exact, where a local share beside a
+// store that goes on deciding can grant what the store grants too, and
+// refuse what it admitted (and counted). Past that, a grant is a doubt
+// until the store says (late.go).
 func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Request, until time.Time) ratelimit.Decision {
 	pending := !until.IsZero()
+	if pending && !req.ReadOnly {
+		if sd, ok := l.awaitLate(req, until); ok {
+			return sd
+		}
+	}
 	l.stats.localDecisions.Add(1)
 	p := req.Policy
 	if p.Algorithm == ratelimit.SlidingWindowLog {
@@ -220,9 +226,6 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 	}
 	if !d.Allowed {
 		if pending && !req.ReadOnly {
-			if sd, ok := l.awaitLate(req, until); ok {
-				return sd
-			}
 			l.late.refuse(req, now)
 		}
 		return d

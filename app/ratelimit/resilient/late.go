@@ -71,8 +71,8 @@ type LateStats struct {
 	// Expired: doubts whose reply never came (the store was replaced, say):
 	// replayed.
 	Expired uint64 `json:"expired"`
-	// Awaited: requests the local share would have refused, answered
-	// instead by the store's late reply, which came within LateGrace.
+	// Awaited: requests answered by the store's late reply, which came
+	// within LateGrace, instead of by the local share.
 	Awaited uint64 `json:"awaited"`
 }
 
@@ -249,9 +249,8 @@ func (l *Limiter) sendRefunds(ctx context.Context, s refunder) {
 	}
 }
 
-// awaitLate waits until until (local time) for the late reply to req, whose
-// local decision is a refusal, and returns the store's decision if it came
-// with one. The store counted what it admitted, as for any of its
+// awaitLate waits until until (local time) for the late reply to req, and
+// returns the store's decision if it came with one. The store counted what it admitted, as for any of its
 // decisions.
 func (l *Limiter) awaitLate(req ratelimit.Request, until time.Time) (ratelimit.Decision, bool) {
 	b := &l.late
@@ -295,6 +294,10 @@ func (l *Limiter) lateDecision(r ratelimit.LateReply) (ratelimit.Decision, bool)
 	if r.Err != nil {
 		return ratelimit.Decision{}, false
 	}
+	// Answered in time to serve: the store is slow, not stalled (a reply
+	// that came later says nothing of the kind: behind 300 ms of latency
+	// the breaker must still open, and the shares refill).
+	l.br.alive()
 	l.late.mu.Lock()
 	l.late.stats.Awaited++
 	l.late.mu.Unlock()

@@ -1053,3 +1053,46 @@ func TestNoInstanceClosesBeforeEveryOneReplayed(t *testing.T) {
 	slow.ClearToxics()
 	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.Closed))
 }
+
+// TestLateAnswerWithinGraceIsTaken: every reply comes 60 ms after its call,
+// past the 50 ms timeout but within the grace after it: each request gets
+// the store's own answer (counted once, in Redis), none a local one.
+func TestLateAnswerWithinGraceIsTaken(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	px := redistest.StartProxy(t, srv.Addr())
+	client, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{px.Addr()}, Timeout: 50 * time.Millisecond, PoolSize: 8, LateReplies: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	store := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(4))
+	cfg := recoveryConfig("app1")
+	cfg.Timeout, cfg.LateGrace, cfg.HeartbeatTTL = 50*time.Millisecond, 40*time.Millisecond, 5*time.Second
+	l, err := resilient.New(store, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	waitFor(t, "a heartbeat", 5*time.Second, func() bool { return l.Status().Live == 1 })
+	p := ratelimit.Policy{Name: "grace", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Hour}
+	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
+		t.Fatal(err)
+	}
+	px.Latency(60 * time.Millisecond)
+	admitted := 0
+	for i := range 20 {
+		d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Mode != ratelimit.ModeRedis {
+			t.Fatalf("request %d: mode %s, want the store's late answer", i, d.Mode)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	if st := l.Status(); admitted != 10 || st.Journal.Granted != 0 || st.Late.Awaited == 0 {
+		t.Fatalf("%d admitted, journal %+v, late %+v: want the limit's 10, all in Redis, awaited late", admitted, st.Journal, st.Late)
+	}
+}

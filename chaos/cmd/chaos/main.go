@@ -98,6 +98,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		timeout   = fs.Duration("redis-timeout", 100*time.Millisecond, "the apps' Redis call timeout, for the latency bound of fault and recovery (used unless /status reports redis_timeout_ms)")
 		seed      = fs.Uint64("seed", 1, "seed of the load's send schedule")
 		reanalyze = fs.Bool("reanalyze", false, "recompute report.json, report.html and summary.json from the logs under -out; runs no stack")
+		doc       = fs.String("doc", "", "the results page whose section for this stack the run rewrites (default: docs/CHAOS.md under -root; \"-\": none)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -174,6 +175,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	if *doc != "-" {
+		if *doc == "" {
+			*doc = filepath.Join(*root, "docs", "CHAOS.md")
+		}
+		if derr := writeDoc(*doc, sum.Stack, outDir, selected); derr != nil {
+			fmt.Fprintln(stderr, "chaos: writing", *doc+":", derr)
+		} else {
+			fmt.Fprintln(stdout, "results table:", *doc)
+		}
+	}
 	if !sum.Pass {
 		return errFailed
 	}
@@ -201,6 +212,20 @@ func printSummary(w io.Writer, sum report.Summary, out string) {
 	} else {
 		fmt.Fprintln(w, "overall: FAIL")
 	}
+}
+
+// writeDoc renders the reports of the selected scenarios under out into the
+// results page at path.
+func writeDoc(path, stackName, out string, selected []suite.Scenario) error {
+	var reports []*report.Report
+	for _, sc := range selected {
+		rep, err := report.ReadReport(filepath.Join(out, sc.Name, "report.json"))
+		if err != nil {
+			continue // not run (the suite stopped early)
+		}
+		reports = append(reports, rep)
+	}
+	return report.WriteDoc(path, stackName, reports, suite.Names())
 }
 
 // reanalyzeAll recomputes the reports of the selected scenarios that have a
