@@ -25,10 +25,10 @@ func TestDebugClock(t *testing.T) {
 	err = json.NewDecoder(resp.Body).Decode(&got)
 	_ = resp.Body.Close()
 	now, perr := time.Parse(time.RFC3339Nano, got.Now)
-	if err != nil || perr != nil || resp.StatusCode != 200 || got.Offset != "10s" || now.Sub(time.Now()) < 9*time.Second {
+	if err != nil || perr != nil || resp.StatusCode != 200 || got.Offset != "10s" || time.Until(now) < 9*time.Second {
 		t.Fatalf("POST: %d %+v (%v %v), want the clock 10 s ahead", resp.StatusCode, got, err, perr)
 	}
-	if s.clock.Now().Sub(time.Now()) < 9*time.Second {
+	if time.Until(s.clock.Now()) < 9*time.Second {
 		t.Fatal("the service's clock did not move")
 	}
 	resp, err = http.Post(url, "application/json", strings.NewReader(`{"offset": "soon"}`))
