@@ -29,9 +29,10 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
 
-// Run runs the suite. newLimiter returns a fresh limiter; limiters it returns
-// within one subtest must share state (as instances sharing one Redis do),
-// and keyPrefix makes the keys of different runs distinct.
+// Run runs the suite against the limiters newLimiter returns, whose decisions
+// report mode. Limiters it returns within one subtest must share state (as
+// instances sharing one Redis do); every subtest uses keys of its own, so
+// runs against one store do not meet.
 func Run(t *testing.T, mode ratelimit.Mode, newLimiter func(t *testing.T) ratelimit.Limiter) {
 	ctx := context.Background()
 	var seq atomic.Int64

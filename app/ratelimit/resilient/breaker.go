@@ -136,11 +136,6 @@ func (b *breaker) admit() (ok, probe bool) {
 // done ends a probe (see admit).
 func (b *breaker) done() { b.probing.Store(false) }
 
-// failure counts a failed call (timeout: it outlived its deadline); the
-// threshold-th consecutive one opens a closed breaker, for a timeout only if
-// nothing succeeded for slowWindow. A failure while recovering reopens it at
-// once, but for a timeout while the store answers other calls (it is busy
-// with the fleet's replays, say): slow, not dead.
 // trip opens a closed breaker at once, whatever the count: a heartbeat the
 // store refused (see Limiter.heartbeat).
 func (b *breaker) trip(reason string) {
@@ -152,6 +147,11 @@ func (b *breaker) trip(reason string) {
 	}
 }
 
+// failure counts a failed call (timeout: it outlived its deadline); the
+// threshold-th consecutive one opens a closed breaker, for a timeout only if
+// nothing succeeded for slowWindow. A failure while recovering reopens it at
+// once, but for a timeout while the store answers other calls (it is busy
+// with the fleet's replays, say): slow, not dead.
 func (b *breaker) failure(reason string, timeout bool) {
 	switch b.State() {
 	case Closed:

@@ -16,9 +16,12 @@ type Config struct {
 	Instance string
 	// Timeout bounds each store call (50 ms).
 	Timeout time.Duration
-	// FailureThreshold is the number of consecutive failures that opens
-	// the breaker (3). Errors open it at once; timeouts only when nothing
-	// has succeeded for SlowWindow as well.
+	// FailureThreshold is the number of consecutive failed calls that
+	// opens the breaker (3): for failures the store or the network
+	// answered (a refused connection, a refused write), at the threshold;
+	// for timeouts, only when nothing has succeeded for SlowWindow as well.
+	// A single refused call already sends the decisions after it to a
+	// local share while one call at a time probes the store.
 	FailureThreshold int
 	// SlowWindow tells a slow store from a dead one (250 ms): calls that
 	// time out open the breaker only if no call or heartbeat has succeeded
