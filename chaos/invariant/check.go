@@ -67,6 +67,7 @@ const (
 // Check computes every invariant row, in a stable order: per invariant, per
 // route (sorted), per judged phase; then the fleet-wide rows.
 func Check(in Input) []Row {
+	all := in.Requests // aborted ones too: the ideal limiter of goodput is fed them
 	in.Requests = judgedRequests(in.Requests)
 	routes := make([]string, 0, len(in.Policies))
 	for r := range in.Policies {
@@ -131,8 +132,12 @@ func Check(in Input) []Row {
 		}
 	}
 	// goodput
+	allByRoute := map[string][]Request{}
+	for _, r := range all {
+		allByRoute[r.Route] = append(allByRoute[r.Route], r)
+	}
 	for _, route := range routes {
-		vals, err := RouteGoodput(in.Policies[route], byRoute[route], in.Phases)
+		vals, err := RouteGoodput(in.Policies[route], allByRoute[route], in.Phases)
 		for _, pi := range judged {
 			name := in.Phases[pi].Name
 			bound, ok := goodputBound[name]
@@ -249,7 +254,9 @@ func byKey(reqs []Request) [][]Request {
 // KeyGoodput feeds one key's requests, in t_send order, to an ideal single
 // limiter of the policy at their t_send, and returns, per phase (by each
 // request's t_recv), the requests the fleet admitted divided by those the
-// ideal limiter admitted; NaN where the ideal limiter admitted none.
+// ideal limiter admitted; NaN where the ideal limiter admitted none. A
+// request its client aborted is fed to the ideal limiter (the fleet may
+// have counted it) but judged neither way.
 func KeyGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
 	lim, err := ideal.New(p.ideal())
 	if err != nil {
@@ -268,7 +275,10 @@ func KeyGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
 	for _, r := range sorted {
 		allowed := lim.Allow(sendUS(r))
 		k := phaseOf(ps, recvUS(r))
-		if k < 0 {
+		if k < 0 || r.Aborted {
+			// An aborted request may have been counted by the fleet, so
+			// the ideal limiter counts it too, and it is judged neither
+			// way.
 			continue
 		}
 		if allowed {

@@ -455,3 +455,20 @@ func TestCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestGoodputFeedsAbortedRequests: a request its client aborted may have
+// been counted by the fleet: the ideal limiter counts it too (it takes the
+// one place of the window here), and it is judged neither way, so the
+// fleet's refusal of the next request is no loss of goodput.
+func TestGoodputFeedsAbortedRequests(t *testing.T) {
+	aborted := rq("abusive-1", 12_000, 12_003, 0)
+	aborted.Aborted = true
+	reqs := []Request{aborted, rq("abusive-1", 13_000, 13_002, 429), rq("abusive-1", 14_000, 14_002, 429)}
+	vals, err := KeyGoodput(pol(ideal.SlidingWindowLog, 1), reqs, testPhases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := vals[iHealthy]; !math.IsNaN(v) {
+		t.Fatalf("healthy goodput %v, want none judged (the ideal admits only the aborted request)", v)
+	}
+}
