@@ -225,12 +225,17 @@ func (l *Limiter) stageToken() string {
 }
 
 // fleetAt reports whether every live instance, at the last heartbeat, was
-// recovering to this instance's generation and at stage or later. A store
-// that keeps no stages says nothing against it.
+// recovering to this instance's generation and at stage or later, and were
+// as many as were live before the outage (the others may be on their way
+// back: a raise of theirs after this instance's replay could undo part of
+// it). A store that keeps no stages says nothing against it.
 func (l *Limiter) fleetAt(stage int32) bool {
 	stages, tok := l.stages.Load(), l.syncGen.Load()
 	if stages == nil || tok == nil {
 		return true
+	}
+	if int64(len(*stages)) < l.liveBefore.Load() {
+		return false
 	}
 	for _, v := range *stages {
 		t, s, ok := strings.Cut(v, ":")

@@ -1096,3 +1096,49 @@ func TestLateAnswerWithinGraceIsTaken(t *testing.T) {
 		t.Fatalf("%d admitted, journal %+v, late %+v: want the limit's 10, all in Redis, awaited late", admitted, st.Journal, st.Late)
 	}
 }
+
+// TestReplayWaitsForTheLateInstancesRaise: after Redis comes back empty,
+// app1 is back first and raises its keys; app2, cut off a while longer,
+// raises its keys when it comes back. A raise is a max-merge to a floor:
+// after another instance's replay it could undo part of it. So app1
+// replays its journal only once app2, live before the outage, has raised.
+func TestReplayWaitsForTheLateInstancesRaise(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
+	cut := redistest.StartProxy(t, srv.Addr())
+	var ls []*resilient.Limiter
+	for i, addr := range []string{srv.Addr(), cut.Addr()} {
+		l, err := resilient.New(newStore(t, addr), func() resilient.Config {
+			cfg := recoveryConfig(fmt.Sprint("app", i+1))
+			cfg.ExpectedInstances, cfg.RecoveryWait = 2, 20*time.Second
+			return cfg
+		}())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		ls = append(ls, l)
+	}
+	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == 2 && ls[1].Status().Live == 2 })
+	p := longPolicy(ratelimit.SlidingWindowLog)
+	for _, l := range ls { // snapshots to restore, so both raise
+		if d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "seen"}); err != nil || d.Mode != ratelimit.ModeRedis {
+			t.Fatalf("%+v %v", d, err)
+		}
+	}
+	srv.Kill()
+	waitFor(t, "both breakers open", 5*time.Second, allIn(ls, resilient.Open))
+	for range 20 {
+		if d, err := ls[0].Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"}); err != nil || !d.Allowed {
+			t.Fatalf("local grant: %+v %v", d, err)
+		}
+	}
+	cut.Disable()
+	srv.RestartEmpty(t)
+	waitFor(t, "app1's raise", 10*time.Second, func() bool { return ls[0].Status().Raises >= 1 })
+	time.Sleep(time.Second) // app2 still cut off
+	if st := ls[0].Status(); st.Journal.Pending == 0 {
+		t.Fatalf("app1 replayed its journal before app2, live before the outage, came back and raised (app2: %d raises)", ls[1].Status().Raises)
+	}
+	cut.Enable()
+	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.Closed))
+}
