@@ -172,6 +172,8 @@ type Config struct {
 	Routes []string
 	// Mix of keys per route (DefaultMix).
 	Mix []KeySpec
+	// RouteMix gives a route a mix of its own, instead of Mix.
+	RouteMix map[string][]KeySpec
 	// Policies by route. A route missing here is learned from its
 	// RateLimit-Policy header before the load starts.
 	Policies map[string]Policy
@@ -251,18 +253,23 @@ func NewRunID() string {
 	return string(b)
 }
 
-// Keys returns the keys of a run: for each route, for each KeySpec, Count
-// keys named "<class>-<short route>-<n>-<runID>" (n counts from 1 within
-// the route; the 10x key is "abusive-tb-5-<runID>").
-func Keys(routes []string, mix []KeySpec, policies map[string]Policy, runID string) ([]Key, error) {
+// Keys returns the keys of a run: for each route, for each KeySpec of its
+// mix (routeMix's, else mix), Count keys named
+// "<class>-<short route>-<n>-<runID>" (n counts from 1 within the route; in
+// DefaultMix the 10x key is "abusive-tb-5-<runID>").
+func Keys(routes []string, mix []KeySpec, routeMix map[string][]KeySpec, policies map[string]Policy, runID string) ([]Key, error) {
 	var keys []Key
 	for _, r := range routes {
 		p, ok := policies[r]
 		if !ok || p.Quota <= 0 || p.Window <= 0 {
 			return nil, fmt.Errorf("loadtest: no policy for %s", r)
 		}
+		specs := mix
+		if m, ok := routeMix[r]; ok {
+			specs = m
+		}
 		counts := map[Class]int{}
-		for _, s := range mix {
+		for _, s := range specs {
 			if s.Factor <= 0 {
 				return nil, fmt.Errorf("loadtest: factor %v: must be positive", s.Factor)
 			}
@@ -405,7 +412,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			policies[r] = p
 		}
 	}
-	keys, err := Keys(cfg.Routes, cfg.Mix, policies, cfg.RunID)
+	keys, err := Keys(cfg.Routes, cfg.Mix, cfg.RouteMix, policies, cfg.RunID)
 	if err != nil {
 		return Result{}, err
 	}

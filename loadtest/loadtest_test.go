@@ -68,7 +68,7 @@ func TestRunRefusesNonLoopback(t *testing.T) {
 
 func TestKeys(t *testing.T) {
 	pol := map[string]Policy{"/api/token-bucket": {Name: "tb", Quota: 100, Window: 10 * time.Second}}
-	keys, err := Keys([]string{"/api/token-bucket"}, DefaultMix, pol, "r1")
+	keys, err := Keys([]string{"/api/token-bucket"}, DefaultMix, nil, pol, "r1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,20 @@ func TestKeys(t *testing.T) {
 			t.Errorf("key %d = %+v, want %s %s every %v", i, k, w.name, w.class, w.interval)
 		}
 	}
-	if _, err := Keys([]string{"/api/gcra"}, DefaultMix, pol, "r1"); err == nil {
+	pol["/static/"] = Policy{Name: "st", Quota: 100, Window: 10 * time.Second}
+	own := []KeySpec{{Class: Abusive, Factor: 2, Count: 2}}
+	keys, err = Keys([]string{"/api/token-bucket", "/static/"}, DefaultMix, map[string][]KeySpec{"/static/": own}, pol, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, k := range keys[len(want):] {
+		names = append(names, k.Name)
+	}
+	if len(keys) != len(want)+2 || keys[0].Name != "polite-tb-1-r1" || strings.Join(names, ",") != "abusive-static-1-r1,abusive-static-2-r1" {
+		t.Errorf("with a route mix: the keys end %v, want the route's own two", names)
+	}
+	if _, err := Keys([]string{"/api/gcra"}, DefaultMix, nil, pol, "r1"); err == nil {
 		t.Error("a route without a policy was accepted")
 	}
 }

@@ -75,7 +75,11 @@ type Config struct {
 	// run (loadtest.DefaultMix, the contract's load). The suite's own tests
 	// use a lighter one: their fake fleet runs in the test process, under
 	// the race detector, beside other packages' tests.
-	Mix       []loadtest.KeySpec
+	Mix []loadtest.KeySpec
+	// DoorMix is the load's keys on each door route (DoorMix): the doors
+	// are judged as the routes are, at a lighter load, so that the
+	// machine's CPU goes to the service's own routes.
+	DoorMix   []loadtest.KeySpec
 	Durations Durations
 	// RedisTimeout is the apps' Redis call timeout, unless their /status
 	// reports one (redis_timeout_ms or redis_timeout).
@@ -92,13 +96,18 @@ type Config struct {
 	// status block).
 	Progress *progress.Reporter
 
-	// rls calls the stack's rate limit service (withDoors).
-	rls *loadtest.RLSClient
+	// rls calls the stack's rate limit service, and routeMix gives the
+	// door routes their mix (withDoors).
+	rls      *loadtest.RLSClient
+	routeMix map[string][]loadtest.KeySpec
 }
 
 func (c *Config) setDefaults() {
 	if len(c.Routes) == 0 {
 		c.Routes = loadtest.DefaultRoutes
+	}
+	if c.DoorMix == nil {
+		c.DoorMix = DoorMix
 	}
 	if c.Log == nil {
 		c.Log = io.Discard
@@ -385,6 +394,7 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 			BaseURL:  info.NginxURL,
 			Routes:   cfg.Routes,
 			Mix:      cfg.Mix,
+			RouteMix: cfg.routeMix,
 			Policies: lp,
 			RunID:    rep.RunID,
 			Seed:     cfg.Seed,
@@ -640,6 +650,7 @@ func primeStack(ctx context.Context, cfg Config, info stack.Info, client *http.C
 		BaseURL:      info.NginxURL,
 		Routes:       cfg.Routes,
 		Mix:          cfg.Mix,
+		RouteMix:     cfg.routeMix,
 		Policies:     policies,
 		RunID:        "prime-" + loadtest.NewRunID(),
 		Seed:         cfg.Seed + 1,
