@@ -11,10 +11,9 @@
 // ever connects to loopback addresses.
 package loadtest
 
-// The file is one piece: the load's plan (routes, keys, rates), the senders
-// that carry it out and the Record they write are one path from
-// configuration to requests.jsonl; policies and the loopback guard are in
-// their own files.
+// The load's plan (routes, keys, rates), the senders that carry it out and
+// the Record they write; policies and the loopback guard are in their own
+// files.
 
 import (
 	"context"

@@ -1,5 +1,5 @@
 // Package invariant computes the chaos suite's invariants
-// (README.md, "Running the chaos suite"; the bounds in "Measured") from a request log, the
+// (README.md, "The chaos suite", which lists the bounds check.go holds) from a request log, the
 // phases of the run, the routes' policies and the instances' /status after
 // settle.
 //

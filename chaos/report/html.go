@@ -1,6 +1,5 @@
-// The HTML report is one page rendered from one template: the data the
-// template needs (charts, tables) is computed here beside it, so a change to
-// the page is a change to one file.
+// The HTML report: one page rendered from one template, and the data it
+// needs (charts, tables), computed here.
 
 package report
 

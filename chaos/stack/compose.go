@@ -1,6 +1,5 @@
-// The compose stack: one implementation of Stack, method for method (up,
-// down, each fault, status). It is one piece as local.go is for the native
-// stack; what both share is in stack.go and http.go.
+// The compose stack: one implementation of Stack (up, down, each fault,
+// status); what it shares with local.go is in stack.go and http.go.
 
 package stack
 
@@ -25,11 +24,12 @@ import (
 // faulted through the docker CLI on the containers' ids: compose v1 is a
 // Python program whose every start costs about a second of CPU, too much to
 // run while latency is measured. It adds docker-compose.chaos.yml (Docker's
-// healthchecks pushed out of the run: each is an exec costing ~200 ms of CPU
-// on a 2-core host, and the suite checks readiness itself over HTTP) and,
-// for redis-latency only, docker-compose.toxiproxy.yml: a toxiproxy between
-// each app and Redis (on a 2-core host its CPU and extra connections moved
-// healthy p99 from 10 ms to hundreds; docs/COMPOSE-PERFORMANCE.md). Redis,
+// healthchecks pushed out of the run: each is an exec, a burst of engine
+// CPU, and the suite checks readiness itself over HTTP) and, for the
+// scenarios that need a fault proxy, docker-compose.toxiproxy.yml: a
+// toxiproxy between each app and Redis, which costs CPU and a connection
+// per connection, so no other scenario runs with it
+// (docs/COMPOSE-PERFORMANCE.md). Redis,
 // the apps' admin ports and toxiproxy's API are published on the host's
 // loopback, so the suite reaches them directly.
 //
@@ -186,11 +186,11 @@ const stackNice = -10
 // process, which generates the load and times it) precedence over
 // everything else on the host, in particular over the Docker engine
 // (dockerd, containerd, runc, the shims, fuse-overlayfs) while it starts,
-// kills or rewires containers for a fault. On the 2-core test machines a
-// `docker start` costs about a second of CPU; at the same priority it
-// stalled every request in flight for 0.5-1 s, a cost of the test's fault
-// injection, not of the limiter, which on a real deployment does not share
-// two cores with the engine restarting its store. Needs root (CAP_SYS_NICE);
+// kills or rewires containers for a fault. A `docker start` costs the
+// engine a burst of CPU; at the same priority it would stall the requests
+// in flight, a cost of the test's fault injection, not of the limiter,
+// which in a deployment does not share its cores with the engine
+// restarting its store. Needs root (CAP_SYS_NICE);
 // without it the run goes on at the default priority, and says so once.
 func (c *Compose) prioritize(service string) {
 	var pids []int
@@ -357,8 +357,8 @@ func (c *Compose) StartRedis(ctx context.Context, wipe bool) error {
 // PauseRedis implements Stack: SIGSTOP to the Redis server (the
 // container's first process), sent from the host as on the native stack;
 // its connections hang. `docker pause` (the cgroup freezer) does the same
-// but costs runc and containerd a few hundred ms of CPU, which on a 2-core
-// host stalled every instance just as the fault began. Where the host may
+// but costs runc and containerd a burst of CPU just as the fault begins,
+// which the requests in flight would wait for. Where the host may
 // not signal the process (not root), docker pause is used instead.
 func (c *Compose) PauseRedis(ctx context.Context) error {
 	if err := c.signal(ctx, "redis", syscall.SIGSTOP); err != nil {
@@ -427,8 +427,8 @@ func (c *Compose) StartApp(ctx context.Context, app string) error {
 // network partition drops them. The rule goes into the container's own
 // network namespace (nsenter + iptables, one cheap process each way), so
 // Docker's network plumbing is not touched while latency is measured:
-// `docker network disconnect` rewrites iptables and the embedded DNS and,
-// on a 2-core host, stalled every instance for 0.5-1 s. Where nsenter is not
+// `docker network disconnect` rewrites iptables and the embedded DNS, a
+// burst of engine CPU while latency is measured. Where nsenter is not
 // possible (not root, no iptables), the app's container is disconnected
 // from the network it reaches Redis on instead.
 func (c *Compose) Partition(ctx context.Context, app string, on bool) error {

@@ -116,12 +116,11 @@ func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 // prioritize gives the native stack's processes (those of .run/pids/ and
 // their children: nginx's workers) and this process, which generates the
 // load and times it, stackNice, as the compose stack's (Compose.prioritize).
-// A restart by local-service.sh costs about 0.85 s of CPU (a shell, its
-// subshells, redis-cli probes, stack.json rewritten): at the stack's
-// priority, on two cores, it landed on the moment the apps reconnect and
-// replay, and nginx and the load generator waited for CPU. redis-flap
-// natively: clients saw p99 of 280-570 ms in the seconds after each restart
-// while nginx's own request times stayed at 10-160 ms. Needs root
+// A restart by local-service.sh (a shell, its subshells, redis-cli probes,
+// stack.json rewritten) takes CPU at the moment the apps reconnect and
+// replay; at the stack's priority nginx and the load generator would wait
+// for it (nginx's access log against requests.jsonl shows where the time
+// goes). Needs root
 // (CAP_SYS_NICE); without it the run goes on at the default priority and
 // says so once.
 func (l *Local) prioritize() {

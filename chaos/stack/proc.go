@@ -12,9 +12,8 @@ import (
 )
 
 // Host-side views of the compose stack's processes, read from /proc, so that
-// faults and priorities need no docker CLI call (each costs the 2-core test
-// machines a burst of CPU in the CLI, dockerd and containerd just when
-// latency is measured).
+// faults and priorities need no docker CLI call (each costs a burst of CPU
+// in the CLI, dockerd and containerd just when latency is measured).
 
 // containerPIDs returns the host pids of the processes in the container
 // whose full id is id (every process whose cgroup path names it), and the

@@ -58,8 +58,8 @@ func checkAddressCeiling(t *testing.T, s *stack, run string) {
 		t.Errorf("the refusal: policy %q, %v; want a problem from per-address", p.Policy, err)
 	}
 	// A sliding window counter frees a little of the window before as time
-	// passes: a request right after a refusal can still fit (seen once:
-	// the forged key answered 401, past the ceiling by then). So the
+	// passes: a request right after a refusal can still fit (the forged
+	// key could then be answered 401 though the ceiling was reached). So the
 	// ceiling is met again with valid keys, then the forged key sent at
 	// once; one 429 of three tries shows it counts against the address.
 	forged := rawKey("forged-" + run + ".AAAAAAAAAAAAAAAAAAAAAAAA")

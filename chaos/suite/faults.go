@@ -140,8 +140,8 @@ func sentinelFailover(ctx context.Context, e *Env, lag time.Duration) error {
 		return err
 	}
 	// Without its data: it comes back as a replica, whose data the resync
-	// from the new master replaces anyway. Loading its AOF took a core of
-	// this 2-core machine for a second and stalled the whole stack.
+	// from the new master replaces anyway. Loading its AOF would take a
+	// core from the stack while it is measured.
 	if err := topo.StartNode(ctx, master.Name, true); err != nil {
 		return err
 	}
@@ -209,10 +209,9 @@ func clusterFault(ctx context.Context, e *Env, wipe bool) error {
 	if err != nil {
 		return err
 	}
-	// The former master stays down for the rest of the run. Restarting it
-	// (with its data or without) stalled the whole stack on this 2-core
-	// machine for 0.3-0.65 s while it rejoined the Cluster (measured in
-	// four runs): its rejoin is not part of what this scenario judges.
+	// The former master stays down for the rest of the run: restarting it
+	// makes it rejoin the Cluster, which takes CPU from the stack while it
+	// is measured, and its rejoin is not part of what this scenario judges.
 	return sleep(ctx, time.Until(start.Add(e.Fault)))
 }
 

@@ -176,10 +176,10 @@ var quick = Durations{
 
 // lightMix is the contract's classes at under half its request rate (92
 // requests/s per route, not 196): twice the polite keys, as fast, and fewer
-// abusive ones. The fake fleet serves in the test process, and with the
-// contract's mix under the race detector, beside other packages' tests on
-// two cores, its answers fell 2 s behind: whole phases ended without a
-// polite answer (CI failed TestRunScenarioEndToEnd on "no polite requests").
+// abusive ones. The fake fleet serves in the test process, under the race
+// detector beside other packages' tests: with the contract's mix its
+// answers can fall behind until whole phases end without a polite answer,
+// which TestRunScenarioEndToEnd judges.
 var lightMix = []loadtest.KeySpec{
 	{Class: loadtest.Polite, Factor: 0.4, Count: 8},
 	{Class: loadtest.Abusive, Factor: 2, Count: 1},

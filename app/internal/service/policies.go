@@ -53,7 +53,7 @@ func (s PolicySet) Policy(name string) (ratelimit.Policy, bool) {
 	return ratelimit.Policy{}, false
 }
 
-// The JSON shapes of the policy file (README.md, "Configuration").
+// The JSON shapes of the policy file (docs/OPERATIONS.md, "Policies").
 type policyFile struct {
 	Policies []policyJSON `json:"policies"`
 	Routes   []routeJSON  `json:"routes"`

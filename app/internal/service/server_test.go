@@ -262,7 +262,7 @@ func checkProblem(t *testing.T, resp *http.Response, body []byte, policy string)
 	// for longer: a window filled in its first 100 ms frees a request only
 	// once the next window is 1/100 in (the full window counts as the
 	// previous one until then), so its wait is up to 10.1 s, 11 in whole
-	// seconds (CI saw 11). At most two windows.
+	// seconds. At most two windows.
 	maxRetry := 10
 	if policy == "sliding-window-counter" {
 		maxRetry = 20

@@ -63,10 +63,6 @@
 // into an outage. The middleware never answers 5xx itself.
 package httplimit
 
-// The file is one piece: the middleware's path from request to answer
-// (identity, policies, one batch decision, headers, the 429 or 400 problem)
-// reads top to bottom, and its options configure exactly that path.
-
 import (
 	"context"
 	"errors"

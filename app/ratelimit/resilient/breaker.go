@@ -102,19 +102,19 @@ func (b *breaker) quietFor(d time.Duration) bool {
 // calls all failed (a store that stalls, not yet long enough to open it)
 // lets one call at a time through, as a probe, and the rest are decided
 // locally at once instead of each waiting out the timeout: without this, a
-// paused or partitioned store held every request for the full timeout
-// until the breaker opened. A refused call (a hard failure: the connection
+// paused or partitioned store would hold every request for the full
+// timeout until the breaker opened. A refused call (a hard failure: the connection
 // reset or refused) makes the store suspect at once: when Redis dies, the
 // calls in flight fail with EOF, and the next ones dial an address that no
-// longer answers, each waiting out the timeout (on compose, where a dead
-// container's address drops packets, that held every request for 50 ms
-// until three timeouts had been counted). A success (a call's or a
-// heartbeat's) ends it. Not on a sharded store (a Redis Cluster): there one
-// master refusing says nothing of the others, and with calls to the healthy
-// masters succeeding in between, the refusals to the dead one made a third of
-// all decisions local while the breaker stayed closed and the fleet held no
-// share back (master-failover-cluster over-admission 1.13-1.14). A probe
-// must call done when its call returns.
+// longer answers, each waiting out the timeout until three timeouts are counted
+// where a dead host's address drops packets (TestRefusedCallProbesAtOnce,
+// TestSuspectStoreIsNotWaitedFor). A success (a call's or a heartbeat's)
+// ends it. Not on a sharded store (a Redis Cluster): there one master
+// refusing says nothing of the others, and with calls to the healthy
+// masters succeeding in between, the refusals to the dead one would make
+// decisions local while the breaker stays closed and the fleet holds no
+// share back (TestRefusedCallOnAShardedStore). A probe must call done when
+// its call returns.
 func (b *breaker) admit() (ok, probe bool) {
 	if b.failures.Load() < int64(b.threshold) && !b.refused.Load() {
 		return true, false

@@ -266,21 +266,19 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) rat
 // order-free across instances, and never leaves the store above one bucket
 // fed every grant in time order: shares that start empty and cap at their
 // part of the capacity waste at least the refill that bucket would.
-// Folding the grants themselves, instance after instance, charged every
-// grant older than the state the previous replays left without refill, an
-// overcharge that grew with the outage. A key that expired in the store
+// Folding the grants themselves, instance after instance, would charge
+// every grant older than the state the previous replays left without
+// refill, an overcharge that grows with the outage (TestReplayIsNetOfRefill). A key that expired in the store
 // during the outage (full by then without use) starts full, as the unused
 // share ends.
 //
 // Why at now and not at the last grant: the store refills one bucket at the
 // whole rate, a share at its part of it. A charge dated at its last grant
-// was refilled by the store at the whole rate from then on, while the other
-// instances' shares went on refilling (and granting) at their parts until
-// their own last grants, which their charges already count: the same refill
-// credited twice, the rate over a share times the spread of the last grants
-// (compose redis-kill: the instances' last grants 0.3-1.2 s apart, GCRA and
-// token bucket over-admission 1.007-1.013 in settle, 1.3 units over the line
-// for the rest of the run). Dated now, a charge has decayed only at its
+// would be refilled by the store at the whole rate from then on, while the
+// other instances' shares went on refilling (and granting) at their parts
+// until their own last grants, which their charges already count: the same
+// refill credited twice, the rate over a share times the spread of the last
+// grants (TestChargesLeaveNoMoreThanTheIdeal). Dated now, a charge has decayed only at its
 // share's rate, and the store's refill starts when the store knows of it.
 //
 // It sorts grants in place.

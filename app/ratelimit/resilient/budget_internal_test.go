@@ -16,8 +16,8 @@ import (
 // to full during a 20 s outage, leave it no more tokens than one bucket fed
 // every grant in time order holds at the replay. One instance's clients
 // left it 5 s before the outage ended: dated at its last grant, its charge
-// was refilled by the store at the whole rate for those 5 s while the other
-// shares granted that refill too (25 tokens left where the ideal held 13).
+// would be refilled by the store at the whole rate for those 5 s while the
+// other shares granted that refill too, leaving the store above the ideal.
 func TestChargesLeaveNoMoreThanTheIdeal(t *testing.T) {
 	const sec = int64(time.Second / time.Microsecond)
 	t0 := int64(1_700_000_000) * sec

@@ -19,7 +19,7 @@ import (
 
 // The fleet tests run four resilient limiters that share nothing but one
 // real redis-server, each reaching it through its own fault-injection proxy,
-// under the chaos suite's load pattern (scaled down: 2 s windows), and check
+// under the chaos suite's load pattern (scaled down: 3 s windows), and check
 // the invariants from the decisions they record.
 
 const (

@@ -40,20 +40,18 @@ func (l *Limiter) loop(ctx context.Context) {
 	// again: the next probe goes at the next tick, once; if that fails too,
 	// the store is failing, and the interval applies. Two probes set it:
 	//   - one whose ping was answered but what follows it (the generation,
-	//     a restore, the replay) failed. A store that just came back often
-	//     fails the first pass: its first new connections are slow (on
-	//     compose, a restarted Redis container's address timed the
-	//     replay's dials out while the probe's connection worked). Waiting
-	//     a whole ProbeInterval kept every instance local for another
-	//     second;
+	//     a restore, the replay) failed: a store that just came back often
+	//     fails the first pass, its first new connections being slow, and
+	//     a whole ProbeInterval would keep the instance local for another
+	//     interval (TestFailedReplayIsRetriedAtOnceThenAtTheInterval,
+	//     TestFailedRestoreIsRetried);
 	//   - one that timed out right after a refused one: a Redis starting
 	//     more often than a hung one. Its process listens before it
 	//     answers, and the first connection to it (through a proxy, with
-	//     AUTH and HELLO, while it loads its data) outlives a Timeout.
-	//     Waiting ProbeInterval kept one instance local for a second after
-	//     the others, and they waited for it to close (in a drain of
-	//     100 000 keys one instance began its replay 0.94 s after the
-	//     other three, whose replays took 1.3-1.4 s).
+	//     AUTH and HELLO, while it loads its data) can outlive a Timeout;
+	//     waiting ProbeInterval would keep this instance local after the
+	//     others, and they wait for it to close
+	//     (TestTimeoutAfterRefusalProbesAgainSoon).
 	again, retried := false, false
 	for {
 		select {
@@ -301,9 +299,8 @@ func (l *Limiter) probe(ctx context.Context) (refused, answered bool) {
 	l.br.success()
 	// The outage took the pool's connections with it: open some while the
 	// journal replays, so the decisions after the close do not all dial
-	// at once (on a restarted Redis every instance closed within a few ms
-	// and its next 100 ms of decisions each paid a dial, with AUTH and
-	// HELLO: redis-flap's fault p99 of 95-111 ms natively).
+	// at once (the instances close within a few ms of each other, and each
+	// decision would pay a dial, AUTH and HELLO: TestRecoveryWarmsThePool).
 	l.warm(ctx)
 	callCtx, cancel = context.WithTimeout(ctx, l.cfg.Timeout)
 	gen, err := l.store.Generation(callCtx)
@@ -397,19 +394,18 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	// key's batches of the same share. A key's grants can sit in several
 	// batches: the epochs of this process and of the one before it, killed
 	// during the outage, which left its grants in the file. Charged one
-	// batch at a time, each batch's share saw again the refill that the
-	// other batch's grants took: a restarted instance's abusive keys were
-	// charged 13 units where their 37 grants had taken 24 (native app-crash:
-	// token bucket and GCRA over-admission 1.03-1.04 in settle). The whole
+	// batch at a time, each batch's share would see again the refill that
+	// the other batch's grants took, and the key would be charged less than
+	// its grants took (TestRestartDuringOutageChargesTheWholeShare). The whole
 	// charge goes with the key's first batch and a zero one with the others
 	// (a resent first batch is refused by its marker; were it acknowledged
 	// and a later one not, the later one is charged alone at the next pass:
 	// more, never less).
 	// Grouped by policy and identity (the key's snapshot is theirs), in
-	// the order of their first batch. Indices, not copies: a replay of
-	// 100 000 keys grouped them by value (a 370-byte map key and slice
-	// element each) in about 650 ms per instance, most of it growing and
-	// clearing fresh memory, before the first pipeline went out.
+	// the order of their first batch. Indices, not copies: grouping by value (a
+	// 370-byte map key and slice element per batch) would cost a recovering
+	// instance time and memory in proportion to its keys before its first
+	// pipeline (scripts/measure-drain.sh measures a drain).
 	type chargeKey struct {
 		policy   ratelimit.Policy
 		identity ratelimit.Identity
@@ -450,10 +446,8 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	// A share an earlier pass charged through its time (chargedThrough) is
 	// the store's to refill from then on: the grants made after it (while
 	// recovering, waiting for the others) owe every unit. Netted against
-	// the outage's share, which by then looked full again, a second pass
-	// charged a fraction of them (compose redis-pause: the fleet's grants
-	// of the second it waited for a late instance mostly went uncharged;
-	// over-admission 1.01-1.017 in settle).
+	// the outage's share, which by then looks full again, a second pass
+	// would charge a fraction of them (TestGrantsAfterTheChargeAreChargedInFull).
 	charges := make([]ratelimit.Grant, grouped) // one charge per batch
 	free := make([]bool, len(pending))          // the batches charged nothing
 	var early []ratelimit.Grant

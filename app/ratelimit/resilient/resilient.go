@@ -105,9 +105,9 @@ type Limiter struct {
 	// suspect count, once two heartbeats in a row found that many
 	// missing (the smaller of the two counts). One late heartbeat is a
 	// stalled process far more often than a partition: holding back on
-	// it cut every key to a share of its quota for an interval (polite
-	// clients refused in the healthy phase of TestFleetFaults and of
-	// the chaos suite on a loaded host). confirmedAt counts the interval
+	// it would cut every key to a share of its quota for an interval, and
+	// refuse polite clients while Redis is healthy
+	// (TestOneMissedHeartbeatHoldsNothingBack). confirmedAt counts the interval
 	// it costs a partitioned instance.
 	heldBack  atomic.Int64
 	warming   atomic.Bool // a Warm is running

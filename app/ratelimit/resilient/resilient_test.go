@@ -799,7 +799,7 @@ func TestHeartbeatTeachesTheStoreClock(t *testing.T) {
 // BenchmarkFootprint reports the heap a remembered key costs (a store
 // decision per distinct key: the LRU entry), and what a local grant of a
 // distinct key adds (the journaled grant and the key's snapshot), per
-// algorithm. `make bench` runs it; the README quotes it.
+// algorithm: go test -run ^$ -bench Footprint ./app/ratelimit/resilient.
 func BenchmarkFootprint(b *testing.B) {
 	const keys = 50_000
 	heap := func() uint64 {

@@ -49,16 +49,14 @@ func main() {
 }
 
 // quietGC keeps the load generator's own garbage collection out of the
-// latencies it measures. Its heap grows by the request log; on a 2-core
-// machine each collection's mark phase took one of the two cores for up to
-// 120 ms, and the requests sent meanwhile waited: measured with gctrace,
-// the whole-stack latency bursts of the chaos runs (100-160 requests over
-// 50 ms in 100 ms) fell on the suite's collections, at the same offsets in
-// every run. So it collects only past a memory limit of 256 MiB (a few
-// times per scenario instead of every second or two; with 1 GiB its
-// resident memory grew to 600 MiB and the Redis restarts it drove took 3-5 s
-// instead of 2), and once before each scenario's load, unless GOGC or
-// GOMEMLIMIT say otherwise. The stack's own processes are not affected.
+// latencies it measures. Its heap grows by the request log, and each
+// collection's mark phase takes a core from the stack under test and
+// delays the requests sent meanwhile (GODEBUG=gctrace=1 puts the
+// collections beside the latency bursts). So it collects only past a
+// memory limit of 256 MiB (a few times per scenario) and once before each
+// scenario's load, unless GOGC or GOMEMLIMIT say otherwise; a much higher
+// limit lets its resident memory grow until it slows the stack's own
+// restarts. The stack's own processes are not affected.
 func quietGC(getenv func(string) string) {
 	if getenv("GOGC") == "" {
 		debug.SetGCPercent(-1)
@@ -69,10 +67,9 @@ func quietGC(getenv func(string) string) {
 }
 
 // oneProc runs the suite on one P unless GOMAXPROCS says otherwise. Its load
-// is the contract's fixed mix (about 800 requests a second) and its analysis
-// is sequential; with a P per core it spent a third more CPU on the same load
-// (threads woken and parked against the stack's own processes on a 2-core
-// host), CPU the stack under test needs.
+// is the contract's fixed mix (about 900 requests a second) and its analysis
+// is sequential; a P per core spends CPU on threads woken and parked against
+// the stack's own processes, CPU the stack under test needs.
 func oneProc(getenv func(string) string) {
 	if getenv("GOMAXPROCS") == "" {
 		runtime.GOMAXPROCS(1)

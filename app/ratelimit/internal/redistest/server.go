@@ -1,7 +1,6 @@
-// One redis-server process, its whole life in one file: the options, the
-// launch and readiness check, and every fault a test inflicts on it (kill,
-// SIGSTOP/SIGCONT, restart with or without its data). Split, each part
-// would need the others' unexported process state.
+// One redis-server process: the options, the launch and readiness check,
+// and every fault a test inflicts on it (kill, SIGSTOP/SIGCONT, restart
+// with or without its data).
 
 package redistest
 
