@@ -1,5 +1,5 @@
 # fleetlimit: a fault-tolerant distributed rate limiter.
-# `make help` lists the targets (README.md, "Commands"); the scripts they call live in
+# `make help` lists the targets (README.md, "Development"); the scripts they call live in
 # scripts/.
 
 SHELL := /bin/bash

@@ -74,9 +74,8 @@
 #   LOCAL_LOG_LEVEL=debug (RL_LOG_LEVEL of the apps: debug logs a line per request)
 #   LOCAL_GOMAXPROCS (GOMAXPROCS of each app and of toxiproxy; default: the cores divided
 #   by the four apps, at least 1). Five Go processes on a small host, each with one P per
-#   core, spend their CPU waking and parking threads against each other: on 2 cores this
-#   setting (with the chaos suite on one P and its apps at info) took redis-latency's healthy
-#   p99 from 76 ms to 9.5 ms and the machine from 83 % busy to 59 %.
+#   core, spend their CPU waking and parking threads against each other
+#   (docs/COMPOSE-PERFORMANCE.md).
 #   LOCAL_REDIS_DIRECT=0 (1: the apps dial Redis itself, not their fault proxy; the chaos
 #   suite's partition and latency faults then do not reach them; single topology only,
 #   the others always dial directly)

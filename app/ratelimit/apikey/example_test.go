@@ -36,3 +36,25 @@ func Example() {
 	// tenant-42 <nil>
 	// true
 }
+
+// Rotating the secret: the new secret signs, the old one is still accepted
+// until the keys it signed are replaced, then dropped.
+func ExampleNewVerifier_rotation() {
+	before, _ := apikey.NewVerifier("old-secret-0123456789")
+	oldKey, _ := before.Sign("tenant-7")
+
+	during, _ := apikey.NewVerifier("new-secret-0123456789", "old-secret-0123456789")
+	fmt.Println(during.Check(oldKey))
+	newKey, _ := during.Sign("tenant-7")
+	fmt.Println(newKey != oldKey)
+
+	after, _ := apikey.NewVerifier("new-secret-0123456789")
+	_, err := after.Check(oldKey)
+	fmt.Println(errors.Is(err, apikey.ErrInvalidKey))
+	fmt.Println(after.Check(newKey))
+	// Output:
+	// tenant-7 <nil>
+	// true
+	// true
+	// tenant-7 <nil>
+}

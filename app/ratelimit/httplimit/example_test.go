@@ -1,6 +1,8 @@
 package httplimit_test
 
 import (
+	"cmp"
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -8,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 )
@@ -42,4 +45,47 @@ func Example() {
 	// 200 "hello";q=2;w=10 remaining 1 text/plain; charset=utf-8
 	// 200 "hello";q=2;w=10 remaining 0 text/plain; charset=utf-8
 	// 429 "hello";q=2;w=10 remaining 0 application/problem+json
+}
+
+// Signed API keys, and a per-address ceiling over every key one address
+// uses: each key gets 10 requests per minute, each address 3 whatever its
+// keys. A key that does not check out gets a 401, and still counts against
+// its address. Every policy counts every request: carol's refused request
+// used one of her key's units.
+func ExampleWithAPIKeys() {
+	keys, err := apikey.NewVerifier("example-secret-0123456789")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	perKey := ratelimit.Policy{Name: "per-key", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Minute}
+	perAddress := ratelimit.Policy{Name: "per-address", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: time.Minute}
+	limits := httplimit.New(memstore.New(),
+		httplimit.WithAPIKeys(func(_ context.Context, key string) (string, error) { return keys.Check(key) }),
+		httplimit.WithPerAddress(perAddress.Name))
+	handler := limits.Handler(perKey, perAddress)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "hello")
+	}))
+	srv := httptest.NewServer(handler)
+	defer srv.Close()
+
+	alice, _ := keys.Sign("alice")
+	bob, _ := keys.Sign("bob")
+	carol, _ := keys.Sign("carol")
+	for _, key := range []string{alice, bob, "mallory.forged-mac", carol} {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		req.Header.Set(httplimit.HeaderAPIKey, key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, cmp.Or(resp.Header.Get("RateLimit"), "-"))
+	}
+	// Output:
+	// 200 "per-key";r=9;t=60, "per-address";r=2;t=60
+	// 200 "per-key";r=9;t=60, "per-address";r=1;t=60
+	// 401 -
+	// 429 "per-key";r=9;t=60, "per-address";r=0;t=60
 }

@@ -349,13 +349,14 @@ func TestTimedOutDecisionsThatRanCountOnce(t *testing.T) {
 }
 
 // TestMain lets the test binary run as a child limiter process (for the
-// crash test).
+// crash test); otherwise it runs the tests and the examples, with the
+// examples' redis-server up.
 func TestMain(m *testing.M) {
 	if os.Getenv("RESILIENT_CHILD") != "" {
 		runChild()
 		return
 	}
-	os.Exit(m.Run())
+	os.Exit(runWithExampleRedis(m))
 }
 
 // runChild serves a resilient limiter over stdin/stdout: "decide KEY N"
