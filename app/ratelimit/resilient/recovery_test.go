@@ -356,7 +356,7 @@ func TestMain(m *testing.M) {
 		runChild()
 		return
 	}
-	os.Exit(runWithExampleRedis(m))
+	os.Exit(redistest.Main(m))
 }
 
 // runChild serves a resilient limiter over stdin/stdout: "decide KEY N"

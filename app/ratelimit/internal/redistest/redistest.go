@@ -48,21 +48,29 @@ const (
 // message carries the install hint "apt-get install redis-server".
 func Require(t testing.TB, bin string) string {
 	t.Helper()
-	if p, err := exec.LookPath(bin); err == nil {
+	p, err := lookBinary(bin)
+	if err == nil {
 		return p
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal(err)
+	}
+	t.Skip(err)
+	return ""
+}
+
+// lookBinary finds bin as Require does.
+func lookBinary(bin string) (string, error) {
+	if p, err := exec.LookPath(bin); err == nil {
+		return p, nil
 	}
 	for _, dir := range []string{"/usr/sbin", "/usr/bin"} {
 		p := filepath.Join(dir, bin)
 		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-			return p
+			return p, nil
 		}
 	}
-	msg := fmt.Sprintf("redistest: %s not found in PATH, /usr/sbin or /usr/bin; install it with: %s", bin, installHint)
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
+	return "", fmt.Errorf("redistest: %s not found in PATH, /usr/sbin or /usr/bin; install it with: %s", bin, installHint)
 }
 
 // clusterBusOffset is the distance between a cluster node's client port and
