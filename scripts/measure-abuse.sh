@@ -10,12 +10,12 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 n=${1:-1000000}
-[[ -f .run/stack.json ]] || { echo "measure-abuse: no native stack (make local-up)" >&2; exit 1; }
+# shellcheck source=scripts/lib/stack-json.sh
+. scripts/lib/stack-json.sh
+read_stack_json .run/stack.json
 
-apps() { python3 -c 'import json; [print(a["name"], a["pid"], a["admin_url"]) for a in json.load(open(".run/stack.json"))["apps"]]'; }
 redis_mem() {
-    local port pass
-    port=$(python3 -c 'import json; print(json.load(open(".run/stack.json"))["redis_addr"].rsplit(":",1)[1])')
+    local port=${STACK_REDIS_ADDR##*:} pass
     pass=$(sed -n 's/^REDIS_PASSWORD=//p' .run/stack.env)
     REDISCLI_AUTH=$pass redis-cli -p "$port" info memory 2>/dev/null | tr -d '\r' |
         awk -F: '$1 == "used_memory_human" || $1 == "used_memory_peak_human" { printf "%s=%s ", $1, $2 }'
@@ -23,13 +23,14 @@ redis_mem() {
 }
 sample() {
     echo "== $1"
-    local name pid admin rss heap
-    while read -r name pid admin; do
+    local i name pid admin rss heap journal
+    for i in "${!STACK_APP_NAMES[@]}"; do
+        name=${STACK_APP_NAMES[i]} pid=${STACK_APP_PIDS[i]} admin=${STACK_APP_ADMINS[i]}
         rss=$(awk '/^VmRSS/ { print $2 / 1024 " MiB" }' "/proc/$pid/status")
         heap=$(curl -fsS "$admin/metrics" | awk '$1 == "go_memstats_heap_inuse_bytes" { printf "%.0f MiB", $2 / 1048576 }')
         journal=$(curl -fsS "$admin/status" | python3 -c 'import json,sys; l=json.load(sys.stdin)["limiter"]; j=l["journal"]; print(l["keys"], "local keys, journal", j["pending"], "pending,", j["overflow"], "overflow")')
         echo "  $name: RSS $rss, heap in use $heap, $journal"
-    done < <(apps)
+    done
     if [[ $1 != *outage* ]]; then echo "  redis: $(redis_mem)"; fi
 }
 

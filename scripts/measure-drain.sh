@@ -10,19 +10,20 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 n=${1:-100000}
-[[ -f .run/stack.json ]] || { echo "measure-drain: no native stack (make local-up)" >&2; exit 1; }
-admins=$(python3 -c 'import json; print(" ".join(a["admin_url"] for a in json.load(open(".run/stack.json"))["apps"]))')
+# shellcheck source=scripts/lib/stack-json.sh
+. scripts/lib/stack-json.sh
+read_stack_json .run/stack.json
 go build -o bin/flood ./loadtest/cmd/flood
 go build -o bin/drain ./loadtest/cmd/drain
 scripts/local-service.sh stop redis >/dev/null
 sleep 2
 bin/flood -n "$n" -valid 1
-redis=$(python3 -c 'import json; print(json.load(open(".run/stack.json"))["redis_addr"])')
 # shellcheck disable=SC1091
 REDIS_PASSWORD=$(. .run/stack.env && echo "${REDIS_PASSWORD:-}")
 export REDIS_PASSWORD
 # drain starts its clock at Redis' first answer, while local-service.sh still polls for it.
-bin/drain -redis "$redis" -admins "$(tr ' ' ',' <<<"$admins")" &
+admins=$(IFS=,; echo "${STACK_APP_ADMINS[*]}")
+bin/drain -redis "$STACK_REDIS_ADDR" -admins "$admins" &
 drain=$!
 scripts/local-service.sh start redis >/dev/null
 wait "$drain"
