@@ -32,15 +32,13 @@ type Limiter struct {
 	seeds     statekey.Seeds
 	evictions atomic.Uint64
 
+	capacity int
+
 	mu   sync.Mutex
-	keys *simplelru.LRU[Key, *entry]
+	keys *simplelru.LRU[statekey.Key, *entry]
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
-
-// Key identifies one policy's state for one client identity (see
-// statekey.Key).
-type Key = statekey.Key
 
 // entry is one key's state; only the policy's algorithm's field is used.
 type entry struct {
@@ -52,44 +50,36 @@ type entry struct {
 }
 
 // Option configures a Limiter.
-type Option func(*Limiter) error
+type Option func(*Limiter)
 
-// WithCapacity bounds the number of keys held; the least recently used key is
-// evicted beyond it, and starts again from a full quota when seen next.
+// WithCapacity bounds the number of keys held (DefaultCapacity); the least
+// recently used key is evicted beyond it, and starts again from a full
+// quota when seen next.
 func WithCapacity(n int) Option {
-	return func(l *Limiter) error {
-		keys, err := simplelru.NewLRU[Key, *entry](n, func(Key, *entry) { l.evictions.Add(1) })
-		if err != nil {
-			return err
-		}
-		l.keys = keys
-		return nil
-	}
+	return func(l *Limiter) { l.capacity = n }
 }
 
 // WithClock sets the clock (tests move time by passing a func).
 func WithClock(now func() time.Time) Option {
-	return func(l *Limiter) error { l.now = now; return nil }
+	return func(l *Limiter) { l.now = now }
 }
 
 // New returns an in-memory limiter. It panics only on an invalid capacity
 // (n <= 0), which is a programming error.
 func New(opts ...Option) *Limiter {
-	l := &Limiter{now: time.Now, seeds: statekey.NewSeeds()}
-	for _, o := range append([]Option{WithCapacity(DefaultCapacity)}, opts...) {
-		if err := o(l); err != nil {
-			panic("memstore: " + err.Error())
-		}
+	l := &Limiter{now: time.Now, seeds: statekey.NewSeeds(), capacity: DefaultCapacity}
+	for _, o := range opts {
+		o(l)
 	}
+	keys, err := simplelru.NewLRU[statekey.Key, *entry](l.capacity, func(statekey.Key, *entry) { l.evictions.Add(1) })
+	if err != nil {
+		panic("memstore: " + err.Error())
+	}
+	l.keys = keys
 	return l
 }
 
-// KeyOf returns the state key of a request.
-func (l *Limiter) KeyOf(p ratelimit.Policy, identity string) Key {
-	return l.keyOfIdentity(p, ratelimit.IdentityOf(identity))
-}
-
-func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) Key {
+func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) statekey.Key {
 	return l.seeds.Key(p, id)
 }
 
@@ -98,12 +88,12 @@ func (l *Limiter) Decide(_ context.Context, req ratelimit.Request) (ratelimit.De
 	if err := req.Validate(); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	return l.decideAt(l.KeyOf(req.Policy, req.Key), req.Policy, l.now().UnixMicro(), req.Units(), req.Weight), nil
+	return l.decideAt(l.keyOfIdentity(req.Policy, ratelimit.IdentityOf(req.Key)), req.Policy, l.now().UnixMicro(), req.Units(), req.Weight), nil
 }
 
 // decideAt applies a validated policy to key at time now (µs since the
 // epoch).
-func (l *Limiter) decideAt(key Key, p ratelimit.Policy, now, cost int64, wt ratelimit.Weight) ratelimit.Decision {
+func (l *Limiter) decideAt(key statekey.Key, p ratelimit.Policy, now, cost int64, wt ratelimit.Weight) ratelimit.Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e, ok := l.keys.Get(key)
