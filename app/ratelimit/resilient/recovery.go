@@ -179,7 +179,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 		// breaker to notice. Decide locally while the fleet puts back
 		// what the snapshots knew and replays its journals, as after an
 		// outage (resync).
-		l.liveBefore.Store(int64(live))
+		l.liveBefore.Store(int64(live + suspect))
 		if !l.resync(ctx, gen) {
 			l.br.set(Recovering, Open, "restore failed")
 		}

@@ -1143,3 +1143,59 @@ func TestReplayWaitsForTheLateInstancesRaise(t *testing.T) {
 	cut.Enable()
 	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.Closed))
 }
+
+// TestLastToOpenWaitsForTheInstancesAlreadyOut: app2 is cut off first, so
+// by the time Redis dies app1's heartbeats count it suspect, not live. Redis
+// comes back empty; app1 is back first, restores and raises. app2, live
+// before the outage even if not at app1's last heartbeat, raises to its own
+// (newer) snapshot when it comes back: app1 must replay its outage grants
+// only after that raise, or the max-merge takes part of them back. Redis
+// ends with every unit: app2's snapshot (5) and app1's local grants (2).
+func TestLastToOpenWaitsForTheInstancesAlreadyOut(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
+	cut := redistest.StartProxy(t, srv.Addr())
+	var ls []*resilient.Limiter
+	for i, addr := range []string{srv.Addr(), cut.Addr()} {
+		cfg := recoveryConfig(fmt.Sprint("app", i+1))
+		cfg.ExpectedInstances, cfg.RecoveryWait = 2, 20*time.Second
+		l, err := resilient.New(newStore(t, addr), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		ls = append(ls, l)
+	}
+	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == 2 && ls[1].Status().Live == 2 })
+	ctx := context.Background()
+	p := ratelimit.Policy{Name: "outage-order", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: time.Hour}
+	decide := func(l *resilient.Limiter, n int, mode ratelimit.Mode) {
+		t.Helper()
+		for range n {
+			if d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"}); err != nil || !d.Allowed || d.Mode != mode {
+				t.Fatalf("%+v %v, want an admission in mode %s", d, err, mode)
+			}
+		}
+	}
+	decide(ls[0], 2, ratelimit.ModeRedis) // app1's snapshot: 2 used
+	decide(ls[1], 3, ratelimit.ModeRedis) // app2's: 5 used
+	cut.Disable()
+	waitFor(t, "app1 counts app2 suspect", 5*time.Second, func() bool {
+		st := ls[0].Status()
+		return st.Live == 1 && st.Suspect == 1
+	})
+	srv.Kill()
+	waitFor(t, "both breakers open", 5*time.Second, allIn(ls, resilient.Open))
+	decide(ls[0], 2, ratelimit.ModeLocal)
+	srv.RestartEmpty(t)
+	waitFor(t, "app1's raise", 10*time.Second, func() bool { return ls[0].Status().Raises >= 1 })
+	time.Sleep(time.Second) // app2 still cut off
+	cut.Enable()
+	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.Closed))
+	d, err := ls[0].Decide(ctx, ratelimit.Request{Policy: p, Key: "k"})
+	if err != nil || d.Mode != ratelimit.ModeRedis {
+		t.Fatalf("%+v %v", d, err)
+	}
+	if d.Remaining != 2 {
+		t.Fatalf("%d left after 8 units, want 2: app2's raise after app1's replay took back part of app1's outage grants", d.Remaining)
+	}
+}

@@ -122,9 +122,12 @@ type Limiter struct {
 	syncGen atomic.Pointer[string]
 	stage   atomic.Int32
 	stages  atomic.Pointer[[]string]
-	// liveBefore is the live count when the breaker last opened: a store
-	// that lost its data forgot the others' heartbeats, and recovery waits
-	// for them to come back all the same.
+	// liveBefore is how many instances were live or suspect when the
+	// breaker last opened: a store that lost its data forgot the others'
+	// heartbeats, and recovery waits for them to come back all the same.
+	// Suspect ones count: an instance cut off before this one (its
+	// heartbeats lapsed, or it suspended itself) comes back with a snapshot
+	// to raise to (TestLastToOpenWaitsForTheInstancesAlreadyOut).
 	liveBefore atomic.Int64
 	restores   atomic.Uint64
 	raises     atomic.Uint64
@@ -209,7 +212,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	l.br.lastSuccess.Store(l.clock.now().UnixMicro())
 	l.br.onChange = func(from, to BreakerState, reason string) {
 		if to == Open && from == Closed {
-			l.liveBefore.Store(l.live.Load())
+			l.liveBefore.Store(l.live.Load() + l.suspect.Load())
 			if s, ok := store.(suspender); ok {
 				go func() { // best effort: the store may well be out
 					ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
