@@ -159,11 +159,14 @@ func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
 	e.log = algorithm.WindowLog{}
 	e.wc = algorithm.WindowCounterState{}
 	w := float64(p.WindowMicros())
-	e.level, e.at = sh.of(float64(p.Capacity())), now
+	// Refill from the snapshot on (without one: a full share, from now),
+	// but not before the others can know: with the breaker closed never
+	// (confirmed is then the end of time), since the store goes on
+	// deciding for the others (TestLateGrantOfAnUnseenKeyIsChargedInFull).
+	e.level, e.at = sh.of(float64(p.Capacity())), max(now, sh.confirmed)
 	if !e.snapValid {
 		return
 	}
-	// Refill from the snapshot on, but not before the others can know.
 	switch p.Algorithm {
 	case ratelimit.TokenBucket:
 		e.level, e.at = sh.of(float64(e.snap.Tokens)/w), max(e.snap.Now, sh.confirmed)

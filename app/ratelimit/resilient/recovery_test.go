@@ -1199,3 +1199,76 @@ func TestLastToOpenWaitsForTheInstancesAlreadyOut(t *testing.T) {
 		t.Fatalf("%d left after 8 units, want 2: app2's raise after app1's replay took back part of app1's outage grants", d.Remaining)
 	}
 }
+
+// TestLateGrantOfAnUnseenKeyIsChargedInFull: a key this instance never
+// had a reply for, saturated in Redis by another instance, is decided
+// locally while the breaker stays closed (its call timed out). Redis goes
+// on deciding for the others meanwhile, so the local share has no refill
+// of its own: when the late reply says Redis refused the request, the
+// local grant is charged in full, however late the replay (here after the
+// share would have refilled, which an outage's replay nets out).
+func TestLateGrantOfAnUnseenKeyIsChargedInFull(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	slow := redistest.StartProxy(t, srv.Addr())
+	client, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{slow.Addr()}, Timeout: fleetTimeout, PoolSize: 8, LateReplies: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	cfg := recoveryConfig("app1")
+	cfg.ExpectedInstances = 1
+	l, err := resilient.New(redisstore.New(client, redisstore.WithTimeout(fleetTimeout), redisstore.WithCoalescing(4)), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	other := newStore(t, srv.Addr())
+	ctx := context.Background()
+	// Two units, refilled in 2 s.
+	p := ratelimit.Policy{Name: "unseen", Algorithm: ratelimit.TokenBucket, Limit: 2, Window: 2 * time.Second}
+	admitted := func() int {
+		n := 0
+		for {
+			d, err := other.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed {
+				return n
+			}
+			n++
+		}
+	}
+	waitFor(t, "a heartbeat", 5*time.Second, func() bool { return l.Status().Live == 1 })
+	// Connections open before the latency: a dial's handshake would
+	// delay the call past the bucket's refill.
+	for i := range 4 {
+		if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: fmt.Sprint("warm-", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := admitted(); n != 2 {
+		t.Fatalf("the other instance got %d, want 2", n)
+	}
+	slow.Latency(4 * time.Second)
+	d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: "late-1"})
+	slow.Latency(0)
+	if err != nil || !d.Allowed || d.Mode != ratelimit.ModeLocal {
+		t.Fatalf("%+v %v, want a local grant", d, err)
+	}
+	waitFor(t, "the late reply and the replay", 10*time.Second, func() bool {
+		st := l.Status()
+		return st.Late.Counted+st.Late.Present+st.Late.Unknown+st.Late.Expired > 0 && st.Journal.Pending == 0
+	})
+	if st := l.Status(); st.Late.Counted != 1 {
+		t.Fatalf("late %+v, journal %+v: want the grant counted (Redis refused the request)", st.Late, st.Journal)
+	}
+	if l.Status().Breaker != resilient.Closed.String() {
+		t.Fatalf("breaker %s, want closed throughout", l.Status().Breaker)
+	}
+	// Redis' bucket was full again before the replay: the charge leaves
+	// one unit.
+	if n := admitted(); n != 1 {
+		t.Fatalf("the other instance got %d after the replay, want 1: the local grant was not charged", n)
+	}
+}
