@@ -224,7 +224,7 @@ func (l *Limiter) stageToken() string {
 
 // fleetAt reports whether every live instance, at the last heartbeat, was
 // recovering to this instance's generation and at stage or later, and were
-// as many as were live before the outage (the others may be on their way
+// as many as were live or suspect before the outage (the others may be on their way
 // back: a raise of theirs after this instance's replay could undo part of
 // it). A store that keeps no stages says nothing against it.
 func (l *Limiter) fleetAt(stage int32) bool {
