@@ -69,6 +69,6 @@ YAML
         LOCAL_RLS_CONFIG_DIR=$dir/rls
     trap 'scripts/local-down.sh >/dev/null 2>&1 || true; kill "$redis" 2>/dev/null; wait "$redis" 2>/dev/null; rm -rf "$dir"' EXIT
     scripts/local-up.sh >"$dir/stack-up.log" 2>&1 || { cat "$dir/stack-up.log" >&2; exit 1; }
-    stack_args=(-stack "http://127.0.0.1:$base" -rls "127.0.0.1:$((base + 16))")
+    stack_args=(-stack "http://127.0.0.1:$base" -stack-redis "127.0.0.1:$((base + 1))" -rls "127.0.0.1:$((base + 16))")
 fi
 bin/bench -redis "127.0.0.1:$port" "${stack_args[@]}" "$@"

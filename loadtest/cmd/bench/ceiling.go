@@ -20,20 +20,22 @@ import (
 
 // sumCeiling sums up slices of one ceiling row, each of the same number of
 // calls: their rate over the slices' total time (the harmonic mean of
-// the slices' rates), and the median slice's p50 and p99 (redis-benchmark
-// reports no latencies to merge).
+// the slices' rates), the median slice's p50 and p99 (redis-benchmark
+// reports no latencies to merge), and the mean of their Redis CPU per call.
 func sumCeiling(sl []Row) Row {
-	var secsPerCall float64
+	var secsPerCall, cpu float64
 	p50s, p99s := make([]float64, len(sl)), make([]float64, len(sl))
 	for i, r := range sl {
 		secsPerCall += 1 / r.DecisionsPerS
+		cpu += r.RedisCPUus
 		p50s[i], p99s[i] = r.P50us, r.P99us
 	}
 	slices.Sort(p50s)
 	slices.Sort(p99s)
 	row := sl[0]
 	row.DecisionsPerS, row.P50us, row.P99us = round(float64(len(sl))/secsPerCall), p50s[len(sl)/2], p99s[len(sl)/2]
-	fmt.Fprintf(display, "%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs (%d slices)\n", row.Name, row.Goroutines, row.DecisionsPerS, row.P50us, row.P99us, len(sl))
+	row.RedisCPUus = round(cpu / float64(len(sl)))
+	fmt.Fprintf(display, "%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs%s (%d slices)\n", row.Name, row.Goroutines, row.DecisionsPerS, row.P50us, row.P99us, row.suffix(), len(sl))
 	return row
 }
 
@@ -57,7 +59,9 @@ func ceiling(ctx context.Context, client redis.UniversalClient, addr string, dep
 	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(conns), "-P", strconv.Itoa(depth), "-n", strconv.Itoa(n),
 		"-r", strconv.Itoa(keys), "--csv", "EVALSHA", s.Hash(), "1", "{rl:0000}:bench-ceiling:__rand_int__",
 		"0", strconv.Itoa(limit), "1000000", strconv.Itoa(limit), "1", "", "1", "1"}
+	cpu0, ok0 := redisCPU(ctx, client)
 	outp, err := exec.CommandContext(ctx, bin, args...).Output()
+	cpu1, ok1 := redisCPU(ctx, client)
 	if err != nil {
 		return Row{}, fmt.Errorf("redis-benchmark: %w", err)
 	}
@@ -75,6 +79,9 @@ func ceiling(ctx context.Context, client redis.UniversalClient, addr string, dep
 	}
 	row := Row{Name: "ceiling/redis-benchmark-P" + strconv.Itoa(depth), Goroutines: conns,
 		DecisionsPerS: round(col("rps")), P50us: round(col("p50_latency_ms") * 1000), P99us: round(col("p99_latency_ms") * 1000)}
-	fmt.Fprintf(display, "%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", row.Name, conns, row.DecisionsPerS, row.P50us, row.P99us)
+	if ok0 && ok1 && n > 0 {
+		row.RedisCPUus = round((cpu1 - cpu0) / float64(n))
+	}
+	fmt.Fprintf(display, "%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs%s\n", row.Name, conns, row.DecisionsPerS, row.P50us, row.P99us, row.suffix())
 	return row, nil
 }

@@ -12,10 +12,13 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
 	"github.com/fleetlimit/fleetlimit/loadtest"
 )
 
@@ -24,8 +27,9 @@ type decider func(ctx context.Context, key string) error
 
 // httpDecider GETs url (a route of the stack) and expects a 200; the key is
 // not sent: the stack limits by client address, one key for the run, which
-// its policy never refuses.
-func httpDecider(url string) decider {
+// its policy never refuses. It counts in elsewhere the responses whose
+// X-RateLimit-Mode says their decision was not made in Redis.
+func httpDecider(url string, elsewhere *atomic.Int64) decider {
 	client := loadtest.NewClient()
 	return func(ctx context.Context, _ string) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -38,6 +42,9 @@ func httpDecider(url string) decider {
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		_ = resp.Body.Close()
+		if m := resp.Header.Get(httplimit.HeaderRateLimitMode); m != "" && m != string(ratelimit.ModeRedis) {
+			elsewhere.Add(1)
+		}
 		if resp.StatusCode != http.StatusOK {
 			return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
 		}
@@ -60,15 +67,22 @@ func rlsDecider(rls *loadtest.RLSClient, route string) decider {
 	}
 }
 
-// job is one row measured in slices: its latencies and time so far.
+// job is one row measured in slices: its latencies and time so far, the
+// CPU its Redis spent over its slices (unless a reading failed), and how
+// many of its decisions were not made in Redis.
 type job struct {
-	name    string
-	g       int
-	d       decider
-	lat     []time.Duration
-	elapsed time.Duration
-	errs    sync.Map
-	live    *live
+	name     string
+	g        int
+	d        decider
+	src      source
+	lat      []time.Duration
+	elapsed  time.Duration
+	cpuUS    float64
+	cpuLost  bool // a reading of Redis' CPU failed
+	notRedis int64
+	errs     sync.Map
+	errCount atomic.Int64
+	live     *live
 }
 
 // run runs j's decider from j.g goroutines for about d over random keys,
@@ -80,6 +94,11 @@ func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool
 		}
 	}
 	lat := make([][]time.Duration, j.g)
+	cpu0, ok0 := redisCPU(ctx, j.src.redis)
+	var else0 int64
+	if j.src.elsewhere != nil {
+		else0 = j.src.elsewhere()
+	}
 	counts := j.live.begin(j.name, j.g)
 	defer j.live.end(counts)
 	deadline := time.Now().Add(d)
@@ -92,6 +111,7 @@ func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool
 				t := time.Now()
 				if err := j.d(ctx, keys[r.IntN(len(keys))]); err != nil {
 					j.errs.Store(err.Error(), true)
+					j.errCount.Add(1)
 					counts[i].errs.Add(1)
 				} else {
 					counts[i].ok.Add(1)
@@ -102,6 +122,12 @@ func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool
 	}
 	wg.Wait()
 	j.elapsed += time.Since(start)
+	cpu1, ok1 := redisCPU(ctx, j.src.redis)
+	j.cpuLost = j.cpuLost || !ok0 || !ok1
+	j.cpuUS += cpu1 - cpu0
+	if j.src.elsewhere != nil {
+		j.notRedis += j.src.elsewhere() - else0
+	}
 	for _, l := range lat {
 		j.lat = append(j.lat, l...)
 	}
@@ -115,8 +141,11 @@ func (j *job) row() Row {
 		return false
 	})
 	row := Row{Name: j.name, Goroutines: j.g, DecisionsPerS: round(float64(len(j.lat)) / j.elapsed.Seconds()),
-		P50us: pct(j.lat, 0.50), P99us: pct(j.lat, 0.99)}
-	fmt.Fprintf(display, "%-28s %4d goroutines  %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", j.name, j.g, row.DecisionsPerS, row.P50us, row.P99us)
+		P50us: pct(j.lat, 0.50), P99us: pct(j.lat, 0.99), NotInRedis: j.notRedis + j.errCount.Load()}
+	if !j.cpuLost && len(j.lat) > 0 {
+		row.RedisCPUus = round(j.cpuUS / float64(len(j.lat)))
+	}
+	fmt.Fprintf(display, "%-28s %4d goroutines  %9.0f/s  p50 %7.1f µs  p99 %8.1f µs%s\n", j.name, j.g, row.DecisionsPerS, row.P50us, row.P99us, row.suffix())
 	return row
 }
 

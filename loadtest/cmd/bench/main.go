@@ -16,8 +16,9 @@
 //     site behind auth_request, Envoy's rate limit service over gRPC).
 //
 // Each row has decisions/s, p50 and p99 (µs) at 1, 16, 64 and 256
-// goroutines over 10 000 keys. It writes bench-out/results.json and
-// docs/BENCHMARKS.md.
+// goroutines over 10 000 keys, and the CPU its Redis spent per decision; a
+// row some of whose decisions were not made in Redis is marked, and is no
+// ratio's input. It writes bench-out/results.json and docs/BENCHMARKS.md.
 package main
 
 // This file builds the rows (each a few lines that hand one limiter to the
@@ -35,6 +36,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -59,6 +61,26 @@ type Row struct {
 	AllocsPerOp   int64   `json:"allocs_per_op,omitempty"`
 	HeapBytes     int64   `json:"heap_bytes,omitempty"`
 	KeysHeld      int64   `json:"keys_held,omitempty"`
+	// RedisCPUus is the CPU time Redis' process spent per decision over
+	// the row's slices (INFO cpu), µs.
+	RedisCPUus float64 `json:"redis_cpu_us_per_decision,omitempty"`
+	// NotInRedis counts the row's decisions not made in Redis (decided
+	// locally, a cached refusal, a failed call): such a row is marked in
+	// the table and is no ratio's input.
+	NotInRedis int64 `json:"not_in_redis,omitempty"`
+}
+
+// suffix is what the row's line on the display adds to its rate and
+// latencies.
+func (r Row) suffix() string {
+	s := ""
+	if r.RedisCPUus > 0 {
+		s += fmt.Sprintf("  Redis CPU %5.1f µs/decision", r.RedisCPUus)
+	}
+	if r.NotInRedis > 0 {
+		s += fmt.Sprintf("  (%d decisions not made in Redis)", r.NotInRedis)
+	}
+	return s
 }
 
 // Results is results.json.
@@ -99,6 +121,7 @@ func run(ctx context.Context, args []string) error {
 	coalesce := fs.Int("coalesce", 4, "our pipelines in flight at once (RL_REDIS_PIPELINES; 0: a round trip per decision)")
 	only := fs.String("only", "", "measure only the rows whose name starts with this")
 	stackURL := fs.String("stack", "", "nginx of a native stack serving /api/bench-on (limited) and /api/bench-off (not): measure the stack with the limiter on and off")
+	stackRedis := fs.String("stack-redis", "", "with -stack: the stack's Redis (host:port), whose CPU the stack rows report")
 	rlsAddr := fs.String("rls", "", "with -stack: its rate limit service (domain bench, descriptor key), and /static/ behind auth_request: measure the doors beside the route")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	out := fs.String("out", "bench-out/results.json", "results file")
@@ -144,9 +167,9 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("-rounds: %d", *rounds)
 	}
 	var jobs []*job
-	add := func(name string, g int, d decider) {
+	add := func(name string, g int, d decider, src source) {
 		if strings.HasPrefix(name, *only) {
-			jobs = append(jobs, &job{name: name, g: g, d: d, live: lv})
+			jobs = append(jobs, &job{name: name, g: g, d: d, src: src, live: lv})
 		}
 	}
 	// measureAll measures the jobs added so far, in turns, and adds their
@@ -179,6 +202,12 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer lim.Close(ctx)
+	// Ours decides elsewhere than Redis when the fallback decides (a call
+	// failed or timed out) and when a refusal is cached.
+	ours := source{redis: client, elsewhere: func() int64 {
+		st := lim.Status()
+		return int64(st.LocalDecisions + st.CachedRefusals)
+	}}
 	for _, alg := range []ratelimit.Algorithm{ratelimit.GCRA, ratelimit.TokenBucket, ratelimit.SlidingWindowCounter, ratelimit.SlidingWindowLog} {
 		p := ratelimit.Policy{Name: "bench-" + string(alg), Algorithm: alg, Limit: limit, Window: time.Second}
 		d := func(ctx context.Context, key string) error {
@@ -186,7 +215,7 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 		for _, g := range gs {
-			add("ours/"+string(alg), g, d)
+			add("ours/"+string(alg), g, d, ours)
 		}
 	}
 	// Our GCRA on redisstore alone, without the fault-tolerance layer: what
@@ -197,7 +226,7 @@ func run(ctx context.Context, args []string) error {
 			add("ours-raw/gcra", g, func(ctx context.Context, key string) error {
 				_, err := store.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
 				return err
-			})
+			}, source{redis: client})
 		}
 	}
 
@@ -207,7 +236,7 @@ func run(ctx context.Context, args []string) error {
 		add("peer/redis_rate", g, func(ctx context.Context, key string) error {
 			_, err := rr.Allow(ctx, key, redis_rate.PerSecond(limit))
 			return err
-		})
+		}, source{redis: client})
 	}
 	ustore, err := ululeredis.NewStoreWithOptions(client, ulule.StoreOptions{Prefix: "ulule", MaxRetry: 1})
 	if err != nil {
@@ -218,7 +247,7 @@ func run(ctx context.Context, args []string) error {
 		add("peer/ulule_limiter", g, func(ctx context.Context, key string) error {
 			_, err := ul.Get(ctx, key)
 			return err
-		})
+		}, source{redis: client})
 	}
 
 	// The ceiling: our GCRA script by redis-benchmark, 64 connections, a
@@ -257,11 +286,20 @@ func run(ctx context.Context, args []string) error {
 	}
 
 	// The whole stack through nginx, the same route with the limiter and
-	// without it.
+	// without it. A response's X-RateLimit-Mode (the stack sends debug
+	// headers) says where its decision was made.
 	if *stackURL != "" {
+		var src source
+		if *stackRedis != "" {
+			sc := redis.NewClient(&redis.Options{Addr: *stackRedis, DisableIdentity: true})
+			defer sc.Close()
+			src.redis = sc
+		}
+		var elsewhere atomic.Int64
+		src.elsewhere = elsewhere.Load
 		deciders := map[string]decider{}
 		for _, route := range []string{"limiter-off", "limiter-on"} {
-			deciders[route] = httpDecider(*stackURL + "/api/bench-" + strings.TrimPrefix(route, "limiter-"))
+			deciders[route] = httpDecider(*stackURL+"/api/bench-"+strings.TrimPrefix(route, "limiter-"), &elsewhere)
 		}
 		if *rlsAddr != "" {
 			rls, err := loadtest.DialRLS(*rlsAddr)
@@ -269,7 +307,7 @@ func run(ctx context.Context, args []string) error {
 				return err
 			}
 			defer rls.Close()
-			deciders["auth-request"] = httpDecider(*stackURL + "/static/")
+			deciders["auth-request"] = httpDecider(*stackURL+"/static/", &elsewhere)
 			deciders["grpc"] = rlsDecider(rls, loadtest.RLSPrefix+"bench/key")
 		}
 		for _, route := range []string{"limiter-off", "limiter-on", "auth-request", "grpc"} {
@@ -279,7 +317,7 @@ func run(ctx context.Context, args []string) error {
 			}
 			for _, g := range gs {
 				if g >= 16 {
-					add("stack/"+route, g, d)
+					add("stack/"+route, g, d, src)
 				}
 			}
 		}

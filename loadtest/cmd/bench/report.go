@@ -16,9 +16,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// find returns the row name at g goroutines (any, for g 0), unless some of
+// its decisions were not made in Redis: such a row is no ratio's input.
 func find(res Results, name string, g int) *Row {
 	for i, r := range res.Rows {
-		if r.Name == name && (g == 0 || r.Goroutines == g) {
+		if r.Name == name && (g == 0 || r.Goroutines == g) && r.NotInRedis == 0 {
 			return &res.Rows[i]
 		}
 	}
@@ -49,7 +51,7 @@ func ratios(res *Results) {
 	if c := find(*res, "ceiling/redis-benchmark-P16", 0); c != nil && c.DecisionsPerS > 0 {
 		best := 0.0
 		for _, r := range res.Rows {
-			if r.Name == "ours/gcra" {
+			if r.Name == "ours/gcra" && r.NotInRedis == 0 {
 				best = max(best, r.DecisionsPerS)
 			}
 		}
@@ -78,7 +80,8 @@ func write(out, md string, res Results) error {
 	}
 	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant, `stack/*` the native stack (nginx, four instances, Redis; the apps dial Redis directly, log at info) answering one route with its limiter (a GCRA policy it never refuses) and without (a route with no policies), requests per second through nginx over keep-alive connections; beside them the doors for other languages through the same nginx and instances (docs/DOORS.md): `stack/auth-request` a static site (a second nginx) whose every request nginx first checks with an instance (auth_request, a GCRA policy it never refuses), `stack/grpc` Envoy's rate limit service (ShouldRateLimit over one plaintext HTTP/2 connection, a descriptor per key, GCRA). The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
 	var mem strings.Builder
-	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("`Redis CPU µs` is the CPU time the Redis process spent per decision over the row (INFO cpu before and after each slice; for `stack/*` the stack's own Redis, heartbeats included). A row marked `not in Redis: n` had n decisions made elsewhere (by the fallback after a failed or timed-out call, from a cached refusal, or failed): its figures mix two paths, and it is no ratio's input.\n\n")
+	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | Redis CPU µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range res.Rows {
 		p50, p99, ns, allocs := fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.1f", r.P99us), "", ""
 		if r.NsPerOp > 0 { // a Go benchmark: ns/op, not a latency distribution
@@ -88,7 +91,14 @@ func write(out, md string, res Results) error {
 			p50, p99 = "", ""
 			fmt.Fprintf(&mem, "- `%s`: %d keys held locally (the key capacity) after 1 000 000 distinct keys were decided; the heap grew by %.0f MiB.\n", r.Name, r.KeysHeld, float64(r.HeapBytes)/(1<<20))
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s |\n", r.Name, r.Goroutines, r.DecisionsPerS, p50, p99, ns, allocs)
+		name, cpu := r.Name, ""
+		if r.NotInRedis > 0 {
+			name += fmt.Sprintf(" (not in Redis: %d)", r.NotInRedis)
+		}
+		if r.RedisCPUus > 0 {
+			cpu = fmt.Sprintf("%.1f", r.RedisCPUus)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s | %s |\n", name, r.Goroutines, r.DecisionsPerS, p50, p99, cpu, ns, allocs)
 	}
 	if mem.Len() > 0 {
 		b.WriteString("\nThe fallback's memory:\n\n" + mem.String())
