@@ -456,8 +456,10 @@ func isNetError(err error) bool {
 	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
 }
 
-// DecideBatch decides several requests in one round trip: one pipeline of
-// EVALSHA calls (on a Cluster, one per node). Each request's decision and
+// DecideBatch decides several requests in one round trip: one pipeline (on
+// a Cluster, one per node) holding one EVALSHA of the batch script for the
+// requests of each node (each hash slot on a Cluster), which decides them
+// in order (batch.go, TestBatchDecidesAsOneByOne). Each request's decision and
 // error are what Decide would return for it. A script Redis does not have
 // cached (after a restart or a SCRIPT FLUSH) is loaded and only the calls
 // that failed for it are sent again, so nothing is counted twice.
