@@ -121,7 +121,7 @@ func run(ctx context.Context, args []string) error {
 	coalesce := fs.Int("coalesce", 4, "our pipelines in flight at once (RL_REDIS_PIPELINES; 0: a round trip per decision)")
 	only := fs.String("only", "", "measure only the rows whose name starts with this")
 	stackURL := fs.String("stack", "", "nginx of a native stack serving /api/bench-on (limited) and /api/bench-off (not): measure the stack with the limiter on and off")
-	stackRedis := fs.String("stack-redis", "", "with -stack: the stack's Redis (host:port), whose CPU the stack rows report")
+	stackRedis := fs.String("stack-redis", "", "with -stack: the stack's Redis (host:port; its password, if any, in $STACK_REDIS_PASSWORD), whose CPU the stack rows report")
 	rlsAddr := fs.String("rls", "", "with -stack: its rate limit service (domain bench, descriptor key), and /static/ behind auth_request: measure the doors beside the route")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	out := fs.String("out", "bench-out/results.json", "results file")
@@ -291,7 +291,10 @@ func run(ctx context.Context, args []string) error {
 	if *stackURL != "" {
 		var src source
 		if *stackRedis != "" {
-			sc := redis.NewClient(&redis.Options{Addr: *stackRedis, DisableIdentity: true})
+			sc := redis.NewClient(&redis.Options{Addr: *stackRedis, Password: os.Getenv("STACK_REDIS_PASSWORD"), DisableIdentity: true})
+			if err := sc.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("-stack-redis %s: %w", *stackRedis, err)
+			}
 			defer sc.Close()
 			src.redis = sc
 		}
