@@ -79,12 +79,16 @@ type scriptCall struct {
 
 // groupOf returns, for a request's key, the group of requests one batch
 // script may decide with it: all of them on a single Redis, the key's hash
-// slot on a Cluster, and its hash tag on any other client (a Ring shards by
-// tag).
+// slot on a Cluster (and on a single client whose server refused keys of
+// several slots in one call: a one-node Cluster, l.perSlot), and its hash
+// tag on any other client (a Ring shards by tag).
 func (l *Limiter) groupOf() func(key string) int {
 	switch l.client.(type) {
 	case *redis.Client:
-		return func(string) int { return 0 }
+		if !l.perSlot.Load() {
+			return func(string) int { return 0 }
+		}
+		return func(key string) int { return slot(hashTag(key)) }
 	case *redis.ClusterClient:
 		return func(key string) int { return slot(hashTag(key)) }
 	}
@@ -112,15 +116,17 @@ func hashTag(key string) string {
 	return key
 }
 
-// scriptCalls groups valid requests (with IDs) into script calls: a group
-// of one request is its algorithm's own script, a larger one the batch
-// script (in calls of at most maxBatch), each in the requests' order.
-func (l *Limiter) scriptCalls(reqs []ratelimit.Request, now int64) []*scriptCall {
+// scriptCalls groups the valid requests (with IDs) reqs[i] for i in which
+// into script calls: a group of one request is its algorithm's own script,
+// a larger one the batch script (in calls of at most maxBatch), each in the
+// requests' order.
+func (l *Limiter) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []*scriptCall {
 	keys := make([]string, len(reqs))
 	groups := map[int][]int{}
 	var order []int
 	group := l.groupOf()
-	for i, r := range reqs {
+	for _, i := range which {
+		r := reqs[i]
 		keys[i] = l.Key(r.Policy, r.Key)
 		g := group(keys[i])
 		if _, ok := groups[g]; !ok {
@@ -168,7 +174,11 @@ func (l *Limiter) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]rat
 	if l.now != nil {
 		now = l.now().UnixMicro()
 	}
-	calls := l.scriptCalls(reqs, now)
+	all := make([]int, len(reqs))
+	for i := range all {
+		all[i] = i
+	}
+	calls := l.scriptCalls(reqs, all, now)
 	_, single := l.client.(*redis.Client)
 	// A single Redis' first batch call carries the script (EVAL), which
 	// the calls after it in the pipeline then find cached: the batch
@@ -192,6 +202,26 @@ func (l *Limiter) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]rat
 	}
 	start := time.Now()
 	send(calls, nil)
+	// CROSSSLOT: a server in Cluster mode behind a single client (a
+	// one-node Cluster) refused a batch of several slots before running
+	// it; its requests go again grouped per slot, as every later pipeline
+	// of this store (TestBatchOnOneClusterNode).
+	var refused []int
+	kept := calls[:0:0]
+	for _, c := range calls {
+		if c.script == batchScript && c.cmd.Err() != nil && redis.HasErrorPrefix(c.cmd.Err(), "CROSSSLOT") {
+			refused = append(refused, c.at...)
+			continue
+		}
+		kept = append(kept, c)
+	}
+	if len(refused) > 0 {
+		l.perSlot.Store(true)
+		retry := l.scriptCalls(reqs, refused, now)
+		eval = !l.batchLoaded.Load() // a refused call was not run, nor cached
+		send(retry, nil)
+		calls = append(kept, retry...)
+	}
 	// NOSCRIPT: the script never ran, so sending the call again counts it
 	// once. Each missing script is loaded once, however many calls of the
 	// pipeline needed it (after a Redis restart, all of them do: a load per

@@ -237,3 +237,45 @@ func TestVectorsInBatches(t *testing.T) {
 		})
 	}
 }
+
+// TestBatchOnOneClusterNode: a single client on a server in Cluster mode
+// (a one-node Cluster, say) sees a batch of several hash slots refused
+// (CROSSSLOT) before it runs; its requests go again one batch per slot, and
+// each is counted once.
+func TestBatchOnOneClusterNode(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	p := ratelimit.Policy{Name: "one-node", Algorithm: ratelimit.GCRA, Limit: 2, Window: time.Minute}
+	probe := redisstore.New(cl.Client())
+	node := cl.MasterFor(probe.Key(p, "id-0"))
+	c := redis.NewClient(&redis.Options{Addr: node.Addr(), DisableIdentity: true})
+	t.Cleanup(func() { _ = c.Close() })
+	l := redisstore.New(c)
+	var reqs []ratelimit.Request
+	slots := map[int64]bool{}
+	for i := 0; len(reqs) < 6 && i < 1000; i++ {
+		id := fmt.Sprint("id-", i)
+		if cl.MasterFor(l.Key(p, id)) != node {
+			continue
+		}
+		s, err := cl.Client().ClusterKeySlot(context.Background(), l.Key(p, id)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots[s] = true
+		reqs = append(reqs, ratelimit.Request{Policy: p, Key: id})
+	}
+	if len(slots) < 2 {
+		t.Fatalf("%d requests in %d slots: the test needs several", len(reqs), len(slots))
+	}
+	for round, want := range []bool{true, true, false} {
+		for i := range reqs {
+			reqs[i].ID = fmt.Sprint("r", round, "-", i)
+		}
+		ds, errs := l.DecideBatch(context.Background(), reqs)
+		for i := range reqs {
+			if errs[i] != nil || ds[i].Allowed != want {
+				t.Fatalf("round %d, request %d: %+v %v, want allowed %v", round, i, ds[i], errs[i], want)
+			}
+		}
+	}
+}

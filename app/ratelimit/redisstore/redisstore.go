@@ -160,8 +160,11 @@ type Limiter struct {
 	// batchLoaded: a batch script call succeeded, or Ping loaded it
 	// (batch.go).
 	batchLoaded atomic.Bool
-	shards      shardLayout // a Cluster's slot ranges (shards.go)
-	seen        seenWrites  // the write counters last seen (lost.go)
+	// perSlot: a single client's server refused a batch of several hash
+	// slots (a one-node Cluster); batches hold one slot since (batch.go).
+	perSlot atomic.Bool
+	shards  shardLayout // a Cluster's slot ranges (shards.go)
+	seen    seenWrites  // the write counters last seen (lost.go)
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
