@@ -33,6 +33,9 @@ func ratios(res *Results) {
 	if ours != nil && peer != nil && peer.DecisionsPerS > 0 {
 		res.Ratios["ours_vs_redis_rate_at_64"] = round(ours.DecisionsPerS/peer.DecisionsPerS*100) / 100
 	}
+	if ours != nil && ours.RedisCPUus > 0 { // the target is a figure, not a ratio: µs
+		res.Ratios["ours_gcra_redis_cpu_us_per_decision_at_64"] = ours.RedisCPUus
+	}
 	ours1, peer1 := find(*res, "ours/gcra", 1), find(*res, "peer/redis_rate", 1)
 	if ours1 != nil && peer1 != nil && peer1.P50us > 0 {
 		res.Ratios["ours_p50_vs_redis_rate_at_1"] = round(ours1.P50us/peer1.P50us*100) / 100
