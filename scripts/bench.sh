@@ -69,6 +69,11 @@ YAML
         LOCAL_RLS_CONFIG_DIR=$dir/rls
     trap 'scripts/local-down.sh >/dev/null 2>&1 || true; kill "$redis" 2>/dev/null; wait "$redis" 2>/dev/null; rm -rf "$dir"' EXIT
     scripts/local-up.sh >"$dir/stack-up.log" 2>&1 || { cat "$dir/stack-up.log" >&2; exit 1; }
-    stack_args=(-stack "http://127.0.0.1:$base" -rls "127.0.0.1:$((base + 16))")
+    # The stack's Redis asks for REDIS_PASSWORD, by default redis/redis.conf's (scripts/lib/local-stack.sh).
+    STACK_REDIS_PASSWORD=${REDIS_PASSWORD:-$(awk '$1 == "requirepass" { print $2; exit }' redis/redis.conf)}
+    STACK_REDIS_PASSWORD=${STACK_REDIS_PASSWORD%\"}
+    STACK_REDIS_PASSWORD=${STACK_REDIS_PASSWORD#\"}
+    export STACK_REDIS_PASSWORD
+    stack_args=(-stack "http://127.0.0.1:$base" -stack-redis "127.0.0.1:$((base + 1))" -rls "127.0.0.1:$((base + 16))")
 fi
 bin/bench -redis "127.0.0.1:$port" "${stack_args[@]}" "$@"

@@ -20,7 +20,9 @@ import (
 // left is not sent; one that ends while its pipeline is out returns then,
 // and the pipeline goes on for the others) and gets the answers it would
 // get alone. n <= 0 turns coalescing off (the default: one round trip per
-// call). On a Cluster, go-redis splits each pipeline per node.
+// call). A pipeline's requests go as one batch script call per Redis node
+// (batch.go); on a Cluster, one per hash slot, and go-redis splits the
+// pipeline per node.
 //
 // When Redis is slow, waiting for a pipeline to come back before sending
 // costs each call a second round trip: a call that finds the n pipelines in

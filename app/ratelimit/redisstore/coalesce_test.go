@@ -117,22 +117,24 @@ func TestCoalescingLoneCaller(t *testing.T) {
 }
 
 // TestBatchAfterScriptFlushLoadsOnce: after Redis lost its script cache (a
-// restart), a pipeline of 50 decisions loads each missing script once, not
-// once per decision (which held the shared pipeline for a round trip per
-// call right when Redis came back), and every decision still counts once.
+// restart), a pipeline of 200 decisions (several batch script calls, a
+// batch holding at most 64) loads each missing script once, not once per
+// call (which held the shared pipeline for a round trip per call right
+// when Redis came back), and every decision still counts once.
 func TestBatchAfterScriptFlushLoadsOnce(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
 	l := redisstore.New(c)
 	ctx := context.Background()
 	p := ratelimit.Policy{Name: "flush", Algorithm: ratelimit.GCRA, Limit: 30, Window: time.Hour}
-	if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
-		t.Fatal(err)
+	warm := []ratelimit.Request{{Policy: p, Key: "warm"}, {Policy: p, Key: "warm"}}
+	if _, errs := l.DecideBatch(ctx, warm); errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
 	}
 	if err := c.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	reqs := make([]ratelimit.Request, 50)
+	reqs := make([]ratelimit.Request, 200)
 	for i := range reqs {
 		reqs[i] = ratelimit.Request{Policy: p, Key: "k"}
 	}

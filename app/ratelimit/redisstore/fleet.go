@@ -37,9 +37,10 @@ func (l *Limiter) Ping(ctx context.Context) error {
 	if err != nil {
 		return classify(ctx, err)
 	}
-	if err := loadScripts(callCtx, l.client, decideSrc); err != nil {
+	if err := loadScripts(callCtx, l.client, decideSrcs); err != nil {
 		return classify(ctx, err)
 	}
+	l.batchLoaded.Store(true)
 	return nil
 }
 

@@ -63,18 +63,30 @@ var (
 // decideSrc is the decision script of each algorithm, and scripts the same
 // as go-redis scripts. A decision script holds only the helpers its
 // algorithm calls: Redis runs the whole script on every call, and each
-// helper defined is a closure made and collected per decision.
+// helper defined is a closure made and collected per decision. The
+// algorithm's body (lua/<algorithm>.lua) follows its helpers and the call
+// of args (lua/decide.lua) that reads the request from KEYS and ARGV; the
+// batch script (batch.go) wraps the same bodies in functions.
 // helpersLua is every helper, for the replay and repair scripts.
 var (
+	algorithmLua = map[ratelimit.Algorithm]string{
+		ratelimit.TokenBucket:          tokenBucketLua,
+		ratelimit.GCRA:                 gcraLua,
+		ratelimit.SlidingWindowCounter: windowCounterLua,
+		ratelimit.SlidingWindowLog:     windowLogLua,
+	}
 	decideSrc = map[ratelimit.Algorithm]string{
-		ratelimit.TokenBucket:          arithLua + fillLua + decideLua + onceLua + tokenBucketLua,
-		ratelimit.GCRA:                 arithLua + decideLua + onceLua + gcraLua,
-		ratelimit.SlidingWindowCounter: arithLua + counterLua + decideLua + onceLua + windowCounterLua,
-		ratelimit.SlidingWindowLog:     arithLua + decideLua + windowLogLua,
+		ratelimit.TokenBucket:          arithLua + fillLua + decideLua + onceLua + argsLua + tokenBucketLua,
+		ratelimit.GCRA:                 arithLua + decideLua + onceLua + argsLua + gcraLua,
+		ratelimit.SlidingWindowCounter: arithLua + counterLua + decideLua + onceLua + argsLua + windowCounterLua,
+		ratelimit.SlidingWindowLog:     arithLua + decideLua + argsLua + windowLogLua,
 	}
 	helpersLua = arithLua + fillLua + counterLua + commonLua
 	scripts    = newScripts(decideSrc)
 )
+
+// argsLua sets a decision script's request from its key and arguments.
+const argsLua = "args(KEYS[1], ARGV)\n"
 
 func newScripts(src map[ratelimit.Algorithm]string) map[ratelimit.Algorithm]*redis.Script {
 	out := make(map[ratelimit.Algorithm]*redis.Script, len(src))
@@ -91,7 +103,7 @@ func newScripts(src map[ratelimit.Algorithm]string) map[ratelimit.Algorithm]*red
 // probe's 50 ms on a loaded host, so one instance recovered from a master
 // failover seconds after the others (master-failover-cluster: the others'
 // RecoveryWait ran out first, over-admission 1.14).
-func loadScripts(ctx context.Context, client redis.Scripter, srcs map[ratelimit.Algorithm]string) error {
+func loadScripts(ctx context.Context, client redis.Scripter, srcs []string) error {
 	load := func(ctx context.Context, c redis.Cmdable) error {
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, s := range srcs {
@@ -144,9 +156,15 @@ type Limiter struct {
 	// fleet script's replies (beatDeadline); beatOffsetKnown once one came.
 	beatOffset      atomic.Int64
 	beatOffsetKnown atomic.Bool
-	co              *coalescer  // nil: every call its own round trip
-	shards          shardLayout // a Cluster's slot ranges (shards.go)
-	seen            seenWrites  // the write counters last seen (lost.go)
+	co              *coalescer // nil: every call its own round trip
+	// batchLoaded: a batch script call succeeded, or Ping loaded it
+	// (batch.go).
+	batchLoaded atomic.Bool
+	// perSlot: a single client's server refused a batch of several hash
+	// slots (a one-node Cluster); batches hold one slot since (batch.go).
+	perSlot atomic.Bool
+	shards  shardLayout // a Cluster's slot ranges (shards.go)
+	seen    seenWrites  // the write counters last seen (lost.go)
 }
 
 var _ ratelimit.Limiter = (*Limiter)(nil)
@@ -441,8 +459,10 @@ func isNetError(err error) bool {
 	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
 }
 
-// DecideBatch decides several requests in one round trip: one pipeline of
-// EVALSHA calls (on a Cluster, one per node). Each request's decision and
+// DecideBatch decides several requests in one round trip: one pipeline (on
+// a Cluster, one per node) holding one EVALSHA of the batch script for the
+// requests of each node (each hash slot on a Cluster), which decides them
+// in order (batch.go, TestBatchDecidesAsOneByOne). Each request's decision and
 // error are what Decide would return for it. A script Redis does not have
 // cached (after a restart or a SCRIPT FLUSH) is loaded and only the calls
 // that failed for it are sent again, so nothing is counted twice.
@@ -482,84 +502,6 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		ds[i], errs[i] = vds[j], verrs[j]
 		if err := ctx.Err(); errs[i] != nil && err != nil && !errors.Is(errs[i], err) {
 			errs[i] = fmt.Errorf("redisstore: %w: %w", err, errs[i])
-		}
-	}
-	return ds, errs
-}
-
-// pipeline sends valid requests (with IDs) in one pipeline of EVALSHA calls
-// (on a Cluster, one per node). A script Redis does not have cached (after a
-// restart or a SCRIPT FLUSH) is loaded and only the calls that failed for it
-// are sent again, so nothing is counted twice.
-func (l *Limiter) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
-	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
-	if len(reqs) == 1 { // a lone call: a plain command costs less than a pipeline
-		ds[0], errs[0] = l.decideOne(ctx, reqs[0])
-		return ds, errs
-	}
-	pl := l.client.(redis.Cmdable)
-	var now int64
-	if l.now != nil {
-		now = l.now().UnixMicro()
-	}
-	cmds := make([]*redis.Cmd, len(reqs))
-	send := func(which []int) {
-		pipe := pl.Pipeline()
-		for _, i := range which {
-			r := reqs[i]
-			p := r.Policy
-			cmds[i] = scripts[p.Algorithm].EvalSha(ctx, pipe, []string{l.Key(p, r.Key)},
-				now, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), scriptID(r), r.Weight.Num, r.Weight.Den, l.resend)
-		}
-		_, _ = pipe.Exec(ctx)
-	}
-	all := make([]int, len(reqs))
-	for i := range all {
-		all[i] = i
-	}
-	start := time.Now()
-	send(all)
-	// NOSCRIPT: the script never ran, so sending the call again counts it
-	// once. Each missing script is loaded once, however many calls of the
-	// pipeline needed it (after a Redis restart, all of them do: a load per
-	// call, one round trip each, held a shared pipeline for hundreds of ms).
-	var again []int
-	loaded := map[ratelimit.Algorithm]bool{}
-	for _, i := range all {
-		if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			alg := reqs[i].Policy.Algorithm
-			ok, tried := loaded[alg]
-			if !tried {
-				ok = scripts[alg].Load(ctx, l.client).Err() == nil
-				loaded[alg] = ok
-			}
-			if ok {
-				again = append(again, i)
-			}
-		}
-	}
-	if len(again) > 0 {
-		send(again)
-	}
-	latency := time.Since(start)
-	for i, req := range reqs {
-		res, err := cmds[i].Slice()
-		var d ratelimit.Decision
-		if err == nil {
-			d, err = parseReply(req.Policy.Algorithm, res)
-		}
-		if err != nil {
-			errs[i] = classify(ctx, err)
-			if l.hooks.OnError != nil {
-				l.hooks.OnError(req, errs[i], latency)
-			}
-			continue
-		}
-		d.Limit = req.Policy.Capacity()
-		d.Mode = ratelimit.ModeRedis
-		ds[i] = d
-		if l.hooks.OnDecision != nil {
-			l.hooks.OnDecision(req, d, latency)
 		}
 	}
 	return ds, errs

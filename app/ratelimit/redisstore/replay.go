@@ -5,6 +5,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -245,7 +247,7 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 // loadReplayScripts makes sure the replay scripts are cached, on every node
 // of a Cluster (loadScripts).
 func loadReplayScripts(ctx context.Context, client redis.Scripter) error {
-	if err := loadScripts(ctx, client, replaySrc); err != nil {
+	if err := loadScripts(ctx, client, slices.Collect(maps.Values(replaySrc))); err != nil {
 		return classify(ctx, err)
 	}
 	return nil

@@ -16,45 +16,35 @@
 //     site behind auth_request, Envoy's rate limit service over gRPC).
 //
 // Each row has decisions/s, p50 and p99 (µs) at 1, 16, 64 and 256
-// goroutines over 10 000 keys. It writes bench-out/results.json and
-// docs/BENCHMARKS.md.
+// goroutines over 10 000 keys, and the CPU its Redis spent per decision; a
+// row some of whose decisions were not made in Redis is marked, and is no
+// ratio's input. It writes bench-out/results.json and docs/BENCHMARKS.md.
 package main
 
-// The file is one piece: each row is a few lines that build one limiter and
-// hand it to the same measuring loop, and the table is written from the
-// same rows; split, a row would be spread over files.
+// This file builds the rows (each a few lines that hand one limiter to the
+// same measuring loop, job.go); ceiling.go and fallback.go measure the rows
+// that are not such a loop, and report.go writes the results.
 
 import (
 	"context"
-	"encoding/csv"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"testing"
+	"sync/atomic"
 	"time"
 
-	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 	ulule "github.com/ulule/limiter/v3"
 	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 	"github.com/fleetlimit/fleetlimit/loadtest"
@@ -71,6 +61,26 @@ type Row struct {
 	AllocsPerOp   int64   `json:"allocs_per_op,omitempty"`
 	HeapBytes     int64   `json:"heap_bytes,omitempty"`
 	KeysHeld      int64   `json:"keys_held,omitempty"`
+	// RedisCPUus is the CPU time Redis' process spent per decision over
+	// the row's slices (INFO cpu), µs.
+	RedisCPUus float64 `json:"redis_cpu_us_per_decision,omitempty"`
+	// NotInRedis counts the row's decisions not made in Redis (decided
+	// locally, a cached refusal, a failed call): such a row is marked in
+	// the table and is no ratio's input.
+	NotInRedis int64 `json:"not_in_redis,omitempty"`
+}
+
+// suffix is what the row's line on the display adds to its rate and
+// latencies.
+func (r Row) suffix() string {
+	s := ""
+	if r.RedisCPUus > 0 {
+		s += fmt.Sprintf("  Redis CPU %5.1f µs/decision", r.RedisCPUus)
+	}
+	if r.NotInRedis > 0 {
+		s += fmt.Sprintf("  (%d decisions not made in Redis)", r.NotInRedis)
+	}
+	return s
 }
 
 // Results is results.json.
@@ -90,9 +100,6 @@ type Results struct {
 	Rows        []Row              `json:"rows"`
 	Ratios      map[string]float64 `json:"ratios"`
 }
-
-// decider is one decision against some limiter.
-type decider func(ctx context.Context, key string) error
 
 const limit = 1000 // per second, per key: most calls are admissions
 
@@ -114,6 +121,7 @@ func run(ctx context.Context, args []string) error {
 	coalesce := fs.Int("coalesce", 4, "our pipelines in flight at once (RL_REDIS_PIPELINES; 0: a round trip per decision)")
 	only := fs.String("only", "", "measure only the rows whose name starts with this")
 	stackURL := fs.String("stack", "", "nginx of a native stack serving /api/bench-on (limited) and /api/bench-off (not): measure the stack with the limiter on and off")
+	stackRedis := fs.String("stack-redis", "", "with -stack: the stack's Redis (host:port; its password, if any, in $STACK_REDIS_PASSWORD), whose CPU the stack rows report")
 	rlsAddr := fs.String("rls", "", "with -stack: its rate limit service (domain bench, descriptor key), and /static/ behind auth_request: measure the doors beside the route")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	out := fs.String("out", "bench-out/results.json", "results file")
@@ -159,9 +167,9 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("-rounds: %d", *rounds)
 	}
 	var jobs []*job
-	add := func(name string, g int, d decider) {
+	add := func(name string, g int, d decider, src source) {
 		if strings.HasPrefix(name, *only) {
-			jobs = append(jobs, &job{name: name, g: g, d: d, live: lv})
+			jobs = append(jobs, &job{name: name, g: g, d: d, src: src, live: lv})
 		}
 	}
 	// measureAll measures the jobs added so far, in turns, and adds their
@@ -194,6 +202,12 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer lim.Close(ctx)
+	// Ours decides elsewhere than Redis when the fallback decides (a call
+	// failed or timed out) and when a refusal is cached.
+	ours := source{redis: client, elsewhere: func() int64 {
+		st := lim.Status()
+		return int64(st.LocalDecisions + st.CachedRefusals)
+	}}
 	for _, alg := range []ratelimit.Algorithm{ratelimit.GCRA, ratelimit.TokenBucket, ratelimit.SlidingWindowCounter, ratelimit.SlidingWindowLog} {
 		p := ratelimit.Policy{Name: "bench-" + string(alg), Algorithm: alg, Limit: limit, Window: time.Second}
 		d := func(ctx context.Context, key string) error {
@@ -201,7 +215,7 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 		for _, g := range gs {
-			add("ours/"+string(alg), g, d)
+			add("ours/"+string(alg), g, d, ours)
 		}
 	}
 	// Our GCRA on redisstore alone, without the fault-tolerance layer: what
@@ -212,7 +226,7 @@ func run(ctx context.Context, args []string) error {
 			add("ours-raw/gcra", g, func(ctx context.Context, key string) error {
 				_, err := store.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
 				return err
-			})
+			}, source{redis: client})
 		}
 	}
 
@@ -222,7 +236,7 @@ func run(ctx context.Context, args []string) error {
 		add("peer/redis_rate", g, func(ctx context.Context, key string) error {
 			_, err := rr.Allow(ctx, key, redis_rate.PerSecond(limit))
 			return err
-		})
+		}, source{redis: client})
 	}
 	ustore, err := ululeredis.NewStoreWithOptions(client, ulule.StoreOptions{Prefix: "ulule", MaxRetry: 1})
 	if err != nil {
@@ -233,7 +247,7 @@ func run(ctx context.Context, args []string) error {
 		add("peer/ulule_limiter", g, func(ctx context.Context, key string) error {
 			_, err := ul.Get(ctx, key)
 			return err
-		})
+		}, source{redis: client})
 	}
 
 	// The ceiling: our GCRA script by redis-benchmark, 64 connections, a
@@ -272,11 +286,23 @@ func run(ctx context.Context, args []string) error {
 	}
 
 	// The whole stack through nginx, the same route with the limiter and
-	// without it.
+	// without it. A response's X-RateLimit-Mode (the stack sends debug
+	// headers) says where its decision was made.
 	if *stackURL != "" {
+		var src source
+		if *stackRedis != "" {
+			sc := redis.NewClient(&redis.Options{Addr: *stackRedis, Password: os.Getenv("STACK_REDIS_PASSWORD"), DisableIdentity: true})
+			if err := sc.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("-stack-redis %s: %w", *stackRedis, err)
+			}
+			defer sc.Close()
+			src.redis = sc
+		}
+		var elsewhere atomic.Int64
+		src.elsewhere = elsewhere.Load
 		deciders := map[string]decider{}
 		for _, route := range []string{"limiter-off", "limiter-on"} {
-			deciders[route] = httpDecider(*stackURL + "/api/bench-" + strings.TrimPrefix(route, "limiter-"))
+			deciders[route] = httpDecider(*stackURL+"/api/bench-"+strings.TrimPrefix(route, "limiter-"), &elsewhere)
 		}
 		if *rlsAddr != "" {
 			rls, err := loadtest.DialRLS(*rlsAddr)
@@ -284,7 +310,7 @@ func run(ctx context.Context, args []string) error {
 				return err
 			}
 			defer rls.Close()
-			deciders["auth-request"] = httpDecider(*stackURL + "/static/")
+			deciders["auth-request"] = httpDecider(*stackURL+"/static/", &elsewhere)
 			deciders["grpc"] = rlsDecider(rls, loadtest.RLSPrefix+"bench/key")
 		}
 		for _, route := range []string{"limiter-off", "limiter-on", "auth-request", "grpc"} {
@@ -294,7 +320,7 @@ func run(ctx context.Context, args []string) error {
 			}
 			for _, g := range gs {
 				if g >= 16 {
-					add("stack/"+route, g, d)
+					add("stack/"+route, g, d, src)
 				}
 			}
 		}
@@ -315,390 +341,4 @@ func run(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(display, "bench: wrote %s and %s\n", *out, *md)
 	return nil
-}
-
-// httpDecider GETs url (a route of the stack) and expects a 200; the key is
-// not sent: the stack limits by client address, one key for the run, which
-// its policy never refuses.
-func httpDecider(url string) decider {
-	client := loadtest.NewClient()
-	return func(ctx context.Context, _ string) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
-		}
-		return nil
-	}
-}
-
-// rlsDecider calls the rate limit service on route with the key as the
-// descriptor's value, and expects OK.
-func rlsDecider(rls *loadtest.RLSClient, route string) decider {
-	return func(ctx context.Context, key string) error {
-		resp, _, err := rls.ShouldRateLimit(ctx, route, key)
-		if err != nil {
-			return err
-		}
-		if resp.GetOverallCode() != pb.RateLimitResponse_OK {
-			return fmt.Errorf("%s: %s", route, resp.GetOverallCode())
-		}
-		return nil
-	}
-}
-
-// job is one row measured in slices: its latencies and time so far.
-type job struct {
-	name    string
-	g       int
-	d       decider
-	lat     []time.Duration
-	elapsed time.Duration
-	errs    sync.Map
-	live    *live
-}
-
-// run runs j's decider from j.g goroutines for about d over random keys,
-// after a warm-up (every key exists, the scripts are loaded) if warm.
-func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool) {
-	if warm {
-		for _, k := range keys[:min(len(keys), 1000)] {
-			_ = j.d(ctx, k)
-		}
-	}
-	lat := make([][]time.Duration, j.g)
-	counts := j.live.begin(j.name, j.g)
-	defer j.live.end(counts)
-	deadline := time.Now().Add(d)
-	var wg sync.WaitGroup
-	start := time.Now()
-	for i := range j.g {
-		wg.Go(func() {
-			r := rand.New(rand.NewPCG(uint64(i), uint64(len(j.lat))))
-			for time.Now().Before(deadline) {
-				t := time.Now()
-				if err := j.d(ctx, keys[r.IntN(len(keys))]); err != nil {
-					j.errs.Store(err.Error(), true)
-					counts[i].errs.Add(1)
-				} else {
-					counts[i].ok.Add(1)
-				}
-				lat[i] = append(lat[i], time.Since(t))
-			}
-		})
-	}
-	wg.Wait()
-	j.elapsed += time.Since(start)
-	for _, l := range lat {
-		j.lat = append(j.lat, l...)
-	}
-}
-
-// row sums up j's slices.
-func (j *job) row() Row {
-	slices.Sort(j.lat)
-	j.errs.Range(func(k, _ any) bool {
-		fmt.Fprintf(os.Stderr, "bench: %s at %d: error: %v\n", j.name, j.g, k)
-		return false
-	})
-	row := Row{Name: j.name, Goroutines: j.g, DecisionsPerS: round(float64(len(j.lat)) / j.elapsed.Seconds()),
-		P50us: pct(j.lat, 0.50), P99us: pct(j.lat, 0.99)}
-	fmt.Fprintf(display, "%-28s %4d goroutines  %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", j.name, j.g, row.DecisionsPerS, row.P50us, row.P99us)
-	return row
-}
-
-func pct(sorted []time.Duration, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	return round(float64(sorted[int(q*float64(len(sorted)-1))].Nanoseconds()) / 1000)
-}
-
-func round(x float64) float64 { return float64(int64(x*10+0.5)) / 10 }
-
-// sumCeiling sums up slices of one ceiling row, each of the same number of
-// calls: their rate over the slices' total time (the harmonic mean of
-// the slices' rates), and the median slice's p50 and p99 (redis-benchmark
-// reports no latencies to merge).
-func sumCeiling(sl []Row) Row {
-	var secsPerCall float64
-	p50s, p99s := make([]float64, len(sl)), make([]float64, len(sl))
-	for i, r := range sl {
-		secsPerCall += 1 / r.DecisionsPerS
-		p50s[i], p99s[i] = r.P50us, r.P99us
-	}
-	slices.Sort(p50s)
-	slices.Sort(p99s)
-	row := sl[0]
-	row.DecisionsPerS, row.P50us, row.P99us = round(float64(len(sl))/secsPerCall), p50s[len(sl)/2], p99s[len(sl)/2]
-	fmt.Fprintf(display, "%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs (%d slices)\n", row.Name, row.Goroutines, row.DecisionsPerS, row.P50us, row.P99us, len(sl))
-	return row
-}
-
-// ceiling runs redis-benchmark against our GCRA script by EVALSHA.
-func ceiling(ctx context.Context, client redis.UniversalClient, addr string, depth, keys, n int) (Row, error) {
-	s := redisstore.Script(ratelimit.GCRA)
-	if err := s.Load(ctx, client).Err(); err != nil {
-		return Row{}, err
-	}
-	host, port, ok := strings.Cut(addr, ":")
-	if !ok {
-		return Row{}, fmt.Errorf("-redis %q: want host:port", addr)
-	}
-	bin, err := exec.LookPath("redis-benchmark")
-	if err != nil {
-		return Row{}, errors.New("redis-benchmark not found (apt-get install redis-server)")
-	}
-	const conns = 64
-	// ARGV as redisstore sends them (lua/decide.lua): now override (0:
-	// Redis TIME), limit, window µs, capacity, cost, request id, weight.
-	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(conns), "-P", strconv.Itoa(depth), "-n", strconv.Itoa(n),
-		"-r", strconv.Itoa(keys), "--csv", "EVALSHA", s.Hash(), "1", "{rl:0000}:bench-ceiling:__rand_int__",
-		"0", strconv.Itoa(limit), "1000000", strconv.Itoa(limit), "1", "", "1", "1"}
-	outp, err := exec.CommandContext(ctx, bin, args...).Output()
-	if err != nil {
-		return Row{}, fmt.Errorf("redis-benchmark: %w", err)
-	}
-	recs, err := csv.NewReader(strings.NewReader(string(outp))).ReadAll()
-	if err != nil || len(recs) < 2 {
-		return Row{}, fmt.Errorf("redis-benchmark output %q: %v", outp, err)
-	}
-	col := func(name string) float64 {
-		i := slices.Index(recs[0], name)
-		if i < 0 || i >= len(recs[1]) {
-			return 0
-		}
-		v, _ := strconv.ParseFloat(recs[1][i], 64)
-		return v
-	}
-	row := Row{Name: "ceiling/redis-benchmark-P" + strconv.Itoa(depth), Goroutines: conns,
-		DecisionsPerS: round(col("rps")), P50us: round(col("p50_latency_ms") * 1000), P99us: round(col("p99_latency_ms") * 1000)}
-	fmt.Fprintf(display, "%-28s %4d connections %9.0f/s  p50 %7.1f µs  p99 %8.1f µs\n", row.Name, conns, row.DecisionsPerS, row.P50us, row.P99us)
-	return row, nil
-}
-
-// fallbackRows measures the local decision of an instance whose Redis is
-// out, and the journal's append of a grant (memory only and to a file).
-func fallbackRows(logger *slog.Logger) []Row {
-	var rows []Row
-	bench := func(name string, fn func(b *testing.B)) {
-		r := testing.Benchmark(fn)
-		rows = append(rows, Row{Name: name, Goroutines: 1, NsPerOp: round(float64(r.NsPerOp())), AllocsPerOp: r.AllocsPerOp(),
-			DecisionsPerS: round(float64(r.N) / r.T.Seconds())})
-		fmt.Fprintf(display, "%-28s %10d ns/op %4d allocs/op\n", name, r.NsPerOp(), r.AllocsPerOp())
-	}
-	bench("fallback/decision", func(b *testing.B) {
-		lim, err := resilient.New(downStore{}, resilient.Config{Instance: "bench-fallback", Logger: logger, ExpectedInstances: 4})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer lim.Close(context.Background())
-		p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: ratelimit.MaxLimit, Window: time.Second}
-		for lim.Breaker() != resilient.Open {
-			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
-			time.Sleep(time.Millisecond)
-		}
-		keys := make([]string, 1000)
-		for i := range keys {
-			keys[i] = "k" + strconv.Itoa(i)
-			// Every key decided once before the clock starts, and the
-			// decision checked: an invalid policy measured only its error.
-			if d, err := lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: keys[i]}); err != nil || d.Mode != ratelimit.ModeLocal {
-				b.Fatalf("fallback decision: %+v, %v", d, err)
-			}
-		}
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; b.Loop(); i++ {
-			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: keys[i%len(keys)]})
-		}
-	})
-	// The fallback's memory with 1M distinct keys: bounded by its key
-	// capacity (the service's default, 100 000), not by the keys seen.
-	{
-		lim, err := resilient.New(downStore{}, resilient.Config{Instance: "bench-memory", Logger: logger, ExpectedInstances: 4, JournalMax: 1})
-		if err == nil {
-			p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Second}
-			for lim.Breaker() != resilient.Open {
-				_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
-				time.Sleep(time.Millisecond)
-			}
-			var before, after runtime.MemStats
-			runtime.GC()
-			runtime.ReadMemStats(&before)
-			const keys = 1_000_000
-			start := time.Now()
-			for i := range keys {
-				_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "m" + strconv.Itoa(i)})
-			}
-			elapsed := time.Since(start)
-			runtime.GC()
-			runtime.ReadMemStats(&after)
-			st := lim.Status()
-			_ = lim.Close(context.Background())
-			heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-			rows = append(rows, Row{Name: "fallback/memory-1M-keys", Goroutines: 1, DecisionsPerS: round(keys / elapsed.Seconds()),
-				HeapBytes: heap, KeysHeld: int64(st.Keys)})
-			fmt.Fprintf(display, "%-28s %10d keys held of 1M, heap +%d MiB\n", "fallback/memory-1M-keys", st.Keys, heap>>20)
-		}
-	}
-	for _, dir := range []string{"", "file"} {
-		name := "fallback/journal-append-memory"
-		if dir != "" {
-			name = "fallback/journal-append-file"
-		}
-		bench(name, func(b *testing.B) {
-			d := ""
-			if dir != "" {
-				d = b.TempDir()
-			}
-			j, err := journal.Open(d, "bench", 1<<30, logger)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer j.Close()
-			p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Second}
-			id := ratelimit.IdentityOf("k")
-			b.ReportAllocs()
-			for i := 0; b.Loop(); i++ {
-				_ = j.Append(p, id, ratelimit.Grant{At: int64(i), Cost: 1})
-			}
-		})
-	}
-	return rows
-}
-
-// downStore is a Store whose every call fails at once: the fallback decides.
-type downStore struct{}
-
-var errDown = fmt.Errorf("%w: bench: down", ratelimit.ErrUnavailable)
-
-func (downStore) Decide(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
-	return ratelimit.Decision{}, errDown
-}
-func (downStore) Ping(context.Context) error { return errDown }
-func (downStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (ratelimit.Fleet, error) {
-	return ratelimit.Fleet{}, errDown
-}
-func (downStore) Generation(context.Context) (string, error) { return "", errDown }
-func (downStore) Leave(context.Context, string, time.Duration, time.Duration) error {
-	return errDown
-}
-func (downStore) Replay(_ context.Context, b []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
-	errs := make([]error, len(b))
-	for i := range errs {
-		errs[i] = errDown
-	}
-	return make([]ratelimit.ReplayResult, len(b)), errs
-}
-
-func find(res Results, name string, g int) *Row {
-	for i, r := range res.Rows {
-		if r.Name == name && (g == 0 || r.Goroutines == g) {
-			return &res.Rows[i]
-		}
-	}
-	return nil
-}
-
-// ratios compares rows of this run.
-func ratios(res *Results) {
-	ours, peer := find(*res, "ours/gcra", 64), find(*res, "peer/redis_rate", 64)
-	if ours != nil && peer != nil && peer.DecisionsPerS > 0 {
-		res.Ratios["ours_vs_redis_rate_at_64"] = round(ours.DecisionsPerS/peer.DecisionsPerS*100) / 100
-	}
-	ours1, peer1 := find(*res, "ours/gcra", 1), find(*res, "peer/redis_rate", 1)
-	if ours1 != nil && peer1 != nil && peer1.P50us > 0 {
-		res.Ratios["ours_p50_vs_redis_rate_at_1"] = round(ours1.P50us/peer1.P50us*100) / 100
-	}
-	for _, g := range []int{16, 64, 256} {
-		on, off := find(*res, "stack/limiter-on", g), find(*res, "stack/limiter-off", g)
-		if on != nil && off != nil && off.DecisionsPerS > 0 {
-			res.Ratios[fmt.Sprintf("stack_on_vs_off_at_%d", g)] = round(on.DecisionsPerS/off.DecisionsPerS*100) / 100
-		}
-		for _, door := range []string{"auth-request", "grpc"} {
-			if d := find(*res, "stack/"+door, g); d != nil && on != nil && on.DecisionsPerS > 0 {
-				res.Ratios[fmt.Sprintf("stack_%s_vs_on_at_%d", strings.ReplaceAll(door, "-", "_"), g)] = round(d.DecisionsPerS/on.DecisionsPerS*100) / 100
-			}
-		}
-	}
-	if c := find(*res, "ceiling/redis-benchmark-P16", 0); c != nil && c.DecisionsPerS > 0 {
-		best := 0.0
-		for _, r := range res.Rows {
-			if r.Name == "ours/gcra" {
-				best = max(best, r.DecisionsPerS)
-			}
-		}
-		res.Ratios["ours_gcra_best_vs_ceiling_P16"] = round(best/c.DecisionsPerS*100) / 100
-	}
-}
-
-func write(out, md string, res Results) error {
-	for _, p := range []string{out, md} {
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			return err
-		}
-	}
-	data, err := json.MarshalIndent(res, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(out, append(data, '\n'), 0o644); err != nil {
-		return err
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (scripts/bench.sh, loadtest/cmd/bench) on %s; %s; %d keys, %s per row, every row against the same fresh redis-server in one run, measured in %d slices with the rows taking turns (so a host that slows down during the run slows every row alike). The raw figures are in `bench-out/results.json`.\n\n",
-		time.Now().UTC().Format("2006-01-02"), res.Machine, res.Keys, res.CellTime, res.Rounds)
-	if res.CPUStealPct != nil {
-		fmt.Fprintf(&b, "Over the run the machine's cores were %.1f %% busy and the hypervisor took %.1f %% of their time (steal): with steal, every row is slower, so compare rows of one run only.\n\n", *res.CPUBusyPct, *res.CPUStealPct)
-	}
-	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant, `stack/*` the native stack (nginx, four instances, Redis; the apps dial Redis directly, log at info) answering one route with its limiter (a GCRA policy it never refuses) and without (a route with no policies), requests per second through nginx over keep-alive connections; beside them the doors for other languages through the same nginx and instances (docs/DOORS.md): `stack/auth-request` a static site (a second nginx) whose every request nginx first checks with an instance (auth_request, a GCRA policy it never refuses), `stack/grpc` Envoy's rate limit service (ShouldRateLimit over one plaintext HTTP/2 connection, a descriptor per key, GCRA). The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
-	var mem strings.Builder
-	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, r := range res.Rows {
-		p50, p99, ns, allocs := fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.1f", r.P99us), "", ""
-		if r.NsPerOp > 0 { // a Go benchmark: ns/op, not a latency distribution
-			p50, p99, ns, allocs = "", "", fmt.Sprint(r.NsPerOp), fmt.Sprint(r.AllocsPerOp)
-		}
-		if r.HeapBytes != 0 {
-			p50, p99 = "", ""
-			fmt.Fprintf(&mem, "- `%s`: %d keys held locally (the key capacity) after 1 000 000 distinct keys were decided; the heap grew by %.0f MiB.\n", r.Name, r.KeysHeld, float64(r.HeapBytes)/(1<<20))
-		}
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s |\n", r.Name, r.Goroutines, r.DecisionsPerS, p50, p99, ns, allocs)
-	}
-	if mem.Len() > 0 {
-		b.WriteString("\nThe fallback's memory:\n\n" + mem.String())
-	}
-	b.WriteString("\n## Ratios, same run\n\n| ratio | value |\n| --- | ---: |\n")
-	keys := make([]string, 0, len(res.Ratios))
-	for k := range res.Ratios {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		fmt.Fprintf(&b, "| %s | %.2f |\n", k, res.Ratios[k])
-	}
-	b.WriteString("\nReproduce: `make bench` (it starts its own redis-server on a free port; `BENCH_ARGS=\"-cell 5s\"` passes flags to loadtest/cmd/bench).\n")
-	return os.WriteFile(md, []byte(b.String()), 0o644)
-}
-
-func redisVersion(ctx context.Context, c redis.UniversalClient) string {
-	info, err := c.Info(ctx, "server").Result()
-	if err != nil {
-		return "unknown"
-	}
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(line, "redis_version:"); ok {
-			return "redis " + strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
 }

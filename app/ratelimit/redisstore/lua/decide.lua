@@ -9,20 +9,26 @@
 --   {window_start, current, previous}, sliding window log {age1..age8};
 --   then, on a refusal only, possibly {resend_id, resend_until_us}
 --   (resend_hint).
-local limit, window, cost = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
-local capacity = tonumber(ARGV[4])
-local wnum, wden = tonumber(ARGV[7]) or 1, tonumber(ARGV[8]) or 1
-if wnum < 1 then wnum, wden = 1, 1 end
--- ratelimit.Weight: cost × num/den, and limit × den/num.
+-- The decision being made: set by args from its key and arguments (one
+-- script call, or one request of a batch, lua/batch.lua), read by the
+-- helpers below and the algorithm.
+local limit, window, cost, capacity, wnum, wden, elimit, key, resend_us, req_id
+local function args(k, a)
+  limit, window, cost = tonumber(a[2]), tonumber(a[3]), tonumber(a[5])
+  capacity = tonumber(a[4])
+  wnum, wden = tonumber(a[7]) or 1, tonumber(a[8]) or 1
+  if wnum < 1 then wnum, wden = 1, 1 end
+  -- ratelimit.Weight: cost × num/den, and limit × den/num.
+  elimit = fdiv(limit * wden, wnum)
+  key = k
+  resend_us = tonumber(a[9]) or 3000000
+  req_id = a[6] or ''
+end
 local function wscale(x) return cdiv(x * wnum, wden) end
 local function wunits(room, unit)
   if room <= 0 then return 0 end
   return fdiv(room, wscale(unit))
 end
-local elimit = fdiv(limit * wden, wnum)
-local key = KEYS[1]
-
-local resend_us = tonumber(ARGV[9]) or 3000000
 
 local function reply(allowed, remaining, reset, retry, now, ...)
   return {allowed, remaining, reset, retry, now, ...}

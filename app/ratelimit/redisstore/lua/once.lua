@@ -10,8 +10,8 @@
 -- state as it is, and is not counted again (seen: its cost is 0, and the
 -- algorithm's answer is made an admission). Later than that, or once
 -- another request of the key was admitted, the same id counts like any
--- other: an id repeated on purpose buys nothing beyond the window.
-local req_id = ARGV[6] or ''
+-- other: an id repeated on purpose buys nothing beyond the window. The
+-- request id is req_id (lua/decide.lua).
 
 -- The admission field i records (last): its time and id, or nil.
 local function admission(last)

@@ -1,6 +1,6 @@
 -- Sliding window log. KEYS[1]: sorted set, one member per granted unit: the
 -- request id (suffixed #2, #3... for a cost above 1), scored by its grant
--- time in µs. ARGV[6]: the request id.
+-- time in µs. req_id (ARGV[6], lua/decide.lua): the request id.
 -- Twin of algorithm.WindowLogDecide. A request whose id is in the set,
 -- admitted less than the resend window (ARGV[9], lua/once.lua) from now, was
 -- counted before (a resend, a decision that timed out but ran): it is
@@ -12,7 +12,7 @@
 -- units are id#<n>@<now>, apart from the earlier grant's id#<n>.
 local now = now_us()
 local limit = elimit
-local id = ARGV[6]
+local id = req_id
 redis.call('ZREMRANGEBYSCORE', key, '-inf', str(now - window))
 local count = redis.call('ZCARD', key)
 local allowed, retry = 0, 0

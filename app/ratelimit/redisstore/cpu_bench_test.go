@@ -1,0 +1,103 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+)
+
+// redisCPU reads what a Redis server has spent so far: the process' CPU
+// (INFO cpu, user plus system) and the time its script commands ran with
+// their number of calls (INFO commandstats, EVAL and EVALSHA), in µs.
+func redisCPU(ctx context.Context, c *redis.Client) (cpu, scripts float64, calls int64, err error) {
+	info, err := c.Info(ctx, "cpu", "commandstats").Result()
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		name, val, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "used_cpu_user", "used_cpu_sys":
+			f, _ := strconv.ParseFloat(val, 64)
+			cpu += f * 1e6
+		case "cmdstat_evalsha", "cmdstat_eval":
+			for field := range strings.SplitSeq(val, ",") {
+				k, v, _ := strings.Cut(field, "=")
+				switch k {
+				case "calls":
+					n, _ := strconv.ParseInt(v, 10, 64)
+					calls += n
+				case "usec":
+					f, _ := strconv.ParseFloat(v, 64)
+					scripts += f
+				}
+			}
+		}
+	}
+	return cpu, scripts, calls, nil
+}
+
+// BenchmarkRedisCPU is 64 goroutines deciding GCRA on distinct keys through
+// a coalescing store, as deployed, and reports what Redis spends per
+// decision: its process CPU (redis-cpu-µs/decision), the time its script
+// commands ran (script-µs/decision, INFO commandstats) and the decisions
+// each script call made (decisions/call). Run it with
+//
+//	go test -run '^$' -bench RedisCPU -benchtime 200000x ./redisstore/
+func BenchmarkRedisCPU(b *testing.B) {
+	srv := redistest.StartServer(b, redistest.ServerOptions{})
+	admin := srv.Client()
+	defer admin.Close()
+	for _, alg := range ratelimit.Algorithms {
+		b.Run(string(alg), func(b *testing.B) {
+			o := srv.Options()
+			o.PoolSize = 128
+			c := redis.NewClient(o)
+			defer c.Close()
+			l := redisstore.New(c, redisstore.WithCoalescing(4), redisstore.WithTimeout(time.Second))
+			p := ratelimit.Policy{Name: "cpu", Algorithm: alg, Limit: 1_000_000, Window: time.Second}
+			ctx := context.Background()
+			if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
+				b.Fatal(err)
+			}
+			cpu0, us0, calls0, err := redisCPU(ctx, admin)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var next atomic.Int64
+			b.ResetTimer()
+			b.SetParallelism(32) // 64 goroutines on 2 CPUs
+			b.RunParallel(func(pb *testing.PB) {
+				key := fmt.Sprint("client-", next.Add(1))
+				for pb.Next() {
+					if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: key}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			cpu1, us1, calls1, err := redisCPU(ctx, admin)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n := float64(b.N)
+			b.ReportMetric((cpu1-cpu0)/n, "redis-cpu-µs/decision")
+			b.ReportMetric((us1-us0)/n, "script-µs/decision")
+			b.ReportMetric(n/float64(max(calls1-calls0, 1)), "decisions/call")
+		})
+	}
+}

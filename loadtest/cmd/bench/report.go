@@ -1,0 +1,133 @@
+package main
+
+// The ratios of a run, and results.json and docs/BENCHMARKS.md written
+// from its rows.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// find returns the row name at g goroutines (any, for g 0), unless some of
+// its decisions were not made in Redis: such a row is no ratio's input.
+func find(res Results, name string, g int) *Row {
+	for i, r := range res.Rows {
+		if r.Name == name && (g == 0 || r.Goroutines == g) && r.NotInRedis == 0 {
+			return &res.Rows[i]
+		}
+	}
+	return nil
+}
+
+// ratios compares rows of this run.
+func ratios(res *Results) {
+	ours, peer := find(*res, "ours/gcra", 64), find(*res, "peer/redis_rate", 64)
+	if ours != nil && peer != nil && peer.DecisionsPerS > 0 {
+		res.Ratios["ours_vs_redis_rate_at_64"] = round(ours.DecisionsPerS/peer.DecisionsPerS*100) / 100
+	}
+	if ours != nil && ours.RedisCPUus > 0 { // the target is a figure, not a ratio: µs
+		res.Ratios["ours_gcra_redis_cpu_us_per_decision_at_64"] = ours.RedisCPUus
+	}
+	ours1, peer1 := find(*res, "ours/gcra", 1), find(*res, "peer/redis_rate", 1)
+	if ours1 != nil && peer1 != nil && peer1.P50us > 0 {
+		res.Ratios["ours_p50_vs_redis_rate_at_1"] = round(ours1.P50us/peer1.P50us*100) / 100
+	}
+	for _, g := range []int{16, 64, 256} {
+		on, off := find(*res, "stack/limiter-on", g), find(*res, "stack/limiter-off", g)
+		if on != nil && off != nil && off.DecisionsPerS > 0 {
+			res.Ratios[fmt.Sprintf("stack_on_vs_off_at_%d", g)] = round(on.DecisionsPerS/off.DecisionsPerS*100) / 100
+		}
+		for _, door := range []string{"auth-request", "grpc"} {
+			if d := find(*res, "stack/"+door, g); d != nil && on != nil && on.DecisionsPerS > 0 {
+				res.Ratios[fmt.Sprintf("stack_%s_vs_on_at_%d", strings.ReplaceAll(door, "-", "_"), g)] = round(d.DecisionsPerS/on.DecisionsPerS*100) / 100
+			}
+		}
+	}
+	if c := find(*res, "ceiling/redis-benchmark-P16", 0); c != nil && c.DecisionsPerS > 0 {
+		best := 0.0
+		for _, r := range res.Rows {
+			if r.Name == "ours/gcra" && r.NotInRedis == 0 {
+				best = max(best, r.DecisionsPerS)
+			}
+		}
+		res.Ratios["ours_gcra_best_vs_ceiling_P16"] = round(best/c.DecisionsPerS*100) / 100
+	}
+}
+
+func write(out, md string, res Results) error {
+	for _, p := range []string{out, md} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return err
+		}
+	}
+	data, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(out, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (scripts/bench.sh, loadtest/cmd/bench) on %s; %s; %d keys, %s per row, every row against the same fresh redis-server in one run, measured in %d slices with the rows taking turns (so a host that slows down during the run slows every row alike). The raw figures are in `bench-out/results.json`.\n\n",
+		time.Now().UTC().Format("2006-01-02"), res.Machine, res.Keys, res.CellTime, res.Rounds)
+	if res.CPUStealPct != nil {
+		fmt.Fprintf(&b, "Over the run the machine's cores were %.1f %% busy and the hypervisor took %.1f %% of their time (steal): with steal, every row is slower, so compare rows of one run only.\n\n", *res.CPUBusyPct, *res.CPUStealPct)
+	}
+	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant, `stack/*` the native stack (nginx, four instances, Redis; the apps dial Redis directly, log at info) answering one route with its limiter (a GCRA policy it never refuses) and without (a route with no policies), requests per second through nginx over keep-alive connections; beside them the doors for other languages through the same nginx and instances (docs/DOORS.md): `stack/auth-request` a static site (a second nginx) whose every request nginx first checks with an instance (auth_request, a GCRA policy it never refuses), `stack/grpc` Envoy's rate limit service (ShouldRateLimit over one plaintext HTTP/2 connection, a descriptor per key, GCRA). The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
+	var mem strings.Builder
+	b.WriteString("`Redis CPU µs` is the CPU time the Redis process spent per decision over the row (INFO cpu before and after each slice; for `stack/*` the stack's own Redis, heartbeats included). A row marked `not in Redis: n` had n decisions made elsewhere (by the fallback after a failed or timed-out call, from a cached refusal, or failed): its figures mix two paths, and it is no ratio's input.\n\n")
+	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | Redis CPU µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, r := range res.Rows {
+		p50, p99, ns, allocs := fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.1f", r.P99us), "", ""
+		if r.NsPerOp > 0 { // a Go benchmark: ns/op, not a latency distribution
+			p50, p99, ns, allocs = "", "", fmt.Sprint(r.NsPerOp), fmt.Sprint(r.AllocsPerOp)
+		}
+		if r.HeapBytes != 0 {
+			p50, p99 = "", ""
+			fmt.Fprintf(&mem, "- `%s`: %d keys held locally (the key capacity) after 1 000 000 distinct keys were decided; the heap grew by %.0f MiB.\n", r.Name, r.KeysHeld, float64(r.HeapBytes)/(1<<20))
+		}
+		name, cpu := r.Name, ""
+		if r.NotInRedis > 0 {
+			name += fmt.Sprintf(" (not in Redis: %d)", r.NotInRedis)
+		}
+		if r.RedisCPUus > 0 {
+			cpu = fmt.Sprintf("%.1f", r.RedisCPUus)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s | %s |\n", name, r.Goroutines, r.DecisionsPerS, p50, p99, cpu, ns, allocs)
+	}
+	if mem.Len() > 0 {
+		b.WriteString("\nThe fallback's memory:\n\n" + mem.String())
+	}
+	b.WriteString("\n## Ratios, same run\n\n| ratio | value |\n| --- | ---: |\n")
+	keys := make([]string, 0, len(res.Ratios))
+	for k := range res.Ratios {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "| %s | %.2f |\n", k, res.Ratios[k])
+	}
+	b.WriteString("\nReproduce: `make bench` (it starts its own redis-server on a free port; `BENCH_ARGS=\"-cell 5s\"` passes flags to loadtest/cmd/bench).\n")
+	return os.WriteFile(md, []byte(b.String()), 0o644)
+}
+
+func redisVersion(ctx context.Context, c redis.UniversalClient) string {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return "unknown"
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(line, "redis_version:"); ok {
+			return "redis " + strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
