@@ -15,6 +15,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/conformance"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // roundTrips counts the commands and pipelines a client sends.
@@ -252,7 +253,7 @@ func TestLateRepliesAccountForEveryDecision(t *testing.T) {
 		late        = map[string]int{}
 		lateAllowed int
 	)
-	if !l.OnLate(5*time.Second, func(r ratelimit.LateReply) {
+	if !l.OnLate(5*time.Second, func(r store.LateReply) {
 		mu.Lock()
 		defer mu.Unlock()
 		late[r.Request.ID]++
@@ -282,7 +283,7 @@ func TestLateRepliesAccountForEveryDecision(t *testing.T) {
 				switch {
 				case err == nil && d.Allowed:
 					callerAllowed.Add(1)
-				case errors.Is(err, ratelimit.ErrPending):
+				case errors.Is(err, store.ErrPending):
 					pending.Add(1)
 					pendingIDs.Store(id, true)
 				case err == nil:

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 //go:embed lua/fleet.lua
@@ -80,7 +81,7 @@ func (l *Limiter) Warm(ctx context.Context, n int) {
 // generation (see Generation) and Redis' clock. If the fleet's part
 // answered and a Cluster master's generation did not, the counts come back
 // with the error.
-func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (ratelimit.Fleet, error) {
+func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (store.Fleet, error) {
 	return l.HeartbeatStage(ctx, instance, ttl, grace, "")
 }
 
@@ -89,7 +90,7 @@ func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace tim
 // instance's. The resilient limiter's recovery waits on them: an instance
 // decides in Redis again only once every live one has replayed what it
 // granted locally.
-func (l *Limiter) HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (ratelimit.Fleet, error) {
+func (l *Limiter) HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
 	f, err := l.fleet(ctx, instance, "beat", ttl, grace, stage)
 	if err != nil {
 		return f, err
@@ -153,9 +154,9 @@ func (l *Limiter) Suspend(ctx context.Context, instance string, ttl, grace time.
 // SyncKey holds the instances' recovery stages (HeartbeatStage).
 func (l *Limiter) SyncKey() string { return "{" + l.prefix + ":fleet}:sync" }
 
-func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration, stage string) (ratelimit.Fleet, error) {
+func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
 	if err := ratelimit.ValidateKey(instance); err != nil {
-		return ratelimit.Fleet{}, err
+		return store.Fleet{}, err
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
@@ -164,11 +165,11 @@ func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace tim
 	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey(), l.WritesKey(), l.SyncKey()},
 		instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op), stage).Slice()
 	if err != nil {
-		return ratelimit.Fleet{}, classify(ctx, err)
+		return store.Fleet{}, classify(ctx, err)
 	}
 	recv := time.Now()
 	if len(res) != 6 {
-		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
+		return store.Fleet{}, fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
 	}
 	rawStages, ok6 := res[5].([]any)
 	stages := make([]string, len(rawStages))
@@ -184,16 +185,16 @@ func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace tim
 	gen, ok4 := res[3].(string)
 	writes, ok5 := res[4].(int64)
 	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || live < 0 || suspect < 0 || now <= 0 {
-		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
+		return store.Fleet{}, fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
 	}
 	// Redis' clock against this host's, the reply taken as the middle of
 	// the round trip.
 	l.beatOffset.Store(now - (sent.UnixMicro() + recv.Sub(sent).Microseconds()/2))
 	l.beatOffsetKnown.Store(true)
 	if gen, err = l.checkCounter(callCtx, l.client, floors, "", l.GenerationKey(), gen, writes); err != nil {
-		return ratelimit.Fleet{}, err
+		return store.Fleet{}, err
 	}
-	return ratelimit.Fleet{Live: int(live), Suspect: int(suspect), Generation: gen, Now: now, Stages: stages}, nil
+	return store.Fleet{Live: int(live), Suspect: int(suspect), Generation: gen, Now: now, Stages: stages}, nil
 }
 
 // staleBeatMargin is how long after its caller's deadline a heartbeat may

@@ -32,6 +32,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // TagBuckets is the number of hash tags identities are spread over.
@@ -252,15 +253,15 @@ func (l *Limiter) tag(sum [32]byte) string {
 // identity's tag, the policy name and fingerprint, and a hash of the
 // identity.
 func (l *Limiter) Key(p ratelimit.Policy, identity string) string {
-	return l.keyOf(p, ratelimit.IdentityOf(identity))
+	return l.keyOf(p, store.IdentityOf(identity))
 }
 
-func (l *Limiter) keyOf(p ratelimit.Policy, id ratelimit.Identity) string {
+func (l *Limiter) keyOf(p ratelimit.Policy, id store.Identity) string {
 	return l.keyWith(p.Name, p.Fingerprint(), id)
 }
 
 // keyWith is keyOf with the policy's fingerprint computed.
-func (l *Limiter) keyWith(name, fingerprint string, id ratelimit.Identity) string {
+func (l *Limiter) keyWith(name, fingerprint string, id store.Identity) string {
 	return l.tag(id) + ":" + name + ":" + fingerprint + ":" + base64.RawURLEncoding.EncodeToString(id[:16])
 }
 

@@ -28,15 +28,15 @@ func TestFailoverLagIsRaised(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = client.Close() })
-		store := redisstore.New(client, redisstore.WithTimeout(time.Second))
+		rs := redisstore.New(client, redisstore.WithTimeout(time.Second))
 		cfg := recoveryConfig(fmt.Sprint("app", i+1))
 		cfg.Timeout, cfg.ExpectedInstances = time.Second, 2
-		l, err := resilient.New(store, cfg)
+		l, err := resilient.New(rs, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = l.Close(context.Background()) })
-		ls, stores = append(ls, l), append(stores, store)
+		ls, stores = append(ls, l), append(stores, rs)
 	}
 	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == 2 })
 	ctx := context.Background()
