@@ -30,7 +30,7 @@ type ClientConfig struct {
 	// PoolSize is the number of connections per node. Default 64.
 	PoolSize int
 	// LateReplies is how long a reply is still read after its caller's
-	// deadline (Limiter.OnLate): the client's read timeout is Timeout plus
+	// deadline (Store.OnLate): the client's read timeout is Timeout plus
 	// this, and every call is bounded by its context instead. 0: none.
 	LateReplies time.Duration
 }

@@ -30,7 +30,7 @@ import (
 // flight, the latest of them sent more than a tenth of the store's timeout
 // ago (at least 2 ms), sends one more, up to 16 × n (TestSlowPipelinesDoNotQueue).
 func WithCoalescing(n int) Option {
-	return func(l *Limiter) {
+	return func(l *Store) {
 		if n > 0 {
 			l.co = &coalescer{max: n, send: l.pipeline, timeout: l.timeout}
 		}
@@ -49,7 +49,7 @@ func WithCoalescing(n int) Option {
 // A decision that times out on the client has often run in Redis all the
 // same (a slow Redis applies every call and answers late): with OnLate the
 // caller learns that it did, and what Redis answered, instead of guessing.
-func (l *Limiter) OnLate(window time.Duration, fn func(store.LateReply)) bool {
+func (l *Store) OnLate(window time.Duration, fn func(store.LateReply)) bool {
 	if l.co == nil || fn == nil {
 		return false
 	}

@@ -48,7 +48,7 @@ func TestCoalescing(t *testing.T) {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "co", Algorithm: alg, Limit: 500, Window: time.Hour}
 			var rt roundTrips
-			var ls []*redisstore.Limiter
+			var ls []*redisstore.Store
 			for range 4 {
 				c := newClient(t, srv.Addr())
 				c.AddHook(&rt)

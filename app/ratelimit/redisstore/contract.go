@@ -4,17 +4,17 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
-// The store contract: a Limiter is a store.Store and implements every
-// optional interface, so resilient.New takes it with the whole recovery.
+// A Store implements store.Store and every optional interface of the store
+// contract, so resilient.New takes it with the whole recovery.
 var (
-	_ store.Store        = (*Limiter)(nil)
-	_ store.Suspender    = (*Limiter)(nil)
-	_ store.Warmer       = (*Limiter)(nil)
-	_ store.LateReporter = (*Limiter)(nil)
-	_ store.Refunder     = (*Limiter)(nil)
-	_ store.Sharded      = (*Limiter)(nil)
-	_ store.Stager       = (*Limiter)(nil)
-	_ store.Lossy        = (*Limiter)(nil)
-	_ store.Raiser       = (*Limiter)(nil)
-	_ store.Resetter     = (*Limiter)(nil)
+	_ store.Store        = (*Store)(nil)
+	_ store.Suspender    = (*Store)(nil)
+	_ store.Warmer       = (*Store)(nil)
+	_ store.LateReporter = (*Store)(nil)
+	_ store.Refunder     = (*Store)(nil)
+	_ store.Sharded      = (*Store)(nil)
+	_ store.Stager       = (*Store)(nil)
+	_ store.Lossy        = (*Store)(nil)
+	_ store.Raiser       = (*Store)(nil)
+	_ store.Resetter     = (*Store)(nil)
 )

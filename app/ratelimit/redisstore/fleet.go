@@ -19,14 +19,14 @@ var fleetScript = redis.NewScript(fleetLua)
 
 // FleetKey is the sorted set of instance heartbeats. It has a hash tag of its
 // own, so in a Cluster it lives on one slot.
-func (l *Limiter) FleetKey() string { return "{" + l.prefix + ":fleet}:instances" }
+func (l *Store) FleetKey() string { return "{" + l.prefix + ":fleet}:instances" }
 
 // Ping checks that Redis answers, within the limiter's timeout. When it
 // does, the decision scripts are loaded too: a Redis that was restarted has
 // an empty script cache, and without this every decision after the outage
 // paid EVALSHA, NOSCRIPT and EVAL of the whole script at once, a burst of
 // latency right when the fleet came back (CI's redis-flap and redis-wipe).
-func (l *Limiter) Ping(ctx context.Context) error {
+func (l *Store) Ping(ctx context.Context) error {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	var err error
@@ -50,7 +50,7 @@ func (l *Limiter) Ping(ctx context.Context) error {
 // the first decisions after a start do not each pay a dial: the client keeps
 // no idle connections warm on its own (see ClientConfig.Options). A Cluster
 // client, whose pools are per node, is left alone. Best effort.
-func (l *Limiter) Warm(ctx context.Context, n int) {
+func (l *Store) Warm(ctx context.Context, n int) {
 	c, ok := l.client.(*redis.Client)
 	if !ok {
 		return
@@ -81,7 +81,7 @@ func (l *Limiter) Warm(ctx context.Context, n int) {
 // generation (see Generation) and Redis' clock. If the fleet's part
 // answered and a Cluster master's generation did not, the counts come back
 // with the error.
-func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (store.Fleet, error) {
+func (l *Store) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (store.Fleet, error) {
 	return l.HeartbeatStage(ctx, instance, ttl, grace, "")
 }
 
@@ -90,7 +90,7 @@ func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace tim
 // instance's. The resilient limiter's recovery waits on them: an instance
 // decides in Redis again only once every live one has replayed what it
 // granted locally.
-func (l *Limiter) HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
+func (l *Store) HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
 	f, err := l.fleet(ctx, instance, "beat", ttl, grace, stage)
 	if err != nil {
 		return f, err
@@ -100,7 +100,7 @@ func (l *Limiter) HeartbeatStage(ctx context.Context, instance string, ttl, grac
 
 // shardGeneration replaces *gen with the per-range generations on a Cluster
 // (shards.go).
-func (l *Limiter) shardGeneration(ctx context.Context, gen *string) error {
+func (l *Store) shardGeneration(ctx context.Context, gen *string) error {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	g, cluster, err := l.clusterGeneration(callCtx)
@@ -119,7 +119,7 @@ func (l *Limiter) shardGeneration(ctx context.Context, gen *string) error {
 // instance that Redis forgot what was granted before the outage. On a
 // Cluster it is one generation per slot range, so that a master that loses
 // its data alone is noticed too (shards.go).
-func (l *Limiter) Generation(ctx context.Context) (string, error) {
+func (l *Store) Generation(ctx context.Context) (string, error) {
 	f, err := l.fleet(ctx, "-", "peek", time.Second, time.Second, "")
 	if err != nil {
 		return "", err
@@ -129,14 +129,14 @@ func (l *Limiter) Generation(ctx context.Context) (string, error) {
 }
 
 // GenerationKey holds the data generation.
-func (l *Limiter) GenerationKey() string { return "{" + l.prefix + ":fleet}:generation" }
+func (l *Store) GenerationKey() string { return "{" + l.prefix + ":fleet}:generation" }
 
 // WritesKey holds the write counter that tells lost writes (lost.go).
-func (l *Limiter) WritesKey() string { return "{" + l.prefix + ":fleet}:writes" }
+func (l *Store) WritesKey() string { return "{" + l.prefix + ":fleet}:writes" }
 
 // Leave removes instance's heartbeat (on a clean shutdown: a stopped
 // instance grants nothing, so nobody needs to hold its share).
-func (l *Limiter) Leave(ctx context.Context, instance string, ttl, grace time.Duration) error {
+func (l *Store) Leave(ctx context.Context, instance string, ttl, grace time.Duration) error {
 	_, err := l.fleet(ctx, instance, "leave", ttl, grace, "")
 	return err
 }
@@ -146,15 +146,15 @@ func (l *Limiter) Leave(ctx context.Context, instance string, ttl, grace time.Du
 // after its heartbeat lapses. On a Cluster with one master down, the fleet
 // key's master often still answers while the instances go local one after
 // the other.
-func (l *Limiter) Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
+func (l *Store) Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
 	_, err := l.fleet(ctx, instance, "suspend", ttl, grace, "")
 	return err
 }
 
 // SyncKey holds the instances' recovery stages (HeartbeatStage).
-func (l *Limiter) SyncKey() string { return "{" + l.prefix + ":fleet}:sync" }
+func (l *Store) SyncKey() string { return "{" + l.prefix + ":fleet}:sync" }
 
-func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
+func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
 	if err := ratelimit.ValidateKey(instance); err != nil {
 		return store.Fleet{}, err
 	}
@@ -213,7 +213,7 @@ const staleBeatMargin = 100 * time.Millisecond
 // granting locally with its grants not yet replayed, counted as live again,
 // and the others stopped holding its share back (compose partition-one:
 // sliding window log over-admission 1.25 in recovery).
-func (l *Limiter) beatDeadline(ctx context.Context, op string) int64 {
+func (l *Store) beatDeadline(ctx context.Context, op string) int64 {
 	d, ok := ctx.Deadline()
 	if op != "beat" || !ok || !l.beatOffsetKnown.Load() {
 		return 0
@@ -221,7 +221,7 @@ func (l *Limiter) beatDeadline(ctx context.Context, op string) int64 {
 	return (d.Add(staleBeatMargin).UnixMicro() + l.beatOffset.Load()) / 1000
 }
 
-func (l *Limiter) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+func (l *Store) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if l.timeout > 0 {
 		return context.WithTimeout(ctx, l.timeout)
 	}

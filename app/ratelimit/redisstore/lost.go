@@ -94,14 +94,14 @@ func (s *seenWrites) floors() map[string]seenCounter {
 
 // LostWrites counts the times this instance found that Redis had lost
 // writes it acknowledged (a write counter that went back).
-func (l *Limiter) LostWrites() uint64 { return l.seen.lost.Load() }
+func (l *Store) LostWrites() uint64 { return l.seen.lost.Load() }
 
 // checkCounter records the write counter n that shard answered under gen,
 // to a call sent when the counters answered were floors, and returns the
 // shard's generation: gen, or a new "lag-" one if n is not above the
 // counter answered under gen before the call was sent (the shard lost
 // writes).
-func (l *Limiter) checkCounter(ctx context.Context, client redis.Scripter, floors map[string]seenCounter, shard, genKey, gen string, n int64) (string, error) {
+func (l *Store) checkCounter(ctx context.Context, client redis.Scripter, floors map[string]seenCounter, shard, genKey, gen string, n int64) (string, error) {
 	floor, known := floors[shard]
 	if !known || floor.gen != gen || n > floor.n {
 		l.seen.mu.Lock()
@@ -138,7 +138,7 @@ func randomHex() string {
 // masters kept their data. A range that did not exist before (the slots were
 // resharded) is not taken as lost: putting its keys' usage back on top of
 // what they hold would charge them twice.
-func (l *Limiter) Loss(old, new string) func(p ratelimit.Policy, id store.Identity) store.Loss {
+func (l *Store) Loss(old, new string) func(p ratelimit.Policy, id store.Identity) store.Loss {
 	kind := store.LossNone
 	if old != new {
 		kind = store.LossAll
@@ -181,7 +181,7 @@ func (l *Limiter) Loss(old, new string) func(p ratelimit.Policy, id store.Identi
 // on the replay client, and returns the units each got back (0: it held its
 // floor already). Raising is a max-merge, so a floor sent twice, or several
 // instances' floors of one key, leave the key as the highest of them.
-func (l *Limiter) Raise(ctx context.Context, floors []store.Floor) ([]int64, []error) {
+func (l *Store) Raise(ctx context.Context, floors []store.Floor) ([]int64, []error) {
 	raised := make([]int64, len(floors))
 	errs := make([]error, len(floors))
 	client := l.client

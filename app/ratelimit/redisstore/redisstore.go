@@ -138,9 +138,9 @@ type Hooks struct {
 	OnError func(req ratelimit.Request, err error, latency time.Duration)
 }
 
-// Limiter is a ratelimit.Limiter backed by Redis. It is safe for concurrent
-// use. Use New.
-type Limiter struct {
+// Store is a ratelimit.Limiter backed by Redis, and the store.Store that
+// resilient.New wraps. It is safe for concurrent use. Use New.
+type Store struct {
 	client redis.Scripter
 	// replayClient carries replays and restores (default: client). Its
 	// own timeouts let a pipeline of thousands of batches take longer
@@ -168,17 +168,17 @@ type Limiter struct {
 	seen    seenWrites  // the write counters last seen (lost.go)
 }
 
-var _ ratelimit.Limiter = (*Limiter)(nil)
+var _ ratelimit.Limiter = (*Store)(nil)
 
-// Option configures a Limiter.
-type Option func(*Limiter)
+// Option configures a Store.
+type Option func(*Store)
 
 // WithPrefix sets the key prefix inside the hash tag (default "rl").
-func WithPrefix(p string) Option { return func(l *Limiter) { l.prefix = p } }
+func WithPrefix(p string) Option { return func(l *Store) { l.prefix = p } }
 
 // WithTimeout bounds each decision's round trip (default: none beyond the
 // caller's context and the client's own timeouts).
-func WithTimeout(d time.Duration) Option { return func(l *Limiter) { l.timeout = d } }
+func WithTimeout(d time.Duration) Option { return func(l *Store) { l.timeout = d } }
 
 // WithReplayClient sends replays (Replay) through c instead of the
 // decisions' client. go-redis bounds every socket read by the client's
@@ -186,7 +186,7 @@ func WithTimeout(d time.Duration) Option { return func(l *Limiter) { l.timeout =
 // fails as a whole, so a client tuned for 50 ms decisions cannot carry a
 // replay of thousands of keys: give replays a client whose timeouts are
 // the replay budget (see ClientConfig.Timeout).
-func WithReplayClient(c redis.Scripter) Option { return func(l *Limiter) { l.replayClient = c } }
+func WithReplayClient(c redis.Scripter) Option { return func(l *Store) { l.replayClient = c } }
 
 // DefaultResendWindow is the resend window of WithResendWindow when none is
 // given. A proxy resends a request only within a bounded time of its first
@@ -208,7 +208,7 @@ const DefaultResendWindow = 3 * time.Second
 // client that picks its own ids (a misconfigured proxy passing them through)
 // gets for free.
 func WithResendWindow(d time.Duration) Option {
-	return func(l *Limiter) {
+	return func(l *Store) {
 		if d > 0 {
 			l.resend = d.Microseconds()
 		}
@@ -216,19 +216,19 @@ func WithResendWindow(d time.Duration) Option {
 }
 
 // WithHooks installs observation hooks.
-func WithHooks(h Hooks) Option { return func(l *Limiter) { l.hooks = h } }
+func WithHooks(h Hooks) Option { return func(l *Store) { l.hooks = h } }
 
 // WithClock makes the scripts use now() instead of Redis TIME. For tests
 // only: in production the time must come from Redis, or instances with
 // skewed clocks would disagree.
-func WithClock(now func() time.Time) Option { return func(l *Limiter) { l.now = now } }
+func WithClock(now func() time.Time) Option { return func(l *Store) { l.now = now } }
 
-// New returns a Limiter using client, which may be a *redis.Client,
+// New returns a Store using client, which may be a *redis.Client,
 // *redis.ClusterClient, *redis.Ring or any redis.UniversalClient.
-func New(client redis.Scripter, opts ...Option) *Limiter {
+func New(client redis.Scripter, opts ...Option) *Store {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
-	l := &Limiter{client: client, prefix: "rl", idBase: hex.EncodeToString(b[:]) + ":", resend: DefaultResendWindow.Microseconds()}
+	l := &Store{client: client, prefix: "rl", idBase: hex.EncodeToString(b[:]) + ":", resend: DefaultResendWindow.Microseconds()}
 	for _, o := range opts {
 		o(l)
 	}
@@ -241,7 +241,7 @@ func New(client redis.Scripter, opts ...Option) *Limiter {
 	return l
 }
 
-func (l *Limiter) tag(sum [32]byte) string {
+func (l *Store) tag(sum [32]byte) string {
 	n := binary.BigEndian.Uint16(sum[16:18]) % TagBuckets
 	b := make([]byte, 0, len(l.prefix)+8)
 	b = append(append(append(b, '{'), l.prefix...), ':')
@@ -252,22 +252,22 @@ func (l *Limiter) tag(sum [32]byte) string {
 // Key returns the Redis key holding policy p's state for identity: the
 // identity's tag, the policy name and fingerprint, and a hash of the
 // identity.
-func (l *Limiter) Key(p ratelimit.Policy, identity string) string {
+func (l *Store) Key(p ratelimit.Policy, identity string) string {
 	return l.keyOf(p, store.IdentityOf(identity))
 }
 
-func (l *Limiter) keyOf(p ratelimit.Policy, id store.Identity) string {
+func (l *Store) keyOf(p ratelimit.Policy, id store.Identity) string {
 	return l.keyWith(p.Name, p.Fingerprint(), id)
 }
 
 // keyWith is keyOf with the policy's fingerprint computed.
-func (l *Limiter) keyWith(name, fingerprint string, id store.Identity) string {
+func (l *Store) keyWith(name, fingerprint string, id store.Identity) string {
 	return l.tag(id) + ":" + name + ":" + fingerprint + ":" + base64.RawURLEncoding.EncodeToString(id[:16])
 }
 
 // Decide makes one decision in one round trip (with WithCoalescing, in a
 // pipeline shared with the concurrent calls).
-func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+func (l *Store) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 	if l.co != nil {
 		ds, errs := l.DecideBatch(ctx, []ratelimit.Request{req})
 		return ds[0], errs[0]
@@ -285,7 +285,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 
 // decideOne sends one valid request (with an ID) as a single EVALSHA
 // (EVAL after a NOSCRIPT), within ctx.
-func (l *Limiter) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 	callCtx := ctx
 	var now int64
 	if l.now != nil {
@@ -467,7 +467,7 @@ func isNetError(err error) bool {
 // error are what Decide would return for it. A script Redis does not have
 // cached (after a restart or a SCRIPT FLUSH) is loaded and only the calls
 // that failed for it are sent again, so nothing is counted twice.
-func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+func (l *Store) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
 	_, pipelines := l.client.(redis.Cmdable)
 	if !pipelines || (len(reqs) == 1 && l.co == nil) {

@@ -109,7 +109,7 @@ func TestConformance(t *testing.T) {
 
 // hammer sends requests for one key through several limiters, from many
 // goroutines, for d, and returns the grants in Redis time order.
-func hammer(t *testing.T, limiters []*redisstore.Limiter, p ratelimit.Policy, key string, d time.Duration) []int64 {
+func hammer(t *testing.T, limiters []*redisstore.Store, p ratelimit.Policy, key string, d time.Duration) []int64 {
 	t.Helper()
 	var (
 		mu     sync.Mutex
@@ -187,7 +187,7 @@ func TestInstancesShareOnlyRedis(t *testing.T) {
 	for _, alg := range ratelimit.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "fleet", Algorithm: alg, Limit: 20, Window: 500 * time.Millisecond}
-			var ls []*redisstore.Limiter
+			var ls []*redisstore.Store
 			for range 4 {
 				ls = append(ls, redisstore.New(newClient(t, srv.Addr())))
 			}
@@ -209,7 +209,7 @@ func TestCluster(t *testing.T) {
 	for _, alg := range ratelimit.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "cl", Algorithm: alg, Limit: 20, Window: 500 * time.Millisecond}
-			var ls []*redisstore.Limiter
+			var ls []*redisstore.Store
 			for range 3 {
 				c := redis.NewClusterClient(cl.ClusterOptions())
 				t.Cleanup(func() { _ = c.Close() })

@@ -49,7 +49,7 @@ const MarkerTTL = time.Hour
 
 // MarkerKey returns the idempotency marker of a batch: in the key's own
 // slot, named by the batch's marker (instance and epoch) and the key.
-func (l *Limiter) MarkerKey(b store.ReplayBatch) string {
+func (l *Store) MarkerKey(b store.ReplayBatch) string {
 	return l.tag(b.Identity) + ":replay:" + b.Marker + ":" + b.Policy.Name + ":" + b.Policy.Fingerprint() + ":" + fmt.Sprintf("%x", b.Identity[:16])
 }
 
@@ -101,7 +101,7 @@ type replayCall struct {
 // comes back with Duplicate set and changes nothing; a batch of which only
 // some parts had been applied (a pipeline that failed part-way) applies the
 // rest and reports the others' units as DuplicateUnits.
-func (l *Limiter) Replay(ctx context.Context, batches []store.ReplayBatch) (results []store.ReplayResult, errs []error) {
+func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (results []store.ReplayResult, errs []error) {
 	results = make([]store.ReplayResult, len(batches))
 	errs = make([]error, len(batches))
 	client := l.client

@@ -46,14 +46,14 @@ const (
 )
 
 // ResetLogKey is the stream of resets, in the fleet's hash slot.
-func (l *Limiter) ResetLogKey() string { return "{" + l.prefix + ":fleet}:resets" }
+func (l *Store) ResetLogKey() string { return "{" + l.prefix + ":fleet}:resets" }
 
 // Reset lifts identity's limits under policies: it deletes the identity's
 // state under each of them (one DEL: the keys share the identity's hash
 // tag), then appends one entry per policy to the reset log. An error after
 // the delete says that the log was not written: the state is gone, but the
 // other instances were not told.
-func (l *Limiter) Reset(ctx context.Context, identity string, policies []ratelimit.Policy) error {
+func (l *Store) Reset(ctx context.Context, identity string, policies []ratelimit.Policy) error {
 	if err := ratelimit.ValidateKey(identity); err != nil {
 		return err
 	}
@@ -87,7 +87,7 @@ func (l *Limiter) Reset(ctx context.Context, identity string, policies []ratelim
 // the log ends ("0-0" when it is empty): an instance that starts holds
 // nothing a reset made before it could clear. An entry that does not parse
 // is skipped.
-func (l *Limiter) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity)) (string, error) {
+func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity)) (string, error) {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	res, err := readResetsScript.Run(callCtx, l.client, []string{l.ResetLogKey()}, after, ResetLogMax).Slice()

@@ -21,7 +21,7 @@ import (
 func TestFailoverLagIsRaised(t *testing.T) {
 	s := redistest.StartSentinel(t)
 	var ls []*resilient.Limiter
-	var stores []*redisstore.Limiter
+	var stores []*redisstore.Store
 	for i := range 2 {
 		client, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: s.SentinelAddrs(), MasterName: s.MasterName(), Timeout: time.Second, PoolSize: 4})
 		if err != nil {

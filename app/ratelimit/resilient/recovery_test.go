@@ -49,7 +49,7 @@ func recoveryConfig(name string) resilient.Config {
 
 // newStore returns a store configured as the service ships it: decisions
 // on a client with the limiter's timeout, replays on one of their own.
-func newStore(t testing.TB, addr string) *redisstore.Limiter {
+func newStore(t testing.TB, addr string) *redisstore.Store {
 	s, closeAll, err := shippedStore(addr)
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func newStore(t testing.TB, addr string) *redisstore.Limiter {
 	return s
 }
 
-func shippedStore(addr string) (*redisstore.Limiter, func(), error) {
+func shippedStore(addr string) (*redisstore.Store, func(), error) {
 	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{addr}, Timeout: fleetTimeout, PoolSize: 8})
 	if err != nil {
 		return nil, nil, err
@@ -235,12 +235,12 @@ func TestReplayLeavesExactUsage(t *testing.T) {
 // that timed out on a loaded machine before its scripts ran, is passed on
 // as it is: losing its acknowledgements would lose nothing.)
 type lossyStore struct {
-	*redisstore.Limiter
+	*redisstore.Store
 	lost atomic.Bool
 }
 
 func (s *lossyStore) Replay(ctx context.Context, b []store.ReplayBatch) ([]store.ReplayResult, []error) {
-	res, errs := s.Limiter.Replay(ctx, b)
+	res, errs := s.Store.Replay(ctx, b)
 	if !s.lost.Load() && !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
 		s.lost.Store(true)
 		for i := range errs {
@@ -254,7 +254,7 @@ func (s *lossyStore) Replay(ctx context.Context, b []store.ReplayBatch) ([]store
 // is sent again; the markers make Redis apply it once.
 func TestInterruptedReplayCountsOnce(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
-	rs := &lossyStore{Limiter: newStore(t, srv.Addr())}
+	rs := &lossyStore{Store: newStore(t, srv.Addr())}
 	l, err := resilient.New(rs, recoveryConfig("app1"))
 	if err != nil {
 		t.Fatal(err)
