@@ -370,7 +370,7 @@ func (l *Limiter) maybeClose(ctx context.Context) {
 
 // replayJournal folds the journal into the store: it starts a new epoch
 // (grants made meanwhile wait for the next pass), sends the older batches in
-// pipelines of ReplayBatch keys and clears each batch the store
+// pipelines of ReplayBatchKeys and clears each batch the store
 // acknowledged. It stops at the first batch the store could not take, so a
 // store that fails again mid-replay leaves the rest for the next attempt; the
 // markers make resending a batch harmless.
@@ -513,7 +513,7 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	return nil
 }
 
-// send sends batches to the store in pipelines of ReplayBatch, each within
+// send sends batches to the store in pipelines of ReplayBatchKeys, each within
 // ReplayTimeout, and hands each pipeline's acknowledged batches to ack, with
 // their results, as they come back, so progress is kept per batch. It stops
 // after the first pipeline with a failed batch (the store is failing again;
@@ -522,7 +522,7 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 func (l *Limiter) send(ctx context.Context, batches []store.ReplayBatch, ack func([]store.ReplayBatch, []store.ReplayResult)) (int, error) {
 	var done int
 	for len(batches) > 0 {
-		chunk := batches[:min(len(batches), l.cfg.ReplayBatch)]
+		chunk := batches[:min(len(batches), l.cfg.ReplayBatchKeys)]
 		batches = batches[len(chunk):]
 		callCtx, cancel := context.WithTimeout(ctx, l.cfg.ReplayTimeout)
 		results, errs := l.store.Replay(callCtx, chunk)

@@ -87,14 +87,14 @@ func (l *Limiter) restore(ctx context.Context, old, gen string) (raised bool, er
 	return false, nil
 }
 
-// raise sends floors to the store in pipelines of ReplayBatch keys, each
+// raise sends floors to the store in pipelines of ReplayBatchKeys, each
 // within ReplayTimeout, and returns the units put back. It stops at the
 // first pipeline with a failure; the caller retries the whole raise, which
 // is harmless (a max-merge).
 func (l *Limiter) raise(ctx context.Context, r store.Raiser, floors []store.Floor) (uint64, error) {
 	var units uint64
 	for len(floors) > 0 {
-		chunk := floors[:min(len(floors), l.cfg.ReplayBatch)]
+		chunk := floors[:min(len(floors), l.cfg.ReplayBatchKeys)]
 		floors = floors[len(chunk):]
 		callCtx, cancel := context.WithTimeout(ctx, l.cfg.ReplayTimeout)
 		raised, errs := r.Raise(callCtx, chunk)
