@@ -128,11 +128,11 @@ func (l *Store) Generation(ctx context.Context) (string, error) {
 	return f.Generation, err
 }
 
-// GenerationKey holds the data generation.
-func (l *Store) GenerationKey() string { return "{" + l.prefix + ":fleet}:generation" }
+// generationKey holds the data generation.
+func (l *Store) generationKey() string { return "{" + l.prefix + ":fleet}:generation" }
 
-// WritesKey holds the write counter that tells lost writes (lost.go).
-func (l *Store) WritesKey() string { return "{" + l.prefix + ":fleet}:writes" }
+// writesKey holds the write counter that tells lost writes (lost.go).
+func (l *Store) writesKey() string { return "{" + l.prefix + ":fleet}:writes" }
 
 // Leave removes instance's heartbeat (on a clean shutdown: a stopped
 // instance grants nothing, so nobody needs to hold its share).
@@ -162,7 +162,7 @@ func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.
 	defer cancel()
 	floors := l.seen.floors()
 	sent := time.Now()
-	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey(), l.WritesKey(), l.SyncKey()},
+	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.generationKey(), l.writesKey(), l.SyncKey()},
 		instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op), stage).Slice()
 	if err != nil {
 		return store.Fleet{}, classify(ctx, err)
@@ -191,7 +191,7 @@ func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.
 	// the round trip.
 	l.beatOffset.Store(now - (sent.UnixMicro() + recv.Sub(sent).Microseconds()/2))
 	l.beatOffsetKnown.Store(true)
-	if gen, err = l.checkCounter(callCtx, l.client, floors, "", l.GenerationKey(), gen, writes); err != nil {
+	if gen, err = l.checkCounter(callCtx, l.client, floors, "", l.generationKey(), gen, writes); err != nil {
 		return store.Fleet{}, err
 	}
 	return store.Fleet{Live: int(live), Suspect: int(suspect), Generation: gen, Now: now, Stages: stages}, nil

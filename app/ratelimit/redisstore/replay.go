@@ -47,9 +47,9 @@ var (
 // retry of the same batch (a restart after a crash mid-replay included).
 const MarkerTTL = time.Hour
 
-// MarkerKey returns the idempotency marker of a batch: in the key's own
+// markerKey returns the idempotency marker of a batch: in the key's own
 // slot, named by the batch's marker (instance and epoch) and the key.
-func (l *Store) MarkerKey(b store.ReplayBatch) string {
+func (l *Store) markerKey(b store.ReplayBatch) string {
 	return l.tag(b.Identity) + ":replay:" + b.Marker + ":" + b.Policy.Name + ":" + b.Policy.Fingerprint() + ":" + fmt.Sprintf("%x", b.Identity[:16])
 }
 
@@ -160,7 +160,7 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 			// own; the others' is a field of the state's hash.
 			mark := state
 			if b.Policy.Algorithm == ratelimit.SlidingWindowLog {
-				mark = l.MarkerKey(marked)
+				mark = l.markerKey(marked)
 			}
 			part := replayPart{batch: i, state: state, mark: mark, marker: marked.Marker, policy: b.Policy, grants: grants}
 			for _, g := range grants {
