@@ -16,15 +16,12 @@ package redisstore
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
 	"encoding/base64"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -32,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -151,8 +149,7 @@ type Store struct {
 	resend       int64 // the resend window, µs (WithResendWindow)
 	hooks        Hooks
 	now          func() time.Time // tests only; nil: Redis TIME
-	idBase       string
-	seq          atomic.Uint64
+	ids          *reqid.Minter    // for requests without an id
 	// beatOffset is Redis' clock minus this host's, µs, learned from the
 	// fleet script's replies (beatDeadline); beatOffsetKnown once one came.
 	beatOffset      atomic.Int64
@@ -226,9 +223,7 @@ func WithClock(now func() time.Time) Option { return func(l *Store) { l.now = no
 // New returns a Store using client, which may be a *redis.Client,
 // *redis.ClusterClient, *redis.Ring or any redis.UniversalClient.
 func New(client redis.Scripter, opts ...Option) *Store {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	l := &Store{client: client, prefix: "rl", idBase: hex.EncodeToString(b[:]) + ":", resend: DefaultResendWindow.Microseconds()}
+	l := &Store{client: client, prefix: "rl", ids: reqid.New(""), resend: DefaultResendWindow.Microseconds()}
 	for _, o := range opts {
 		o(l)
 	}
@@ -276,7 +271,7 @@ func (l *Store) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.De
 		return ratelimit.Decision{}, err
 	}
 	if req.ID == "" {
-		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+		req.ID = l.ids.Next()
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
@@ -483,7 +478,7 @@ func (l *Store) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ra
 			continue
 		}
 		if r.ID == "" {
-			r.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+			r.ID = l.ids.Next()
 		}
 		valid, at = append(valid, r), append(at, i)
 	}

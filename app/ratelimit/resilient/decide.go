@@ -9,7 +9,6 @@ import (
 	"errors"
 	"math"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
@@ -141,7 +140,7 @@ func (l *Limiter) prepare(req *ratelimit.Request) error {
 // whose journal keeps it as the member to replay.
 func (l *Limiter) withID(req ratelimit.Request) ratelimit.Request {
 	if req.ID == "" {
-		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+		req.ID = l.ids.Next()
 	}
 	return req
 }

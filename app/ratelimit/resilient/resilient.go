@@ -21,12 +21,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
@@ -44,9 +44,8 @@ type Limiter struct {
 	br      breaker
 	seeds   statekey.Seeds
 	journal *journal.Journal
-	seq     atomic.Uint64
-	idBase  string
-	replay  sync.Mutex // one replay at a time
+	ids     *reqid.Minter // for requests without an id
+	replay  sync.Mutex    // one replay at a time
 	// chargedThrough is the store time (µs) through which the last replay
 	// pass charged token bucket and GCRA shares (guarded by replay).
 	chargedThrough int64
@@ -125,7 +124,7 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 		return nil, err
 	}
 	l := &Limiter{store: backend, cfg: cfg, seeds: statekey.NewSeeds(), done: make(chan struct{}), clock: newLocalClock(cfg.Now())}
-	l.idBase = cfg.Instance + "-" + strconv.FormatInt(cfg.Now().UnixNano(), 36) + "-"
+	l.ids = reqid.New(cfg.Instance + "-")
 	keys, err := newKeyTable(cfg.KeyCapacity, l.evicted)
 	if err != nil {
 		return nil, fmt.Errorf("resilient: %w", err)
