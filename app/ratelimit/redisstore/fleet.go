@@ -24,8 +24,9 @@ func (l *Store) FleetKey() string { return "{" + l.prefix + ":fleet}:instances" 
 // Ping checks that Redis answers, within the limiter's timeout. When it
 // does, the decision scripts are loaded too: a Redis that was restarted has
 // an empty script cache, and without this every decision after the outage
-// paid EVALSHA, NOSCRIPT and EVAL of the whole script at once, a burst of
-// latency right when the fleet came back (CI's redis-flap and redis-wipe).
+// would pay EVALSHA, NOSCRIPT and EVAL of the whole script at once, a burst
+// of latency right when the fleet comes back (TestPingLoadsScripts,
+// TestScriptsReloadAfterFlush).
 func (l *Store) Ping(ctx context.Context) error {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
@@ -207,12 +208,12 @@ const staleBeatMargin = 100 * time.Millisecond
 // clock is known). A beat executed later was given up on by its caller, which
 // counted it as failed, and is not a beat. Where that happens: a partition
 // that drops packets (iptables, a cut link) and then heals. The timed-out
-// calls' data sat in the kernel's retransmission queues (go-redis closes a
+// calls' data sits in the kernel's retransmission queues (go-redis closes a
 // timed-out connection; the orphaned socket keeps retransmitting), and Redis
-// ran those beats when the packets got through: the instance, still
-// granting locally with its grants not yet replayed, counted as live again,
-// and the others stopped holding its share back (compose partition-one:
-// sliding window log over-admission 1.25 in recovery).
+// runs those beats when the packets get through: counted, they would make
+// the instance, still granting locally with its grants not yet replayed,
+// live again, and the others would stop holding its share back
+// (TestLateBeatIsNotABeat).
 func (l *Store) beatDeadline(ctx context.Context, op string) int64 {
 	d, ok := ctx.Deadline()
 	if op != "beat" || !ok || !l.beatOffsetKnown.Load() {

@@ -9,10 +9,9 @@
 // fixed whatever the client sends.
 package redisstore
 
-// The file is one piece because it is what a decision touches: the store
-// and its options, key naming, the script call and the parsing of its reply.
-// Fleet heartbeats, replay, pipelines and Cluster shards have their own
-// files.
+// This file: the store and its options, key naming, the script call and the
+// parsing of its reply. Fleet heartbeats, replay, pipelines and Cluster
+// shards have their own files.
 
 import (
 	"context"
@@ -97,11 +96,11 @@ func newScripts(src map[ratelimit.Algorithm]string) map[ratelimit.Algorithm]*red
 
 // loadScripts puts srcs in the script cache of every node in one round trip
 // per node: a pipeline of SCRIPT LOADs, to every master and replica of a
-// Cluster at once. Loading them one by one cost a probe a round trip per
-// script, and on a Cluster a reload of the slot map before each: past the
-// probe's 50 ms on a loaded host, so one instance recovered from a master
-// failover seconds after the others (master-failover-cluster: the others'
-// RecoveryWait ran out first, over-admission 1.14).
+// Cluster at once. Loaded one by one they would cost a probe a round trip
+// per script, and on a Cluster a reload of the slot map before each: past
+// the probe's timeout on a loaded host, so that an instance recovers after
+// the others' RecoveryWait and they decide in Redis before its grants are
+// replayed (TestPingLoadsScripts, TestBatchAfterScriptFlushLoadsOnce).
 func loadScripts(ctx context.Context, client redis.Scripter, srcs []string) error {
 	load := func(ctx context.Context, c redis.Cmdable) error {
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {

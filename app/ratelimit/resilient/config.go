@@ -21,7 +21,8 @@ type Config struct {
 	// answered (a refused connection, a refused write), at the threshold;
 	// for timeouts, only when nothing has succeeded for SlowWindow as well.
 	// A single refused call already sends the decisions after it to a
-	// local share while one call at a time probes the store.
+	// local share while one call at a time probes the store (not on a
+	// sharded store, where one master refusing says nothing of the others).
 	FailureThreshold int
 	// SlowWindow tells a slow store from a dead one (250 ms): calls that
 	// time out open the breaker only if no call or heartbeat has succeeded
