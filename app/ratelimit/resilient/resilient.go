@@ -1,9 +1,9 @@
 // Package resilient is a ratelimit.Limiter that stays correct while its
-// shared store is out. It wraps the store (redisstore) with a circuit breaker
-// and decides locally while the breaker is open: from a fallback budget that
-// is this instance's share of what the store last said was left, so the
-// fleet as a whole stays within the limit and polite clients are not
-// blocked.
+// shared store is out. It wraps the store (a store.Store: redisstore) with a
+// circuit breaker and decides locally while the breaker is open: from a
+// fallback budget that is this instance's share of what the store last said
+// was left, so the fleet as a whole stays within the limit and polite
+// clients are not blocked.
 //
 // The breaker opens after FailureThreshold consecutive failures, a failure
 // being an error or a call that outlived Timeout. While open no request
@@ -111,7 +111,7 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 
 type key = statekey.Key
 
-// New returns a Limiter wrapping store and starts its background loop
+// New returns a Limiter wrapping backend and starts its background loop
 // (heartbeats and, while open, probes). The store is not contacted
 // synchronously: an unreachable store at start is not an error.
 //
