@@ -21,10 +21,6 @@ var (
 	// ErrBadReply: the store answered something that is not a valid
 	// decision (a key of the wrong type, a reply of the wrong shape).
 	ErrBadReply = errors.New("unexpected reply from rate-limit store")
-	// ErrPending: the caller stopped waiting (its context ended) while the
-	// store still had the call; the store reports what became of it as a
-	// LateReply.
-	ErrPending = errors.New("rate-limit decision pending in the store")
 )
 
 // MaxKeyBytes bounds the length of a client identity. Longer keys are

@@ -72,6 +72,7 @@ import (
 	"net/netip"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 )
 
 // Header names read or written by the middleware.
@@ -318,7 +319,7 @@ func (m *Middleware) requestIDOf(r *http.Request, peerTrusted bool) (string, boo
 			return id, false
 		}
 	}
-	return newRequestID(), false
+	return reqid.Random(), false
 }
 
 type requestIDKey struct{}

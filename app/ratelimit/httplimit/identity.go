@@ -1,8 +1,6 @@
 package httplimit
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -173,12 +171,4 @@ func ValidRequestID(id string) bool {
 		}
 	}
 	return true
-}
-
-// newRequestID returns 32 random hex digits, the shape of nginx's
-// $request_id.
-func newRequestID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
-	return hex.EncodeToString(b[:])
 }

@@ -22,7 +22,7 @@ func TestRepeatedRequestID(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
 	now := time.Now()
-	store := redisstore.New(c, redisstore.WithResendWindow(2*time.Second), redisstore.WithClock(func() time.Time { return now }))
+	rs := redisstore.New(c, redisstore.WithResendWindow(2*time.Second), redisstore.WithClock(func() time.Time { return now }))
 	tests := []struct {
 		name   string
 		remote string
@@ -38,7 +38,7 @@ func TestRepeatedRequestID(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := ratelimit.Policy{Name: "ids-" + string(rune('a'+i)), Algorithm: ratelimit.SlidingWindowCounter, Limit: 10, Window: time.Hour}
-			mw := httplimit.New(store, append([]httplimit.Option{httplimit.WithTrustedProxies(prefixes("127.0.0.1/32"))}, tt.opts...)...)
+			mw := httplimit.New(rs, append([]httplimit.Option{httplimit.WithTrustedProxies(prefixes("127.0.0.1/32"))}, tt.opts...)...)
 			for j, want := range tt.want {
 				if j == len(tt.want)-1 {
 					now = now.Add(3 * time.Second)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // BenchmarkPendingAck is an instance's share of a drain of 100 000 keys: a
@@ -17,9 +18,9 @@ import (
 func BenchmarkPendingAck(b *testing.B) {
 	p := ratelimit.Policy{Name: "gcra", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}
 	const keys = 25_000
-	ids := make([]ratelimit.Identity, keys)
+	ids := make([]store.Identity, keys)
 	for i := range ids {
-		ids[i] = ratelimit.IdentityOf(fmt.Sprint("key-", i))
+		ids[i] = store.IdentityOf(fmt.Sprint("key-", i))
 	}
 	for b.Loop() {
 		b.StopTimer()
@@ -31,7 +32,7 @@ func BenchmarkPendingAck(b *testing.B) {
 			if err := j.AppendSnapshot(journal.Snapshot{Policy: p, Identity: id, N: 4}); err != nil {
 				b.Fatal(err)
 			}
-			if err := j.Append(p, id, ratelimit.Grant{At: int64(i), Cost: 1}); err != nil {
+			if err := j.Append(p, id, store.Grant{At: int64(i), Cost: 1}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -39,7 +40,7 @@ func BenchmarkPendingAck(b *testing.B) {
 		pending, _ := j.Pending(j.Rotate())
 		for len(pending) > 0 {
 			n := min(len(pending), 1000)
-			j.Ack(pending[:n], make([]ratelimit.ReplayResult, n))
+			j.Ack(pending[:n], make([]store.ReplayResult, n))
 			pending = pending[n:]
 		}
 		b.StopTimer()

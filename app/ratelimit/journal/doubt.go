@@ -7,12 +7,13 @@ import (
 	"fmt"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // AppendDoubt journals a local grant made for a request whose store call
 // timed out: the store may still decide it (see Journal). g.ID names it for
 // Resolve. Like Append, it returns ErrFull when the journal is full.
-func (j *Journal) AppendDoubt(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) error {
+func (j *Journal) AppendDoubt(p ratelimit.Policy, id store.Identity, g store.Grant) error {
 	if g.ID == "" {
 		return fmt.Errorf("journal: a doubt needs a request id")
 	}
@@ -33,7 +34,7 @@ func (j *Journal) AppendDoubt(p ratelimit.Policy, id ratelimit.Identity, g ratel
 	return j.writeLocked(j.buf)
 }
 
-func (j *Journal) addDoubtLocked(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) {
+func (j *Journal) addDoubtLocked(p ratelimit.Policy, id store.Identity, g store.Grant) {
 	if _, ok := j.doubts[g.ID]; ok {
 		return
 	}
@@ -51,12 +52,12 @@ func (j *Journal) addDoubtLocked(p ratelimit.Policy, id ratelimit.Identity, g ra
 // the request, and the grant goes (counted as present); otherwise it
 // becomes an ordinary grant, replayed with the others. It returns the
 // doubt's policy, identity and cost, and false when there is no such doubt.
-func (j *Journal) Resolve(reqID string, present bool) (ratelimit.Policy, ratelimit.Identity, int64, bool) {
+func (j *Journal) Resolve(reqID string, present bool) (ratelimit.Policy, store.Identity, int64, bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	d, ok := j.doubts[reqID]
 	if !ok {
-		return ratelimit.Policy{}, ratelimit.Identity{}, 0, false
+		return ratelimit.Policy{}, store.Identity{}, 0, false
 	}
 	j.resolveLocked(reqID, present, j.epoch)
 	if present {
@@ -86,7 +87,7 @@ func (j *Journal) resolveLocked(reqID string, present bool, epoch uint64) {
 	j.grants--
 	j.size--
 	if !present {
-		j.addLocked(epoch, d.policy.p, d.identity, ratelimit.Grant{At: d.grant.at, Cost: d.grant.cost, ID: reqID})
+		j.addLocked(epoch, d.policy.p, d.identity, store.Grant{At: d.grant.at, Cost: d.grant.cost, ID: reqID})
 		return
 	}
 	j.pruneKeyLocked(sk, ke)
@@ -112,7 +113,7 @@ func (j *Journal) settleLocked(reqID string) {
 // writeResolveLocked records the resolution of doubt reqID in the file.
 func (j *Journal) writeResolveLocked(reqID string, present bool) {
 	if j.f != nil {
-		j.buf = appendRecord(j.buf[:0], record{kind: 'R', epoch: j.epoch, grant: ratelimit.Grant{ID: reqID}, present: present})
+		j.buf = appendRecord(j.buf[:0], record{kind: 'R', epoch: j.epoch, grant: store.Grant{ID: reqID}, present: present})
 		_ = j.writeLocked(j.buf)
 	}
 }
@@ -138,7 +139,7 @@ func (j *Journal) ExpireDoubts(before int64) int64 {
 // policy p and identity id, counted as dropped: an operator lifted the
 // key's limit, so its usage is not to be replayed. It returns the units
 // dropped.
-func (j *Journal) Drop(p ratelimit.Policy, id ratelimit.Identity) int64 {
+func (j *Journal) Drop(p ratelimit.Policy, id store.Identity) int64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if len(j.keys) == 0 {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // ErrFull: the journal holds its maximum of grants and snapshots; the grant
@@ -30,7 +31,7 @@ var ErrFull = errors.New("journal: full")
 //
 // A grant made for a request whose store call timed out is a doubt: the
 // store may have decided the request all the same, and will say so (see
-// ratelimit.LateReply). A doubt is held, and counts toward the key, but is
+// store.LateReply). A doubt is held, and counts toward the key, but is
 // not replayed until it is resolved: dropped when the store had counted the
 // request, made an ordinary grant when it had not (or cannot say).
 //
@@ -87,7 +88,7 @@ type counters struct {
 type batchKey struct {
 	epoch    uint64
 	policy   string // name and fingerprint
-	identity ratelimit.Identity
+	identity store.Identity
 }
 
 // batch is one key's grants of one epoch, their times and costs in an
@@ -113,9 +114,9 @@ func (b *batch) units() uint64 {
 }
 
 // appendTo appends the batch's grants to dst.
-func (b *batch) appendTo(dst []ratelimit.Grant) []ratelimit.Grant {
+func (b *batch) appendTo(dst []store.Grant) []store.Grant {
 	for i, g := range b.grants {
-		rg := ratelimit.Grant{At: g.at, Cost: g.cost}
+		rg := store.Grant{At: g.at, Cost: g.cost}
 		if b.ids != nil {
 			rg.ID = b.ids[i]
 		}
@@ -128,7 +129,7 @@ func (b *batch) appendTo(dst []ratelimit.Grant) []ratelimit.Grant {
 // request (see Journal).
 type doubt struct {
 	policy   *policyRef
-	identity ratelimit.Identity
+	identity store.Identity
 	grant    grant
 }
 
@@ -141,7 +142,7 @@ type policyRef struct {
 // snapKey names a key: its policy (name and fingerprint) and identity.
 type snapKey struct {
 	policy   string
-	identity ratelimit.Identity
+	identity store.Identity
 }
 
 // keyEntry is what the journal holds of one key: the snapshot its local
@@ -169,14 +170,14 @@ type snapEntry struct {
 // restarted instance rebuilds the same share.
 type Snapshot struct {
 	Policy    ratelimit.Policy
-	Identity  ratelimit.Identity
+	Identity  store.Identity
 	State     ratelimit.State
 	Valid     bool // State holds a store reply
 	N         float64
 	Confirmed int64
 }
 
-func (s *snapEntry) snapshot(id ratelimit.Identity) Snapshot {
+func (s *snapEntry) snapshot(id store.Identity) Snapshot {
 	return Snapshot{Policy: s.policy.p, Identity: id, State: s.state, Valid: s.valid, N: s.n, Confirmed: s.confirmed}
 }
 
@@ -244,7 +245,7 @@ func (j *Journal) refLocked(p ratelimit.Policy) *policyRef {
 }
 
 // keyLocked returns the entry of the key (policy key, id), adding one.
-func (j *Journal) keyLocked(policy string, id ratelimit.Identity) *keyEntry {
+func (j *Journal) keyLocked(policy string, id store.Identity) *keyEntry {
 	k := snapKey{policy, id}
 	e := j.keys[k]
 	if e == nil {
@@ -266,7 +267,7 @@ func (j *Journal) pruneKeyLocked(k snapKey, e *keyEntry) {
 	delete(j.keys, k)
 }
 
-func (j *Journal) addLocked(epoch uint64, p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) {
+func (j *Journal) addLocked(epoch uint64, p ratelimit.Policy, id store.Identity, g store.Grant) {
 	ref := j.refLocked(p)
 	k := batchKey{epoch: epoch, policy: ref.key, identity: id}
 	b := j.batches[k]
@@ -330,7 +331,7 @@ func (j *Journal) fullLocked(cost int64) bool {
 // Append journals a local grant. It returns ErrFull when the journal is
 // full (the grant must be refused; it is counted as overflow), or the
 // file's write error; the grant stays in memory in the second case.
-func (j *Journal) Append(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant) error {
+func (j *Journal) Append(p ratelimit.Policy, id store.Identity, g store.Grant) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.fullLocked(g.Cost) {
@@ -379,7 +380,7 @@ func (j *Journal) Rotate() uint64 {
 // batch's key's latest snapshot (nil: none journaled, or the key is not a
 // token bucket's or GCRA's, whose replays alone use it). Doubts are not
 // among them until they are resolved.
-func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot) {
+func (j *Journal) Pending(through uint64) ([]store.ReplayBatch, []*Snapshot) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	n, grants := 0, 0
@@ -390,9 +391,9 @@ func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot)
 	}
 	// One array for every batch's grants (copies: the caller may sort
 	// them) and one marker string per epoch.
-	out := make([]ratelimit.ReplayBatch, 0, n)
+	out := make([]store.ReplayBatch, 0, n)
 	snaps := make([]*Snapshot, 0, n)
-	all := make([]ratelimit.Grant, 0, grants)
+	all := make([]store.Grant, 0, grants)
 	held := make([]Snapshot, 0, n) // the snapshots, in one array
 	markers := map[uint64]string{}
 	for k, b := range j.batches {
@@ -406,7 +407,7 @@ func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot)
 		}
 		start := len(all)
 		all = b.appendTo(all)
-		out = append(out, ratelimit.ReplayBatch{Policy: b.policy.p, Identity: k.identity, Marker: m, Grants: all[start:len(all):len(all)]})
+		out = append(out, store.ReplayBatch{Policy: b.policy.p, Identity: k.identity, Marker: m, Grants: all[start:len(all):len(all)]})
 		// Only the token bucket's and GCRA's replays net a key's grants
 		// against its share's snapshot.
 		var snap *Snapshot
@@ -424,7 +425,7 @@ func (j *Journal) Pending(through uint64) ([]ratelimit.ReplayBatch, []*Snapshot)
 // Ack removes batches the store applied (or refused as duplicates), with
 // their results (results[i] for batches[i]), and records them in the file in
 // one write, so a restart does not replay them again.
-func (j *Journal) Ack(batches []ratelimit.ReplayBatch, results []ratelimit.ReplayResult) {
+func (j *Journal) Ack(batches []store.ReplayBatch, results []store.ReplayResult) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.buf = j.buf[:0]

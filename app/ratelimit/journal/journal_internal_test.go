@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // A failed write (a full disk, a lost volume) is counted, not dropped
@@ -20,7 +21,7 @@ func TestJournalWriteErrorCounted(t *testing.T) {
 	j.mu.Unlock()
 	p := ratelimit.Policy{Name: "j", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Minute}
 	for i := range 3 {
-		if err := j.Append(p, ratelimit.IdentityOf("a"), ratelimit.Grant{At: int64(i), Cost: 1, ID: "r"}); err == nil {
+		if err := j.Append(p, store.IdentityOf("a"), store.Grant{At: int64(i), Cost: 1, ID: "r"}); err == nil {
 			t.Fatal("append to a closed file: no error")
 		}
 	}

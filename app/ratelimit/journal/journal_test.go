@@ -10,6 +10,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 var jp = ratelimit.Policy{Name: "j", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Minute}
@@ -20,11 +21,11 @@ func TestJournalSurvivesReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b := ratelimit.IdentityOf("a"), ratelimit.IdentityOf("b")
+	a, b := store.IdentityOf("a"), store.IdentityOf("b")
 	for i, g := range []struct {
-		id ratelimit.Identity
-		g  ratelimit.Grant
-	}{{a, ratelimit.Grant{At: 1, Cost: 1, ID: "r1"}}, {a, ratelimit.Grant{At: 2, Cost: 2, ID: "r2"}}, {b, ratelimit.Grant{At: 3, Cost: 1, ID: "r3"}}} {
+		id store.Identity
+		g  store.Grant
+	}{{a, store.Grant{At: 1, Cost: 1, ID: "r1"}}, {a, store.Grant{At: 2, Cost: 2, ID: "r2"}}, {b, store.Grant{At: 3, Cost: 1, ID: "r3"}}} {
 		if err := j.Append(jp, g.id, g.g); err != nil {
 			t.Fatalf("append %d: %v", i, err)
 		}
@@ -36,7 +37,7 @@ func TestJournalSurvivesReopen(t *testing.T) {
 	}
 	for _, p := range pending {
 		if p.Identity == b {
-			j.Ack([]ratelimit.ReplayBatch{p}, []ratelimit.ReplayResult{{Replayed: 1}})
+			j.Ack([]store.ReplayBatch{p}, []store.ReplayResult{{Replayed: 1}})
 		}
 	}
 	if err := j.Close(); err != nil {
@@ -72,9 +73,9 @@ func TestJournalAckEmptiesTheFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.Close()
-	_ = j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: 1, Cost: 1, ID: "r1"})
+	_ = j.Append(jp, store.IdentityOf("a"), store.Grant{At: 1, Cost: 1, ID: "r1"})
 	pending, _ := j.Pending(j.Rotate())
-	j.Ack(pending, make([]ratelimit.ReplayResult, len(pending)))
+	j.Ack(pending, make([]store.ReplayResult, len(pending)))
 	data, err := os.ReadFile(filepath.Join(dir, "journal.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +92,7 @@ func TestJournalOverflowIsCounted(t *testing.T) {
 	}
 	defer j.Close()
 	for i := range 5 {
-		err := j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: int64(i), Cost: 1, ID: "r"})
+		err := j.Append(jp, store.IdentityOf("a"), store.Grant{At: int64(i), Cost: 1, ID: "r"})
 		if (i >= 2) != (err == journal.ErrFull) {
 			t.Fatalf("append %d: %v", i, err)
 		}
@@ -110,8 +111,8 @@ func TestJournalSkipsDamage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b := ratelimit.IdentityOf("a"), ratelimit.IdentityOf("b")
-	_ = j.Append(jp, a, ratelimit.Grant{At: 1, Cost: 1, ID: "r1"})
+	a, b := store.IdentityOf("a"), store.IdentityOf("b")
+	_ = j.Append(jp, a, store.Grant{At: 1, Cost: 1, ID: "r1"})
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestJournalSkipsDamage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = j2.Append(jp, b, ratelimit.Grant{At: 2, Cost: 1, ID: "r2"})
+	_ = j2.Append(jp, b, store.Grant{At: 2, Cost: 1, ID: "r2"})
 	_ = j2.Close()
 	f, err = os.OpenFile(filepath.Join(dir, "journal.log"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
@@ -156,7 +157,7 @@ func TestJournalEpochsUniqueAcrossLifetimes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_ = j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: 1, Cost: 1, ID: "r"})
+		_ = j.Append(jp, store.IdentityOf("a"), store.Grant{At: 1, Cost: 1, ID: "r"})
 		pending, _ := j.Pending(j.Rotate())
 		for _, b := range pending {
 			if markers[b.Marker] {
@@ -196,7 +197,7 @@ func appendLine(t *testing.T, dir, s string) {
 func TestJournalRefusesATornLineThatParses(t *testing.T) {
 	dir := t.TempDir()
 	j := openJournal(t, dir, 0)
-	_ = j.Append(jp, ratelimit.IdentityOf("a"), ratelimit.Grant{At: 1, Cost: 1, ID: "request-0123456789"})
+	_ = j.Append(jp, store.IdentityOf("a"), store.Grant{At: 1, Cost: 1, ID: "request-0123456789"})
 	_ = j.Close()
 	data, err := os.ReadFile(filepath.Join(dir, "journal.log"))
 	if err != nil {
@@ -225,7 +226,7 @@ func TestJournalDoesNotAppendToATornLine(t *testing.T) {
 	_ = j.Close()
 	appendLine(t, dir, "G\t1\tj\tsliding_window_log\t10\t600")
 	j = openJournal(t, dir, 0)
-	_ = j.Append(jp, ratelimit.IdentityOf("b"), ratelimit.Grant{At: 2, Cost: 1, ID: "r2"})
+	_ = j.Append(jp, store.IdentityOf("b"), store.Grant{At: 2, Cost: 1, ID: "r2"})
 	_ = j.Close()
 	j = openJournal(t, dir, 0)
 	defer j.Close()
@@ -241,23 +242,23 @@ func TestJournalBoundsSnapshotsAndRefusesWhenFull(t *testing.T) {
 	j := openJournal(t, "", 4)
 	defer j.Close()
 	p := ratelimit.Policy{Name: "g", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Minute}
-	a, b := ratelimit.IdentityOf("a"), ratelimit.IdentityOf("b")
-	for _, id := range []ratelimit.Identity{a, b} {
+	a, b := store.IdentityOf("a"), store.IdentityOf("b")
+	for _, id := range []store.Identity{a, b} {
 		if err := j.AppendSnapshot(journal.Snapshot{Policy: p, Identity: id, N: 4}); err != nil {
 			t.Fatal(err)
 		}
-		if err := j.Append(p, id, ratelimit.Grant{At: 1, Cost: 1}); err != nil {
+		if err := j.Append(p, id, store.Grant{At: 1, Cost: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := j.Append(p, a, ratelimit.Grant{At: 2, Cost: 1}); err != journal.ErrFull {
+	if err := j.Append(p, a, store.Grant{At: 2, Cost: 1}); err != journal.ErrFull {
 		t.Fatalf("append to a full journal: %v, want ErrFull", err)
 	}
 	epoch := j.Rotate()
 	pending, _ := j.Pending(epoch)
 	for _, bt := range pending {
 		if bt.Identity == a {
-			j.Ack([]ratelimit.ReplayBatch{bt}, []ratelimit.ReplayResult{{}})
+			j.Ack([]store.ReplayBatch{bt}, []store.ReplayResult{{}})
 		}
 	}
 	if st := j.Stats(); st.Held != 2 || st.Overflow != 1 {
@@ -266,7 +267,7 @@ func TestJournalBoundsSnapshotsAndRefusesWhenFull(t *testing.T) {
 	if snap, _ := j.Key(p, a); snap != nil {
 		t.Fatalf("a's snapshot outlived its grants: %+v", snap)
 	}
-	if err := j.Append(p, a, ratelimit.Grant{At: 3, Cost: 1}); err != nil {
+	if err := j.Append(p, a, store.Grant{At: 3, Cost: 1}); err != nil {
 		t.Fatalf("append after the room was freed: %v", err)
 	}
 }
@@ -278,9 +279,9 @@ func TestJournalBoundsSnapshotsAndRefusesWhenFull(t *testing.T) {
 func TestJournalDoubts(t *testing.T) {
 	dir := t.TempDir()
 	j := openJournal(t, dir, 0)
-	a := ratelimit.IdentityOf("a")
+	a := store.IdentityOf("a")
 	for _, id := range []string{"d1", "d2", "d3"} {
-		if err := j.AppendDoubt(jp, a, ratelimit.Grant{At: 1, Cost: 1, ID: id}); err != nil {
+		if err := j.AppendDoubt(jp, a, store.Grant{At: 1, Cost: 1, ID: id}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -293,7 +294,7 @@ func TestJournalDoubts(t *testing.T) {
 	if len(pending) != 1 || len(pending[0].Grants) != 1 || pending[0].Grants[0].ID != "d2" {
 		t.Fatalf("pending %+v, want d2 alone", pending)
 	}
-	j.Ack(pending, []ratelimit.ReplayResult{{Replayed: 1}})
+	j.Ack(pending, []store.ReplayResult{{Replayed: 1}})
 	if st := j.Stats(); st.Present != 1 || st.Replayed != 1 || st.Pending != 1 || st.Doubts != 1 {
 		t.Fatalf("stats %+v, want d1 present, d2 replayed, d3 still a doubt", st)
 	}
@@ -307,7 +308,7 @@ func TestJournalDoubts(t *testing.T) {
 		if life == 1 && len(pending) != 0 {
 			t.Fatalf("second restart: pending %+v, want nothing (d3 was acknowledged)", pending)
 		}
-		results := make([]ratelimit.ReplayResult, len(pending))
+		results := make([]store.ReplayResult, len(pending))
 		for i := range results {
 			results[i].Replayed = int64(len(pending[i].Grants))
 		}

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // Len returns the number of grants held, doubts included.
@@ -18,7 +19,7 @@ func (j *Journal) Len() int {
 
 // Held returns the units the journal holds for the key of policy p and
 // identity id, doubts included: grants the store does not have (yet).
-func (j *Journal) Held(p ratelimit.Policy, id ratelimit.Identity) int64 {
+func (j *Journal) Held(p ratelimit.Policy, id store.Identity) int64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if len(j.keys) == 0 {
@@ -34,7 +35,7 @@ func (j *Journal) Held(p ratelimit.Policy, id ratelimit.Identity) int64 {
 // its snapshot (nil: none) and its grants, doubts included, in time order.
 // The resilient limiter rebuilds a key's local share from them when it has
 // forgotten the key (evicted it, or restarted).
-func (j *Journal) Key(p ratelimit.Policy, id ratelimit.Identity) (*Snapshot, []ratelimit.Grant) {
+func (j *Journal) Key(p ratelimit.Policy, id store.Identity) (*Snapshot, []store.Grant) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if len(j.keys) == 0 {
@@ -50,7 +51,7 @@ func (j *Journal) Key(p ratelimit.Policy, id ratelimit.Identity) (*Snapshot, []r
 		s := ke.snap.snapshot(id)
 		snap = &s
 	}
-	var grants []ratelimit.Grant
+	var grants []store.Grant
 	if ke.batches > 0 {
 		for epoch := range j.epochs {
 			if b := j.batches[batchKey{epoch: epoch, policy: ref.key, identity: id}]; b != nil {
@@ -61,11 +62,11 @@ func (j *Journal) Key(p ratelimit.Policy, id ratelimit.Identity) (*Snapshot, []r
 	if ke.doubts > 0 {
 		for reqID, d := range j.doubts {
 			if d.policy == ref && d.identity == id {
-				grants = append(grants, ratelimit.Grant{At: d.grant.at, Cost: d.grant.cost, ID: reqID})
+				grants = append(grants, store.Grant{At: d.grant.at, Cost: d.grant.cost, ID: reqID})
 			}
 		}
 	}
-	slices.SortFunc(grants, func(a, b ratelimit.Grant) int { return cmp.Compare(a.At, b.At) })
+	slices.SortFunc(grants, func(a, b store.Grant) int { return cmp.Compare(a.At, b.At) })
 	return snap, grants
 }
 
@@ -88,14 +89,14 @@ func (j *Journal) Stats() Stats {
 // Each calls fn for every grant held, doubts included, in time order, with
 // the key's snapshot if one was journaled (for rebuilding budgets after a
 // restart). fn runs without the journal's lock.
-func (j *Journal) Each(fn func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *Snapshot)) {
+func (j *Journal) Each(fn func(p ratelimit.Policy, id store.Identity, g store.Grant, s *Snapshot)) {
 	type item struct {
 		p  ratelimit.Policy
-		id ratelimit.Identity
-		g  ratelimit.Grant
+		id store.Identity
+		g  store.Grant
 		s  *Snapshot
 	}
-	snapOf := func(policy string, id ratelimit.Identity) *Snapshot {
+	snapOf := func(policy string, id store.Identity) *Snapshot {
 		if ke := j.keys[snapKey{policy, id}]; ke != nil && ke.snap != nil {
 			s := ke.snap.snapshot(id)
 			return &s
@@ -111,7 +112,7 @@ func (j *Journal) Each(fn func(p ratelimit.Policy, id ratelimit.Identity, g rate
 		}
 	}
 	for reqID, d := range j.doubts {
-		g := ratelimit.Grant{At: d.grant.at, Cost: d.grant.cost, ID: reqID}
+		g := store.Grant{At: d.grant.at, Cost: d.grant.cost, ID: reqID}
 		items = append(items, item{d.policy.p, d.identity, g, snapOf(d.policy.key, d.identity)})
 	}
 	j.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // record is one line of the journal file (see Journal for the format). One
@@ -22,9 +23,9 @@ type record struct {
 	// burst; A its name, with fingerprint.
 	policy      ratelimit.Policy
 	fingerprint string
-	identity    ratelimit.Identity // G, D, A, S
-	grant       ratelimit.Grant    // G, D; R: only the request id
-	present     bool               // R: the store had the doubtful grant
+	identity    store.Identity // G, D, A, S
+	grant       store.Grant    // G, D; R: only the request id
+	present     bool           // R: the store had the doubtful grant
 	// S: what the key's local share started from.
 	valid     bool
 	n         float64
@@ -183,7 +184,7 @@ func parseBody(line string) (record, error) {
 		if !ok || n[1] <= 0 {
 			return record{}, errRecord
 		}
-		r.grant = ratelimit.Grant{At: n[0], Cost: n[1], ID: f[10]}
+		r.grant = store.Grant{At: n[0], Cost: n[1], ID: f[10]}
 		if !requestID(f[10]) || (r.kind == 'D' && f[10] == "") {
 			return record{}, errRecord
 		}

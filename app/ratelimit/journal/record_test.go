@@ -10,17 +10,18 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 func sampleRecords() []record {
 	p := ratelimit.Policy{Name: "gcra", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second, Burst: 20}
-	id := ratelimit.IdentityOf("k:alice")
+	id := store.IdentityOf("k:alice")
 	st := ratelimit.State{Now: 1_700_000_000_000_000, Tokens: 5, TAT: 1_700_000_001_000_000, TATRem: 3, WindowStart: 9, Current: 2, Previous: 1}
 	st.Ages[3] = 4
 	return []record{
 		{kind: 'E', epoch: 42},
-		{kind: 'G', epoch: 42, policy: p, identity: id, grant: ratelimit.Grant{At: 1_700_000_000_500_000, Cost: 2, ID: "0b6e2f"}},
-		{kind: 'G', epoch: 42, policy: p, identity: id, grant: ratelimit.Grant{At: -1, Cost: 1}},
+		{kind: 'G', epoch: 42, policy: p, identity: id, grant: store.Grant{At: 1_700_000_000_500_000, Cost: 2, ID: "0b6e2f"}},
+		{kind: 'G', epoch: 42, policy: p, identity: id, grant: store.Grant{At: -1, Cost: 1}},
 		{kind: 'A', epoch: 42, policy: ratelimit.Policy{Name: p.Name}, fingerprint: p.Fingerprint(), identity: id},
 		{kind: 'S', epoch: 42, policy: p, identity: id, valid: true, n: 3.5, confirmed: 77, state: st},
 	}
@@ -71,7 +72,7 @@ func FuzzLoad(f *testing.F) {
 	f.Add([]byte("G\t1\tgcra\tgcra\t100\t10000000\t20\tzz\t1\t1\tx\n"))
 	f.Add(append([]byte("S\t1\t"), make([]byte, 3<<20)...))
 	last := sampleRecords()[2]
-	last.epoch, last.identity = 7, ratelimit.IdentityOf("k:after")
+	last.epoch, last.identity = 7, store.IdentityOf("k:after")
 	tail := appendRecord(nil, last)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	f.Fuzz(func(t *testing.T, data []byte) {

@@ -18,6 +18,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // DefaultCapacity is the number of keys held when no capacity is set.
@@ -79,7 +80,7 @@ func New(opts ...Option) *Limiter {
 	return l
 }
 
-func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) statekey.Key {
+func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id store.Identity) statekey.Key {
 	return l.seeds.Key(p, id)
 }
 
@@ -88,7 +89,7 @@ func (l *Limiter) Decide(_ context.Context, req ratelimit.Request) (ratelimit.De
 	if err := req.Validate(); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	return l.decideAt(l.keyOfIdentity(req.Policy, ratelimit.IdentityOf(req.Key)), req.Policy, l.now().UnixMicro(), req.Units(), req.Weight), nil
+	return l.decideAt(l.keyOfIdentity(req.Policy, store.IdentityOf(req.Key)), req.Policy, l.now().UnixMicro(), req.Units(), req.Weight), nil
 }
 
 // decideAt applies a validated policy to key at time now (µs since the
@@ -133,8 +134,8 @@ const maxMarkers = 16
 // transitions as the Redis replay scripts, each batch at most once per key
 // (the last maxMarkers markers of a key are remembered). It makes memstore a
 // complete twin of the Redis store for tests.
-func (l *Limiter) Replay(_ context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
-	results, errs := make([]ratelimit.ReplayResult, len(batches)), make([]error, len(batches))
+func (l *Limiter) Replay(_ context.Context, batches []store.ReplayBatch) ([]store.ReplayResult, []error) {
+	results, errs := make([]store.ReplayResult, len(batches)), make([]error, len(batches))
 	now := l.now().UnixMicro()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -188,7 +189,7 @@ func (l *Limiter) Reset(_ context.Context, identity string, policies []ratelimit
 			return err
 		}
 	}
-	id := ratelimit.IdentityOf(identity)
+	id := store.IdentityOf(identity)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, p := range policies {

@@ -82,7 +82,7 @@ type scriptCall struct {
 // slot on a Cluster (and on a single client whose server refused keys of
 // several slots in one call: a one-node Cluster, l.perSlot), and its hash
 // tag on any other client (a Ring shards by tag).
-func (l *Limiter) groupOf() func(key string) int {
+func (l *Store) groupOf() func(key string) int {
 	switch l.client.(type) {
 	case *redis.Client:
 		if !l.perSlot.Load() {
@@ -120,7 +120,7 @@ func hashTag(key string) string {
 // into script calls: a group of one request is its algorithm's own script,
 // a larger one the batch script (in calls of at most maxBatch), each in the
 // requests' order.
-func (l *Limiter) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []*scriptCall {
+func (l *Store) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []*scriptCall {
 	keys := make([]string, len(reqs))
 	groups := map[int][]int{}
 	var order []int
@@ -163,7 +163,7 @@ func (l *Limiter) scriptCalls(reqs []ratelimit.Request, which []int, now int64) 
 // batch script (scriptCalls). A script Redis does not have cached (after a
 // restart or a SCRIPT FLUSH) is loaded and only the calls that failed for
 // it are sent again, so nothing is counted twice.
-func (l *Limiter) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+func (l *Store) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
 	if len(reqs) == 1 { // a lone call: a plain command costs less than a pipeline
 		ds[0], errs[0] = l.decideOne(ctx, reqs[0])

@@ -46,7 +46,7 @@ func mixedRound(round int) []ratelimit.Request {
 }
 
 // decideOneByOne decides reqs with l, one call each, in order.
-func decideOneByOne(l *redisstore.Limiter, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+func decideOneByOne(l *redisstore.Store, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
 	for i, r := range reqs {
 		ds[i], errs[i] = l.Decide(context.Background(), r)

@@ -30,7 +30,7 @@ type ClientConfig struct {
 	// PoolSize is the number of connections per node. Default 64.
 	PoolSize int
 	// LateReplies is how long a reply is still read after its caller's
-	// deadline (Limiter.OnLate): the client's read timeout is Timeout plus
+	// deadline (Store.OnLate): the client's read timeout is Timeout plus
 	// this, and every call is bounded by its context instead. 0: none.
 	LateReplies time.Duration
 }
@@ -79,41 +79,38 @@ func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
 	o.MaxRetries = -1
 	// One redirect, not go-redis' three: a MOVED or ASK is still followed
 	// once, but a connection error (the EOF of a killed master, then its
-	// refused dial) is retried once on the same node and then returned. With
-	// three, the Cluster client retried with back-off until the deadline,
-	// and a dead master's refusal came back as a timeout: heartbeats need
-	// three of those in a row to open the breaker, so the instances went on
-	// deciding in Redis for 0.36-0.45 s after a master died, taking places
-	// their peers' local shares had counted free (native shard-wipe:
-	// sliding window log over-admission up to 1.16). Fewer retries also
-	// mean fewer decisions counted twice.
+	// refused dial) is retried once on the same node and then returned.
+	// With three, the Cluster client retries with back-off until the
+	// deadline, and a dead master's refusal comes back as a timeout, of
+	// which heartbeats need three in a row to open the breaker: meanwhile
+	// the instances decide in Redis and take places their peers' local
+	// shares counted free (TestClusterDeadMasterFailsAtOnce). Fewer
+	// retries also mean fewer decisions counted twice.
 	o.MaxRedirects = 1
-	// That one retry goes at once: a back-off (10-20 ms by default) before
-	// it, and before the layout's re-read, took a heartbeat past its 50 ms.
+	// That one retry goes at once: go-redis' default back-off before it,
+	// and before the layout's re-read, can outlast a heartbeat's timeout
+	// (TestClusterDeadMasterFailsAtOnce).
 	o.MinRetryBackoff = -1
 	o.DialTimeout = max(timeout, 250*time.Millisecond)
 	// One dial per attempt, not five 100 ms apart: a refused dial (Redis'
 	// process is down) fails the call at once with the refusal, which opens
-	// the breaker at once. With five, go-redis slept between them until the
-	// call's deadline, and the refusal came back as a timeout (a Cluster
-	// decision on a SIGKILLed master took 835 ms to say "connection
-	// refused" with a 1 s deadline). The limiter tries again by itself, at
-	// the next heartbeat or probe.
+	// the breaker at once. With five, go-redis sleeps between them until
+	// the call's deadline, and the refusal comes back as a timeout
+	// (TestClusterDeadMasterFailsAtOnce). The limiter tries again by
+	// itself, at the next heartbeat or probe.
 	o.DialerRetries = 1
 	o.ReadTimeout = timeout + max(c.LateReplies, 0)
 	o.WriteTimeout = timeout
 	o.PoolTimeout = timeout
 	o.ContextTimeoutEnabled = true
 	o.PoolSize = pool
-	// No idle connections kept warm: while Redis is unreachable, go-redis
-	// refills them in the background (each refill was then a chain of five
-	// dials of DialTimeout), and once PoolSize dials have failed it fails
-	// every new dial at once with the last error until its own prober
-	// (once a second) gets through. On the compose stack (a dead container's address drops
-	// packets) the refills reached that count within a 15 s outage: after
-	// Redis returned, the probe's ping was answered and the replay's new
-	// connections failed "dial tcp ...: i/o timeout" for 1-2 s, so recovery
-	// took 1.2-2.3 s (three runs); without the refills, 0.24 s.
+	// No idle connections kept warm: while Redis is unreachable go-redis
+	// refills them in the background, and once PoolSize dials have failed
+	// it fails every new dial at once with the last error until its own
+	// prober (once a second) gets through, which holds a recovered
+	// instance's replay off after Redis is back. The limiter opens
+	// connections itself, at start and when a probe succeeds
+	// (resilient's Warm; TestWarm, TestRecoveryWarmsThePool).
 	o.MinIdleConns = 0
 	o.DisableIdentity = true
 	o.Dialer = newDialer(o.DialTimeout, o.TLSConfig).DialContext

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // WithCoalescing makes concurrent decisions share pipelines, so that many
@@ -29,7 +30,7 @@ import (
 // flight, the latest of them sent more than a tenth of the store's timeout
 // ago (at least 2 ms), sends one more, up to 16 × n (TestSlowPipelinesDoNotQueue).
 func WithCoalescing(n int) Option {
-	return func(l *Limiter) {
+	return func(l *Store) {
 		if n > 0 {
 			l.co = &coalescer{max: n, send: l.pipeline, timeout: l.timeout}
 		}
@@ -37,7 +38,7 @@ func WithCoalescing(n int) Option {
 }
 
 // OnLate makes the store report what becomes of every decision whose caller
-// stopped waiting before its answer came (see ratelimit.LateReply): fn is
+// stopped waiting before its answer came (see store.LateReply): fn is
 // called once for each such request, from the goroutine that read the
 // pipeline, as soon as its fate is known: the reply itself when it comes
 // within window after the caller's deadline, else an error. It needs
@@ -48,7 +49,7 @@ func WithCoalescing(n int) Option {
 // A decision that times out on the client has often run in Redis all the
 // same (a slow Redis applies every call and answers late): with OnLate the
 // caller learns that it did, and what Redis answered, instead of guessing.
-func (l *Limiter) OnLate(window time.Duration, fn func(ratelimit.LateReply)) bool {
+func (l *Store) OnLate(window time.Duration, fn func(store.LateReply)) bool {
 	if l.co == nil || fn == nil {
 		return false
 	}
@@ -64,7 +65,7 @@ type coalescer struct {
 	// late, if set, is told the fate of calls their callers gave up on
 	// (OnLate); the pipelines then read replies for window past the last
 	// caller's deadline.
-	late   func(ratelimit.LateReply)
+	late   func(store.LateReply)
 	window time.Duration
 
 	mu       sync.Mutex
@@ -146,7 +147,7 @@ func (c *coalescer) do(ctx context.Context, reqs []ratelimit.Request) ([]ratelim
 		errs := make([]error, len(reqs))
 		for i := range errs {
 			if c.late != nil {
-				errs[i] = fmt.Errorf("redisstore: %w: %w", ctx.Err(), ratelimit.ErrPending)
+				errs[i] = fmt.Errorf("redisstore: %w: %w", ctx.Err(), store.ErrPending)
 			} else {
 				errs[i] = fmt.Errorf("redisstore: %w", ctx.Err())
 			}
@@ -190,7 +191,7 @@ func (c *coalescer) answer(cl *call, ds []ratelimit.Decision, errs []error, sent
 		return
 	}
 	for i, r := range cl.reqs {
-		lr := ratelimit.LateReply{Request: r, Err: errs[i], NotSent: !sent}
+		lr := store.LateReply{Request: r, Err: errs[i], NotSent: !sent}
 		if lr.Err == nil {
 			lr.Decision = ds[i]
 		}

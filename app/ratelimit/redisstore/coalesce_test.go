@@ -15,6 +15,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/conformance"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // roundTrips counts the commands and pipelines a client sends.
@@ -47,7 +48,7 @@ func TestCoalescing(t *testing.T) {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "co", Algorithm: alg, Limit: 500, Window: time.Hour}
 			var rt roundTrips
-			var ls []*redisstore.Limiter
+			var ls []*redisstore.Store
 			for range 4 {
 				c := newClient(t, srv.Addr())
 				c.AddHook(&rt)
@@ -252,7 +253,7 @@ func TestLateRepliesAccountForEveryDecision(t *testing.T) {
 		late        = map[string]int{}
 		lateAllowed int
 	)
-	if !l.OnLate(5*time.Second, func(r ratelimit.LateReply) {
+	if !l.OnLate(5*time.Second, func(r store.LateReply) {
 		mu.Lock()
 		defer mu.Unlock()
 		late[r.Request.ID]++
@@ -282,7 +283,7 @@ func TestLateRepliesAccountForEveryDecision(t *testing.T) {
 				switch {
 				case err == nil && d.Allowed:
 					callerAllowed.Add(1)
-				case errors.Is(err, ratelimit.ErrPending):
+				case errors.Is(err, store.ErrPending):
 					pending.Add(1)
 					pendingIDs.Store(id, true)
 				case err == nil:

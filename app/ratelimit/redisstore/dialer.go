@@ -15,11 +15,10 @@ const knownHostLookup = 50 * time.Millisecond
 // dialer dials Redis by name and remembers the last address each name
 // resolved to. When Redis restarts in a container, Docker's DNS forgets
 // its name while it is down and may answer slowly or not at all for a
-// while after: without a memory, every reconnect waits for that lookup
-// (seen: recovery held 3.3 s by "lookup redis: i/o timeout"). With one, a
-// lookup of a known name gets knownHostLookup, and the last address is
-// tried when the lookup fails or is slow. A name that moved resolves anew
-// at the next dial.
+// while after: without a memory, every reconnect waits for that lookup, up
+// to the dial timeout (TestDialerSurvivesDNS). With one, a lookup of a
+// known name gets knownHostLookup, and the last address is tried when the
+// lookup fails or is slow. A name that moved resolves anew at the next dial.
 type dialer struct {
 	net    net.Dialer
 	lookup func(ctx context.Context, host string) ([]string, error)

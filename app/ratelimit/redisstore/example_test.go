@@ -21,12 +21,12 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	store := redisstore.New(client)
+	backend := redisstore.New(client)
 
 	ctx := context.Background()
 	login := ratelimit.Policy{Name: "login", Algorithm: ratelimit.SlidingWindowLog, Limit: 2, Window: time.Minute}
 	for range 3 {
-		d, err := store.Decide(ctx, ratelimit.Request{Policy: login, Key: "user-42"})
+		d, err := backend.Decide(ctx, ratelimit.Request{Policy: login, Key: "user-42"})
 		if err != nil {
 			fmt.Println(err) // fail open or closed: the caller's choice
 			return
@@ -36,11 +36,11 @@ func Example() {
 
 	// Lift the limit (the service's POST /admin/reset), then ask without
 	// counting.
-	if err := store.Reset(ctx, "user-42", []ratelimit.Policy{login}); err != nil {
+	if err := backend.Reset(ctx, "user-42", []ratelimit.Policy{login}); err != nil {
 		fmt.Println(err)
 		return
 	}
-	d, err := store.Decide(ctx, ratelimit.Request{Policy: login, Key: "user-42", ReadOnly: true})
+	d, err := backend.Decide(ctx, ratelimit.Request{Policy: login, Key: "user-42", ReadOnly: true})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 //go:embed lua/fleet.lua
@@ -18,14 +19,15 @@ var fleetScript = redis.NewScript(fleetLua)
 
 // FleetKey is the sorted set of instance heartbeats. It has a hash tag of its
 // own, so in a Cluster it lives on one slot.
-func (l *Limiter) FleetKey() string { return "{" + l.prefix + ":fleet}:instances" }
+func (l *Store) FleetKey() string { return "{" + l.prefix + ":fleet}:instances" }
 
 // Ping checks that Redis answers, within the limiter's timeout. When it
 // does, the decision scripts are loaded too: a Redis that was restarted has
 // an empty script cache, and without this every decision after the outage
-// paid EVALSHA, NOSCRIPT and EVAL of the whole script at once, a burst of
-// latency right when the fleet came back (CI's redis-flap and redis-wipe).
-func (l *Limiter) Ping(ctx context.Context) error {
+// would pay EVALSHA, NOSCRIPT and EVAL of the whole script at once, a burst
+// of latency right when the fleet comes back (TestPingLoadsScripts,
+// TestScriptsReloadAfterFlush).
+func (l *Store) Ping(ctx context.Context) error {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	var err error
@@ -49,7 +51,7 @@ func (l *Limiter) Ping(ctx context.Context) error {
 // the first decisions after a start do not each pay a dial: the client keeps
 // no idle connections warm on its own (see ClientConfig.Options). A Cluster
 // client, whose pools are per node, is left alone. Best effort.
-func (l *Limiter) Warm(ctx context.Context, n int) {
+func (l *Store) Warm(ctx context.Context, n int) {
 	c, ok := l.client.(*redis.Client)
 	if !ok {
 		return
@@ -80,7 +82,7 @@ func (l *Limiter) Warm(ctx context.Context, n int) {
 // generation (see Generation) and Redis' clock. If the fleet's part
 // answered and a Cluster master's generation did not, the counts come back
 // with the error.
-func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (ratelimit.Fleet, error) {
+func (l *Store) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (store.Fleet, error) {
 	return l.HeartbeatStage(ctx, instance, ttl, grace, "")
 }
 
@@ -89,7 +91,7 @@ func (l *Limiter) Heartbeat(ctx context.Context, instance string, ttl, grace tim
 // instance's. The resilient limiter's recovery waits on them: an instance
 // decides in Redis again only once every live one has replayed what it
 // granted locally.
-func (l *Limiter) HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (ratelimit.Fleet, error) {
+func (l *Store) HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
 	f, err := l.fleet(ctx, instance, "beat", ttl, grace, stage)
 	if err != nil {
 		return f, err
@@ -99,7 +101,7 @@ func (l *Limiter) HeartbeatStage(ctx context.Context, instance string, ttl, grac
 
 // shardGeneration replaces *gen with the per-range generations on a Cluster
 // (shards.go).
-func (l *Limiter) shardGeneration(ctx context.Context, gen *string) error {
+func (l *Store) shardGeneration(ctx context.Context, gen *string) error {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	g, cluster, err := l.clusterGeneration(callCtx)
@@ -118,7 +120,7 @@ func (l *Limiter) shardGeneration(ctx context.Context, gen *string) error {
 // instance that Redis forgot what was granted before the outage. On a
 // Cluster it is one generation per slot range, so that a master that loses
 // its data alone is noticed too (shards.go).
-func (l *Limiter) Generation(ctx context.Context) (string, error) {
+func (l *Store) Generation(ctx context.Context) (string, error) {
 	f, err := l.fleet(ctx, "-", "peek", time.Second, time.Second, "")
 	if err != nil {
 		return "", err
@@ -127,15 +129,15 @@ func (l *Limiter) Generation(ctx context.Context) (string, error) {
 	return f.Generation, err
 }
 
-// GenerationKey holds the data generation.
-func (l *Limiter) GenerationKey() string { return "{" + l.prefix + ":fleet}:generation" }
+// generationKey holds the data generation.
+func (l *Store) generationKey() string { return "{" + l.prefix + ":fleet}:generation" }
 
-// WritesKey holds the write counter that tells lost writes (lost.go).
-func (l *Limiter) WritesKey() string { return "{" + l.prefix + ":fleet}:writes" }
+// writesKey holds the write counter that tells lost writes (lost.go).
+func (l *Store) writesKey() string { return "{" + l.prefix + ":fleet}:writes" }
 
 // Leave removes instance's heartbeat (on a clean shutdown: a stopped
 // instance grants nothing, so nobody needs to hold its share).
-func (l *Limiter) Leave(ctx context.Context, instance string, ttl, grace time.Duration) error {
+func (l *Store) Leave(ctx context.Context, instance string, ttl, grace time.Duration) error {
 	_, err := l.fleet(ctx, instance, "leave", ttl, grace, "")
 	return err
 }
@@ -145,30 +147,30 @@ func (l *Limiter) Leave(ctx context.Context, instance string, ttl, grace time.Du
 // after its heartbeat lapses. On a Cluster with one master down, the fleet
 // key's master often still answers while the instances go local one after
 // the other.
-func (l *Limiter) Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
+func (l *Store) Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
 	_, err := l.fleet(ctx, instance, "suspend", ttl, grace, "")
 	return err
 }
 
 // SyncKey holds the instances' recovery stages (HeartbeatStage).
-func (l *Limiter) SyncKey() string { return "{" + l.prefix + ":fleet}:sync" }
+func (l *Store) SyncKey() string { return "{" + l.prefix + ":fleet}:sync" }
 
-func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration, stage string) (ratelimit.Fleet, error) {
+func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
 	if err := ratelimit.ValidateKey(instance); err != nil {
-		return ratelimit.Fleet{}, err
+		return store.Fleet{}, err
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	floors := l.seen.floors()
 	sent := time.Now()
-	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.GenerationKey(), l.WritesKey(), l.SyncKey()},
+	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.generationKey(), l.writesKey(), l.SyncKey()},
 		instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op), stage).Slice()
 	if err != nil {
-		return ratelimit.Fleet{}, classify(ctx, err)
+		return store.Fleet{}, classify(ctx, err)
 	}
 	recv := time.Now()
 	if len(res) != 6 {
-		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
+		return store.Fleet{}, fmt.Errorf("%w: fleet reply of %d elements", ratelimit.ErrBadReply, len(res))
 	}
 	rawStages, ok6 := res[5].([]any)
 	stages := make([]string, len(rawStages))
@@ -184,16 +186,16 @@ func (l *Limiter) fleet(ctx context.Context, instance, op string, ttl, grace tim
 	gen, ok4 := res[3].(string)
 	writes, ok5 := res[4].(int64)
 	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || live < 0 || suspect < 0 || now <= 0 {
-		return ratelimit.Fleet{}, fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
+		return store.Fleet{}, fmt.Errorf("%w: fleet reply %v", ratelimit.ErrBadReply, res)
 	}
 	// Redis' clock against this host's, the reply taken as the middle of
 	// the round trip.
 	l.beatOffset.Store(now - (sent.UnixMicro() + recv.Sub(sent).Microseconds()/2))
 	l.beatOffsetKnown.Store(true)
-	if gen, err = l.checkCounter(callCtx, l.client, floors, "", l.GenerationKey(), gen, writes); err != nil {
-		return ratelimit.Fleet{}, err
+	if gen, err = l.checkCounter(callCtx, l.client, floors, "", l.generationKey(), gen, writes); err != nil {
+		return store.Fleet{}, err
 	}
-	return ratelimit.Fleet{Live: int(live), Suspect: int(suspect), Generation: gen, Now: now, Stages: stages}, nil
+	return store.Fleet{Live: int(live), Suspect: int(suspect), Generation: gen, Now: now, Stages: stages}, nil
 }
 
 // staleBeatMargin is how long after its caller's deadline a heartbeat may
@@ -206,13 +208,13 @@ const staleBeatMargin = 100 * time.Millisecond
 // clock is known). A beat executed later was given up on by its caller, which
 // counted it as failed, and is not a beat. Where that happens: a partition
 // that drops packets (iptables, a cut link) and then heals. The timed-out
-// calls' data sat in the kernel's retransmission queues (go-redis closes a
+// calls' data sits in the kernel's retransmission queues (go-redis closes a
 // timed-out connection; the orphaned socket keeps retransmitting), and Redis
-// ran those beats when the packets got through: the instance, still
-// granting locally with its grants not yet replayed, counted as live again,
-// and the others stopped holding its share back (compose partition-one:
-// sliding window log over-admission 1.25 in recovery).
-func (l *Limiter) beatDeadline(ctx context.Context, op string) int64 {
+// runs those beats when the packets get through: counted, they would make
+// the instance, still granting locally with its grants not yet replayed,
+// live again, and the others would stop holding its share back
+// (TestLateBeatIsNotABeat).
+func (l *Store) beatDeadline(ctx context.Context, op string) int64 {
 	d, ok := ctx.Deadline()
 	if op != "beat" || !ok || !l.beatOffsetKnown.Load() {
 		return 0
@@ -220,7 +222,7 @@ func (l *Limiter) beatDeadline(ctx context.Context, op string) int64 {
 	return (d.Add(staleBeatMargin).UnixMicro() + l.beatOffset.Load()) / 1000
 }
 
-func (l *Limiter) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+func (l *Store) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if l.timeout > 0 {
 		return context.WithTimeout(ctx, l.timeout)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // Lost writes. A Redis that restarts empty gets a new data generation (the
@@ -93,14 +94,14 @@ func (s *seenWrites) floors() map[string]seenCounter {
 
 // LostWrites counts the times this instance found that Redis had lost
 // writes it acknowledged (a write counter that went back).
-func (l *Limiter) LostWrites() uint64 { return l.seen.lost.Load() }
+func (l *Store) LostWrites() uint64 { return l.seen.lost.Load() }
 
 // checkCounter records the write counter n that shard answered under gen,
 // to a call sent when the counters answered were floors, and returns the
 // shard's generation: gen, or a new "lag-" one if n is not above the
 // counter answered under gen before the call was sent (the shard lost
 // writes).
-func (l *Limiter) checkCounter(ctx context.Context, client redis.Scripter, floors map[string]seenCounter, shard, genKey, gen string, n int64) (string, error) {
+func (l *Store) checkCounter(ctx context.Context, client redis.Scripter, floors map[string]seenCounter, shard, genKey, gen string, n int64) (string, error) {
 	floor, known := floors[shard]
 	if !known || floor.gen != gen || n > floor.n {
 		l.seen.mu.Lock()
@@ -137,34 +138,34 @@ func randomHex() string {
 // masters kept their data. A range that did not exist before (the slots were
 // resharded) is not taken as lost: putting its keys' usage back on top of
 // what they hold would charge them twice.
-func (l *Limiter) Loss(old, new string) func(p ratelimit.Policy, id ratelimit.Identity) ratelimit.Loss {
-	kind := ratelimit.LossNone
+func (l *Store) Loss(old, new string) func(p ratelimit.Policy, id store.Identity) store.Loss {
+	kind := store.LossNone
 	if old != new {
-		kind = ratelimit.LossAll
+		kind = store.LossAll
 		if strings.HasPrefix(new, lagPrefix) {
-			kind = ratelimit.LossRecent
+			kind = store.LossRecent
 		}
 	}
 	before, ok1 := parseShards(old)
 	after, ok2 := parseShards(new)
 	if !ok1 || !ok2 {
-		return func(ratelimit.Policy, ratelimit.Identity) ratelimit.Loss { return kind }
+		return func(ratelimit.Policy, store.Identity) store.Loss { return kind }
 	}
 	type span struct {
 		first, last int
-		loss        ratelimit.Loss
+		loss        store.Loss
 	}
 	var changed []span
 	for r, g := range after {
 		if was, ok := before[r]; ok && was != g {
-			s := span{first: r[0], last: r[1], loss: ratelimit.LossAll}
+			s := span{first: r[0], last: r[1], loss: store.LossAll}
 			if strings.HasPrefix(g, lagPrefix) {
-				s.loss = ratelimit.LossRecent
+				s.loss = store.LossRecent
 			}
 			changed = append(changed, s)
 		}
 	}
-	return func(_ ratelimit.Policy, id ratelimit.Identity) ratelimit.Loss {
+	return func(_ ratelimit.Policy, id store.Identity) store.Loss {
 		tag := l.tag(id)
 		s := slot(tag[1 : len(tag)-1])
 		for _, r := range changed {
@@ -172,15 +173,15 @@ func (l *Limiter) Loss(old, new string) func(p ratelimit.Policy, id ratelimit.Id
 				return r.loss
 			}
 		}
-		return ratelimit.LossNone
+		return store.LossNone
 	}
 }
 
-// Raise raises keys to their floors (see ratelimit.Floor) in one pipeline
+// Raise raises keys to their floors (see store.Floor) in one pipeline
 // on the replay client, and returns the units each got back (0: it held its
 // floor already). Raising is a max-merge, so a floor sent twice, or several
 // instances' floors of one key, leave the key as the highest of them.
-func (l *Limiter) Raise(ctx context.Context, floors []ratelimit.Floor) ([]int64, []error) {
+func (l *Store) Raise(ctx context.Context, floors []store.Floor) ([]int64, []error) {
 	raised := make([]int64, len(floors))
 	errs := make([]error, len(floors))
 	client := l.client

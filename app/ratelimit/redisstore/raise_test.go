@@ -8,6 +8,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // TestRaiseIsAMaxMerge: a key that Redis set back to an earlier state (as a
@@ -22,7 +23,7 @@ func TestRaiseIsAMaxMerge(t *testing.T) {
 	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.SlidingWindowCounter, ratelimit.SlidingWindowLog} {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "raise", Algorithm: alg, Limit: 20, Window: 24 * time.Hour}
-			decide := func(n int) ratelimit.Floor {
+			decide := func(n int) store.Floor {
 				t.Helper()
 				var d ratelimit.Decision
 				for range n {
@@ -31,7 +32,7 @@ func TestRaiseIsAMaxMerge(t *testing.T) {
 						t.Fatalf("%+v %v", d, err)
 					}
 				}
-				return ratelimit.Floor{Policy: p, Identity: ratelimit.IdentityOf("k"), State: d.State}
+				return store.Floor{Policy: p, Identity: store.IdentityOf("k"), State: d.State}
 			}
 			key := l.Key(p, "k")
 			f5 := decide(5)
@@ -45,11 +46,11 @@ func TestRaiseIsAMaxMerge(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, c := range []struct {
-				floors []ratelimit.Floor
+				floors []store.Floor
 				want   []int64
 			}{
-				{[]ratelimit.Floor{f8}, []int64{3}},
-				{[]ratelimit.Floor{f8, f5}, []int64{0, 0}}, // again, and an older floor
+				{[]store.Floor{f8}, []int64{3}},
+				{[]store.Floor{f8, f5}, []int64{0, 0}}, // again, and an older floor
 			} {
 				got, errs := l.Raise(ctx, c.floors)
 				for j := range got {

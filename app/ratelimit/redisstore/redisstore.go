@@ -9,22 +9,18 @@
 // fixed whatever the client sends.
 package redisstore
 
-// The file is one piece because it is what a decision touches: the store
-// and its options, key naming, the script call and the parsing of its reply.
-// Fleet heartbeats, replay, pipelines and Cluster shards have their own
-// files.
+// This file: the store and its options, key naming, the script call and the
+// parsing of its reply. Fleet heartbeats, replay, pipelines and Cluster
+// shards have their own files.
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
 	"encoding/base64"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -32,6 +28,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // TagBuckets is the number of hash tags identities are spread over.
@@ -98,11 +96,11 @@ func newScripts(src map[ratelimit.Algorithm]string) map[ratelimit.Algorithm]*red
 
 // loadScripts puts srcs in the script cache of every node in one round trip
 // per node: a pipeline of SCRIPT LOADs, to every master and replica of a
-// Cluster at once. Loading them one by one cost a probe a round trip per
-// script, and on a Cluster a reload of the slot map before each: past the
-// probe's 50 ms on a loaded host, so one instance recovered from a master
-// failover seconds after the others (master-failover-cluster: the others'
-// RecoveryWait ran out first, over-admission 1.14).
+// Cluster at once. Loaded one by one they would cost a probe a round trip
+// per script, and on a Cluster a reload of the slot map before each: past
+// the probe's timeout on a loaded host, so that an instance recovers after
+// the others' RecoveryWait and they decide in Redis before its grants are
+// replayed (TestPingLoadsScripts, TestBatchAfterScriptFlushLoadsOnce).
 func loadScripts(ctx context.Context, client redis.Scripter, srcs []string) error {
 	load := func(ctx context.Context, c redis.Cmdable) error {
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -137,9 +135,9 @@ type Hooks struct {
 	OnError func(req ratelimit.Request, err error, latency time.Duration)
 }
 
-// Limiter is a ratelimit.Limiter backed by Redis. It is safe for concurrent
-// use. Use New.
-type Limiter struct {
+// Store is a ratelimit.Limiter backed by Redis, and the store.Store that
+// resilient.New wraps. It is safe for concurrent use. Use New.
+type Store struct {
 	client redis.Scripter
 	// replayClient carries replays and restores (default: client). Its
 	// own timeouts let a pipeline of thousands of batches take longer
@@ -150,8 +148,7 @@ type Limiter struct {
 	resend       int64 // the resend window, µs (WithResendWindow)
 	hooks        Hooks
 	now          func() time.Time // tests only; nil: Redis TIME
-	idBase       string
-	seq          atomic.Uint64
+	ids          *reqid.Minter    // for requests without an id
 	// beatOffset is Redis' clock minus this host's, µs, learned from the
 	// fleet script's replies (beatDeadline); beatOffsetKnown once one came.
 	beatOffset      atomic.Int64
@@ -167,17 +164,17 @@ type Limiter struct {
 	seen    seenWrites  // the write counters last seen (lost.go)
 }
 
-var _ ratelimit.Limiter = (*Limiter)(nil)
+var _ ratelimit.Limiter = (*Store)(nil)
 
-// Option configures a Limiter.
-type Option func(*Limiter)
+// Option configures a Store.
+type Option func(*Store)
 
 // WithPrefix sets the key prefix inside the hash tag (default "rl").
-func WithPrefix(p string) Option { return func(l *Limiter) { l.prefix = p } }
+func WithPrefix(p string) Option { return func(l *Store) { l.prefix = p } }
 
 // WithTimeout bounds each decision's round trip (default: none beyond the
 // caller's context and the client's own timeouts).
-func WithTimeout(d time.Duration) Option { return func(l *Limiter) { l.timeout = d } }
+func WithTimeout(d time.Duration) Option { return func(l *Store) { l.timeout = d } }
 
 // WithReplayClient sends replays (Replay) through c instead of the
 // decisions' client. go-redis bounds every socket read by the client's
@@ -185,7 +182,7 @@ func WithTimeout(d time.Duration) Option { return func(l *Limiter) { l.timeout =
 // fails as a whole, so a client tuned for 50 ms decisions cannot carry a
 // replay of thousands of keys: give replays a client whose timeouts are
 // the replay budget (see ClientConfig.Timeout).
-func WithReplayClient(c redis.Scripter) Option { return func(l *Limiter) { l.replayClient = c } }
+func WithReplayClient(c redis.Scripter) Option { return func(l *Store) { l.replayClient = c } }
 
 // DefaultResendWindow is the resend window of WithResendWindow when none is
 // given. A proxy resends a request only within a bounded time of its first
@@ -207,7 +204,7 @@ const DefaultResendWindow = 3 * time.Second
 // client that picks its own ids (a misconfigured proxy passing them through)
 // gets for free.
 func WithResendWindow(d time.Duration) Option {
-	return func(l *Limiter) {
+	return func(l *Store) {
 		if d > 0 {
 			l.resend = d.Microseconds()
 		}
@@ -215,19 +212,17 @@ func WithResendWindow(d time.Duration) Option {
 }
 
 // WithHooks installs observation hooks.
-func WithHooks(h Hooks) Option { return func(l *Limiter) { l.hooks = h } }
+func WithHooks(h Hooks) Option { return func(l *Store) { l.hooks = h } }
 
 // WithClock makes the scripts use now() instead of Redis TIME. For tests
 // only: in production the time must come from Redis, or instances with
 // skewed clocks would disagree.
-func WithClock(now func() time.Time) Option { return func(l *Limiter) { l.now = now } }
+func WithClock(now func() time.Time) Option { return func(l *Store) { l.now = now } }
 
-// New returns a Limiter using client, which may be a *redis.Client,
+// New returns a Store using client, which may be a *redis.Client,
 // *redis.ClusterClient, *redis.Ring or any redis.UniversalClient.
-func New(client redis.Scripter, opts ...Option) *Limiter {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	l := &Limiter{client: client, prefix: "rl", idBase: hex.EncodeToString(b[:]) + ":", resend: DefaultResendWindow.Microseconds()}
+func New(client redis.Scripter, opts ...Option) *Store {
+	l := &Store{client: client, prefix: "rl", ids: reqid.New(""), resend: DefaultResendWindow.Microseconds()}
 	for _, o := range opts {
 		o(l)
 	}
@@ -240,7 +235,7 @@ func New(client redis.Scripter, opts ...Option) *Limiter {
 	return l
 }
 
-func (l *Limiter) tag(sum [32]byte) string {
+func (l *Store) tag(sum [32]byte) string {
 	n := binary.BigEndian.Uint16(sum[16:18]) % TagBuckets
 	b := make([]byte, 0, len(l.prefix)+8)
 	b = append(append(append(b, '{'), l.prefix...), ':')
@@ -251,22 +246,22 @@ func (l *Limiter) tag(sum [32]byte) string {
 // Key returns the Redis key holding policy p's state for identity: the
 // identity's tag, the policy name and fingerprint, and a hash of the
 // identity.
-func (l *Limiter) Key(p ratelimit.Policy, identity string) string {
-	return l.keyOf(p, ratelimit.IdentityOf(identity))
+func (l *Store) Key(p ratelimit.Policy, identity string) string {
+	return l.keyOf(p, store.IdentityOf(identity))
 }
 
-func (l *Limiter) keyOf(p ratelimit.Policy, id ratelimit.Identity) string {
+func (l *Store) keyOf(p ratelimit.Policy, id store.Identity) string {
 	return l.keyWith(p.Name, p.Fingerprint(), id)
 }
 
 // keyWith is keyOf with the policy's fingerprint computed.
-func (l *Limiter) keyWith(name, fingerprint string, id ratelimit.Identity) string {
+func (l *Store) keyWith(name, fingerprint string, id store.Identity) string {
 	return l.tag(id) + ":" + name + ":" + fingerprint + ":" + base64.RawURLEncoding.EncodeToString(id[:16])
 }
 
 // Decide makes one decision in one round trip (with WithCoalescing, in a
 // pipeline shared with the concurrent calls).
-func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+func (l *Store) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 	if l.co != nil {
 		ds, errs := l.DecideBatch(ctx, []ratelimit.Request{req})
 		return ds[0], errs[0]
@@ -275,7 +270,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 		return ratelimit.Decision{}, err
 	}
 	if req.ID == "" {
-		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+		req.ID = l.ids.Next()
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
@@ -284,7 +279,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 
 // decideOne sends one valid request (with an ID) as a single EVALSHA
 // (EVAL after a NOSCRIPT), within ctx.
-func (l *Limiter) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 	callCtx := ctx
 	var now int64
 	if l.now != nil {
@@ -466,7 +461,7 @@ func isNetError(err error) bool {
 // error are what Decide would return for it. A script Redis does not have
 // cached (after a restart or a SCRIPT FLUSH) is loaded and only the calls
 // that failed for it are sent again, so nothing is counted twice.
-func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+func (l *Store) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
 	_, pipelines := l.client.(redis.Cmdable)
 	if !pipelines || (len(reqs) == 1 && l.co == nil) {
@@ -482,7 +477,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			continue
 		}
 		if r.ID == "" {
-			r.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+			r.ID = l.ids.Next()
 		}
 		valid, at = append(valid, r), append(at, i)
 	}

@@ -109,7 +109,7 @@ func TestConformance(t *testing.T) {
 
 // hammer sends requests for one key through several limiters, from many
 // goroutines, for d, and returns the grants in Redis time order.
-func hammer(t *testing.T, limiters []*redisstore.Limiter, p ratelimit.Policy, key string, d time.Duration) []int64 {
+func hammer(t *testing.T, limiters []*redisstore.Store, p ratelimit.Policy, key string, d time.Duration) []int64 {
 	t.Helper()
 	var (
 		mu     sync.Mutex
@@ -187,7 +187,7 @@ func TestInstancesShareOnlyRedis(t *testing.T) {
 	for _, alg := range ratelimit.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "fleet", Algorithm: alg, Limit: 20, Window: 500 * time.Millisecond}
-			var ls []*redisstore.Limiter
+			var ls []*redisstore.Store
 			for range 4 {
 				ls = append(ls, redisstore.New(newClient(t, srv.Addr())))
 			}
@@ -209,7 +209,7 @@ func TestCluster(t *testing.T) {
 	for _, alg := range ratelimit.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "cl", Algorithm: alg, Limit: 20, Window: 500 * time.Millisecond}
-			var ls []*redisstore.Limiter
+			var ls []*redisstore.Store
 			for range 3 {
 				c := redis.NewClusterClient(cl.ClusterOptions())
 				t.Cleanup(func() { _ = c.Close() })
@@ -612,12 +612,11 @@ func TestResentRequestCountsOnce(t *testing.T) {
 // TestClusterDeadMasterFailsAtOnce: with the shipped client, a heartbeat and
 // a decision that reach a Cluster master that was just SIGKILLed fail with
 // the refusal, not with their deadline. A refused heartbeat opens the
-// breaker at once; a timed-out one only at the third in a row. go-redis'
-// Cluster client retried a dead node's EOF and refused dials three times
-// with back-off until the 50 ms deadline, so the instances stayed in Redis
-// 0.36-0.45 s after the kill and took places their peers' local shares had
-// counted free (native shard-wipe: sliding window log over-admission up to
-// 1.16 in fault).
+// breaker at once; a timed-out one only at the third in a row. With
+// go-redis' default retries (a dead node's EOF and refused dials retried
+// three times with back-off until the deadline) the refusal would come back
+// as a timeout, and the instances would go on deciding in Redis while their
+// peers' local shares counted those places free.
 func TestClusterDeadMasterFailsAtOnce(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: cl.Addrs(), Cluster: true, Timeout: 50 * time.Millisecond})

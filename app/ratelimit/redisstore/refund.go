@@ -27,7 +27,7 @@ var algorithmArg = map[ratelimit.Algorithm]string{
 // after its caller had stopped waiting and answered it otherwise (the
 // resilient limiter's late replies): send it once, never again, for a
 // refund that timed out may have been applied.
-func (l *Limiter) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
+func (l *Store) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
 	if err := req.Validate(); err != nil {
 		return 0, err
 	}

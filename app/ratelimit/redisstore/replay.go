@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 var (
@@ -46,9 +47,9 @@ var (
 // retry of the same batch (a restart after a crash mid-replay included).
 const MarkerTTL = time.Hour
 
-// MarkerKey returns the idempotency marker of a batch: in the key's own
+// markerKey returns the idempotency marker of a batch: in the key's own
 // slot, named by the batch's marker (instance and epoch) and the key.
-func (l *Limiter) MarkerKey(b ratelimit.ReplayBatch) string {
+func (l *Store) markerKey(b store.ReplayBatch) string {
 	return l.tag(b.Identity) + ":replay:" + b.Marker + ":" + b.Policy.Name + ":" + b.Policy.Fingerprint() + ":" + fmt.Sprintf("%x", b.Identity[:16])
 }
 
@@ -80,7 +81,7 @@ type replayPart struct {
 	state, mark string // the keys
 	marker      string // the batch's (part's) marker
 	policy      ratelimit.Policy
-	grants      []ratelimit.Grant
+	grants      []store.Grant
 	units       int64
 }
 
@@ -100,8 +101,8 @@ type replayCall struct {
 // comes back with Duplicate set and changes nothing; a batch of which only
 // some parts had been applied (a pipeline that failed part-way) applies the
 // rest and reports the others' units as DuplicateUnits.
-func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (results []ratelimit.ReplayResult, errs []error) {
-	results = make([]ratelimit.ReplayResult, len(batches))
+func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (results []store.ReplayResult, errs []error) {
+	results = make([]store.ReplayResult, len(batches))
 	errs = make([]error, len(batches))
 	client := l.client
 	if l.replayClient != nil {
@@ -159,7 +160,7 @@ func (l *Limiter) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) (
 			// own; the others' is a field of the state's hash.
 			mark := state
 			if b.Policy.Algorithm == ratelimit.SlidingWindowLog {
-				mark = l.MarkerKey(marked)
+				mark = l.markerKey(marked)
 			}
 			part := replayPart{batch: i, state: state, mark: mark, marker: marked.Marker, policy: b.Policy, grants: grants}
 			for _, g := range grants {
@@ -253,17 +254,17 @@ func loadReplayScripts(ctx context.Context, client redis.Scripter) error {
 	return nil
 }
 
-func parseReplay(res []any) (ratelimit.ReplayResult, error) {
+func parseReplay(res []any) (store.ReplayResult, error) {
 	if len(res) != 4 {
-		return ratelimit.ReplayResult{}, fmt.Errorf("%w: replay reply of %d elements", ratelimit.ErrBadReply, len(res))
+		return store.ReplayResult{}, fmt.Errorf("%w: replay reply of %d elements", ratelimit.ErrBadReply, len(res))
 	}
 	var v [4]int64
 	for i, x := range res {
 		n, ok := x.(int64)
 		if !ok || n < 0 {
-			return ratelimit.ReplayResult{}, fmt.Errorf("%w: replay reply %v", ratelimit.ErrBadReply, res)
+			return store.ReplayResult{}, fmt.Errorf("%w: replay reply %v", ratelimit.ErrBadReply, res)
 		}
 		v[i] = n
 	}
-	return ratelimit.ReplayResult{Replayed: v[0], Dropped: v[1], Present: v[2], Duplicate: v[3] == 1}, nil
+	return store.ReplayResult{Replayed: v[0], Dropped: v[1], Present: v[2], Duplicate: v[3] == 1}, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // TestReplayVectors runs the replay table against the Lua replay scripts.
@@ -37,8 +38,8 @@ func TestReplayVectors(t *testing.T) {
 				step(s, fmt.Sprint("before-", j))
 			}
 			now = vectors.T0 + c.At
-			batch := ratelimit.ReplayBatch{Policy: c.Policy, Identity: ratelimit.IdentityOf(key), Marker: "i1:1", Grants: c.AbsGrants()}
-			res, errs := l.Replay(context.Background(), []ratelimit.ReplayBatch{batch})
+			batch := store.ReplayBatch{Policy: c.Policy, Identity: store.IdentityOf(key), Marker: "i1:1", Grants: c.AbsGrants()}
+			res, errs := l.Replay(context.Background(), []store.ReplayBatch{batch})
 			if errs[0] != nil {
 				t.Fatal(errs[0])
 			}
@@ -46,12 +47,12 @@ func TestReplayVectors(t *testing.T) {
 				t.Errorf("replay: %+v, want %+v", res[0], c.Result)
 			}
 			// The same batch again (a retry) changes nothing.
-			res, errs = l.Replay(context.Background(), []ratelimit.ReplayBatch{batch})
+			res, errs = l.Replay(context.Background(), []store.ReplayBatch{batch})
 			var units int64
 			for _, g := range batch.Grants {
 				units += g.Cost
 			}
-			if errs[0] != nil || res[0] != (ratelimit.ReplayResult{Duplicate: true, DuplicateUnits: units}) {
+			if errs[0] != nil || res[0] != (store.ReplayResult{Duplicate: true, DuplicateUnits: units}) {
 				t.Fatalf("second replay: %+v %v, want a duplicate", res[0], errs[0])
 			}
 			for j, s := range c.After {
@@ -79,11 +80,11 @@ func TestReplayDoesNotCountARequestTwice(t *testing.T) {
 		t.Fatal(d, err)
 	}
 	at := d.State.Now
-	b := ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf("k"), Marker: "app1:7", Grants: []ratelimit.Grant{
+	b := store.ReplayBatch{Policy: p, Identity: store.IdentityOf("k"), Marker: "app1:7", Grants: []store.Grant{
 		{At: at + 1000, Cost: 1, ID: "req-1"}, {At: at + 2000, Cost: 1, ID: "req-2"},
 	}}
-	res, errs := l.Replay(ctx, []ratelimit.ReplayBatch{b})
-	if errs[0] != nil || res[0] != (ratelimit.ReplayResult{Replayed: 1, Present: 1}) {
+	res, errs := l.Replay(ctx, []store.ReplayBatch{b})
+	if errs[0] != nil || res[0] != (store.ReplayResult{Replayed: 1, Present: 1}) {
 		t.Fatalf("replay: %+v %v, want 1 replayed and 1 present", res[0], errs[0])
 	}
 	members, err := c.ZRange(ctx, l.Key(p, "k"), 0, -1).Result()
@@ -102,10 +103,10 @@ func TestReplayPipelinesManyKeys(t *testing.T) {
 	l := redisstore.New(newClient(t, srv.Addr()))
 	p := ratelimit.Policy{Name: "many", Algorithm: ratelimit.SlidingWindowCounter, Limit: 100, Window: time.Minute}
 	now := time.Now().UnixMicro()
-	batches := make([]ratelimit.ReplayBatch, 20_000)
+	batches := make([]store.ReplayBatch, 20_000)
 	for i := range batches {
-		batches[i] = ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf(fmt.Sprint("k", i)), Marker: "app1:1",
-			Grants: []ratelimit.Grant{{At: now, Cost: 1, ID: fmt.Sprint("r", i)}}}
+		batches[i] = store.ReplayBatch{Policy: p, Identity: store.IdentityOf(fmt.Sprint("k", i)), Marker: "app1:1",
+			Grants: []store.Grant{{At: now, Cost: 1, ID: fmt.Sprint("r", i)}}}
 	}
 	start := time.Now()
 	res, errs := l.Replay(context.Background(), batches)
@@ -137,10 +138,10 @@ func BenchmarkReplay100kKeys(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		now := time.Now().UnixMicro()
 		for start := 0; start < keys; start += 1000 {
-			batches := make([]ratelimit.ReplayBatch, 1000)
+			batches := make([]store.ReplayBatch, 1000)
 			for k := range batches {
-				batches[k] = ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf(fmt.Sprint("k", start+k)), Marker: fmt.Sprint("bench:", i),
-					Grants: []ratelimit.Grant{{At: now, Cost: 1, ID: fmt.Sprint("r", i)}}}
+				batches[k] = store.ReplayBatch{Policy: p, Identity: store.IdentityOf(fmt.Sprint("k", start+k)), Marker: fmt.Sprint("bench:", i),
+					Grants: []store.Grant{{At: now, Cost: 1, ID: fmt.Sprint("r", i)}}}
 			}
 			if _, errs := l.Replay(context.Background(), batches); errs[0] != nil {
 				b.Fatal(errs[0])
@@ -160,19 +161,19 @@ func TestReplayBoundsWorkPerCall(t *testing.T) {
 	l := redisstore.New(c, redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
 	p := ratelimit.Policy{Name: "hot", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: time.Second}
 	const n = 2500
-	grants := make([]ratelimit.Grant, n)
+	grants := make([]store.Grant, n)
 	for i := range grants {
-		grants[i] = ratelimit.Grant{At: vectors.T0 + int64(i)*20_000, Cost: 1, ID: fmt.Sprint("g", i)}
+		grants[i] = store.Grant{At: vectors.T0 + int64(i)*20_000, Cost: 1, ID: fmt.Sprint("g", i)}
 	}
-	batch := ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf("hot"), Marker: "i1:7", Grants: grants}
+	batch := store.ReplayBatch{Policy: p, Identity: store.IdentityOf("hot"), Marker: "i1:7", Grants: grants}
 	ctx := context.Background()
 	calls := func() int64 { return commandCalls(t, c, "evalsha") }
 	before := calls()
-	res, errs := l.Replay(ctx, []ratelimit.ReplayBatch{batch})
+	res, errs := l.Replay(ctx, []store.ReplayBatch{batch})
 	if errs[0] != nil {
 		t.Fatal(errs[0])
 	}
-	if want := (ratelimit.ReplayResult{Replayed: n}); res[0] != want {
+	if want := (store.ReplayResult{Replayed: n}); res[0] != want {
 		t.Fatalf("replay: %+v, want %+v", res[0], want)
 	}
 	if got, want := calls()-before, int64((n+redisstore.MaxReplayGrants-1)/redisstore.MaxReplayGrants); got != want {
@@ -186,8 +187,8 @@ func TestReplayBoundsWorkPerCall(t *testing.T) {
 	if got, want := fmt.Sprintln(st...), fmt.Sprintln(twin.Tokens, twin.Last); got != want {
 		t.Errorf("state (tokens, last) %q, want the twin's %q", got, want)
 	}
-	res, errs = l.Replay(ctx, []ratelimit.ReplayBatch{batch})
-	if errs[0] != nil || res[0] != (ratelimit.ReplayResult{Duplicate: true, DuplicateUnits: n}) {
+	res, errs = l.Replay(ctx, []store.ReplayBatch{batch})
+	if errs[0] != nil || res[0] != (store.ReplayResult{Duplicate: true, DuplicateUnits: n}) {
 		t.Fatalf("second replay: %+v %v, want all %d units duplicate", res[0], errs[0], n)
 	}
 }
@@ -208,15 +209,15 @@ func TestReplayHasItsOwnClient(t *testing.T) {
 		return c
 	}
 	p := ratelimit.Policy{Name: "many", Algorithm: ratelimit.SlidingWindowLog, Limit: 1000, Window: time.Minute}
-	batches := func(marker string) []ratelimit.ReplayBatch {
+	batches := func(marker string) []store.ReplayBatch {
 		now := time.Now().UnixMicro()
-		out := make([]ratelimit.ReplayBatch, 1000)
+		out := make([]store.ReplayBatch, 1000)
 		for i := range out {
-			g := make([]ratelimit.Grant, 100)
+			g := make([]store.Grant, 100)
 			for j := range g {
-				g[j] = ratelimit.Grant{At: now - int64(j)*1000, Cost: 1, ID: fmt.Sprint(marker, i, "-", j)}
+				g[j] = store.Grant{At: now - int64(j)*1000, Cost: 1, ID: fmt.Sprint(marker, i, "-", j)}
 			}
-			out[i] = ratelimit.ReplayBatch{Policy: p, Identity: ratelimit.IdentityOf(fmt.Sprint("k", i)), Marker: marker, Grants: g}
+			out[i] = store.ReplayBatch{Policy: p, Identity: store.IdentityOf(fmt.Sprint("k", i)), Marker: marker, Grants: g}
 		}
 		return out
 	}

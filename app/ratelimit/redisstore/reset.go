@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // Resets. An operator lifts one identity's limits under some policies
@@ -45,21 +46,21 @@ const (
 )
 
 // ResetLogKey is the stream of resets, in the fleet's hash slot.
-func (l *Limiter) ResetLogKey() string { return "{" + l.prefix + ":fleet}:resets" }
+func (l *Store) ResetLogKey() string { return "{" + l.prefix + ":fleet}:resets" }
 
 // Reset lifts identity's limits under policies: it deletes the identity's
 // state under each of them (one DEL: the keys share the identity's hash
 // tag), then appends one entry per policy to the reset log. An error after
 // the delete says that the log was not written: the state is gone, but the
 // other instances were not told.
-func (l *Limiter) Reset(ctx context.Context, identity string, policies []ratelimit.Policy) error {
+func (l *Store) Reset(ctx context.Context, identity string, policies []ratelimit.Policy) error {
 	if err := ratelimit.ValidateKey(identity); err != nil {
 		return err
 	}
 	if len(policies) == 0 {
 		return fmt.Errorf("%w: no policy to reset", ratelimit.ErrInvalidRequest)
 	}
-	id := ratelimit.IdentityOf(identity)
+	id := store.IdentityOf(identity)
 	keys := make([]string, len(policies))
 	args := []any{ResetLogMax, ResetLogTTL.Milliseconds(), hex.EncodeToString(id[:]), len(policies)}
 	for i, p := range policies {
@@ -86,7 +87,7 @@ func (l *Limiter) Reset(ctx context.Context, identity string, policies []ratelim
 // the log ends ("0-0" when it is empty): an instance that starts holds
 // nothing a reset made before it could clear. An entry that does not parse
 // is skipped.
-func (l *Limiter) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, ratelimit.Identity)) (string, error) {
+func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity)) (string, error) {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	res, err := readResetsScript.Run(callCtx, l.client, []string{l.ResetLogKey()}, after, ResetLogMax).Slice()
@@ -123,20 +124,20 @@ func (l *Limiter) ReadResets(ctx context.Context, after string, apply func(ratel
 }
 
 // parseReset reads one reset log entry's fields (lua/reset.lua).
-func parseReset(fields []any) (ratelimit.Policy, ratelimit.Identity, bool) {
+func parseReset(fields []any) (ratelimit.Policy, store.Identity, bool) {
 	f := make(map[string]string, len(fields)/2)
 	for i := 0; i+1 < len(fields); i += 2 {
 		k, ok1 := fields[i].(string)
 		v, ok2 := fields[i+1].(string)
 		if !ok1 || !ok2 {
-			return ratelimit.Policy{}, ratelimit.Identity{}, false
+			return ratelimit.Policy{}, store.Identity{}, false
 		}
 		f[k] = v
 	}
-	var id ratelimit.Identity
+	var id store.Identity
 	b, err := hex.DecodeString(f["id"])
 	if err != nil || len(b) != len(id) {
-		return ratelimit.Policy{}, ratelimit.Identity{}, false
+		return ratelimit.Policy{}, store.Identity{}, false
 	}
 	copy(id[:], b)
 	alg, err := ratelimit.ParseAlgorithm(f["algorithm"])
@@ -144,14 +145,14 @@ func parseReset(fields []any) (ratelimit.Policy, ratelimit.Identity, bool) {
 	window, err2 := strconv.ParseInt(f["window"], 10, 64)
 	capacity, err3 := strconv.ParseInt(f["capacity"], 10, 64)
 	if err != nil || err1 != nil || err2 != nil || err3 != nil {
-		return ratelimit.Policy{}, ratelimit.Identity{}, false
+		return ratelimit.Policy{}, store.Identity{}, false
 	}
 	p := ratelimit.Policy{Name: f["policy"], Algorithm: alg, Limit: limit, Window: time.Duration(window) * time.Microsecond}
 	if alg == ratelimit.TokenBucket || alg == ratelimit.GCRA {
 		p.Burst = capacity
 	}
 	if p.Validate() != nil || p.Capacity() != capacity {
-		return ratelimit.Policy{}, ratelimit.Identity{}, false
+		return ratelimit.Policy{}, store.Identity{}, false
 	}
 	return p, id, true
 }

@@ -12,11 +12,12 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 type logged struct {
 	policy ratelimit.Policy
-	id     ratelimit.Identity
+	id     store.Identity
 }
 
 // TestReset: a reset deletes one identity's state under the policies named,
@@ -47,7 +48,7 @@ func TestReset(t *testing.T) {
 	read := func(after string) (string, []logged) {
 		t.Helper()
 		var got []logged
-		last, err := l.ReadResets(ctx, after, func(p ratelimit.Policy, id ratelimit.Identity) { got = append(got, logged{p, id}) })
+		last, err := l.ReadResets(ctx, after, func(p ratelimit.Policy, id store.Identity) { got = append(got, logged{p, id}) })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,7 +80,7 @@ func TestReset(t *testing.T) {
 		t.Errorf("after resetting k:b under both: k:b %v/%v, k:a's %s %v", exists(gcra, "k:b"), exists(swl, "k:b"), swl.Name, exists(swl, "k:a"))
 	}
 	last, got := read(start)
-	want := []logged{{gcra, ratelimit.IdentityOf("k:a")}, {gcra, ratelimit.IdentityOf("k:b")}, {swl, ratelimit.IdentityOf("k:b")}}
+	want := []logged{{gcra, store.IdentityOf("k:a")}, {gcra, store.IdentityOf("k:b")}, {swl, store.IdentityOf("k:b")}}
 	if !slices.Equal(got, want) {
 		t.Errorf("read from the start: %+v\nwant %+v", got, want)
 	}

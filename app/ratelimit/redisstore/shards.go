@@ -51,14 +51,14 @@ const layoutTTL = 5 * time.Second
 
 // Sharded reports whether the store is a Redis Cluster: its masters fail
 // independently, so one refusing a call says nothing of the others.
-func (l *Limiter) Sharded() bool {
+func (l *Store) Sharded() bool {
 	_, ok := l.client.(*redis.ClusterClient)
 	return ok
 }
 
 // clusterGeneration returns the per-range generations of a Cluster, and
 // false for a client that is not one.
-func (l *Limiter) clusterGeneration(ctx context.Context) (string, bool, error) {
+func (l *Store) clusterGeneration(ctx context.Context) (string, bool, error) {
 	cc, ok := l.client.(*redis.ClusterClient)
 	if !ok {
 		return "", false, nil
@@ -111,7 +111,7 @@ func (l *Limiter) clusterGeneration(ctx context.Context) (string, bool, error) {
 // slotRanges returns the Cluster's slot ranges with their generation keys,
 // from CLUSTER SHARDS (CLUSTER SLOTS before Redis 7) at most every
 // layoutTTL.
-func (l *Limiter) slotRanges(ctx context.Context, cc *redis.ClusterClient) ([]slotRange, error) {
+func (l *Store) slotRanges(ctx context.Context, cc *redis.ClusterClient) ([]slotRange, error) {
 	l.shards.mu.Lock()
 	defer l.shards.mu.Unlock()
 	if l.shards.ranges != nil && time.Since(l.shards.at) < layoutTTL {

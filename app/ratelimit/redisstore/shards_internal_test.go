@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // TestSlot checks the CRC16 against Redis' own CLUSTER KEYSLOT values.
@@ -22,20 +23,20 @@ func TestLoss(t *testing.T) {
 	l := New(nil)
 	old := "0-5460=a,5461-10922=b,10923-16383=c"
 	loss := l.Loss(old, "0-5460=a,5461-10922=B,10923-16383=lag-c")
-	scope := func(p ratelimit.Policy, id ratelimit.Identity) bool {
+	scope := func(p ratelimit.Policy, id store.Identity) bool {
 		tag := l.tag(id)
 		s := slot(tag[1 : len(tag)-1])
-		want := ratelimit.LossNone
+		want := store.LossNone
 		switch {
 		case s >= 5461 && s <= 10922:
-			want = ratelimit.LossAll
+			want = store.LossAll
 		case s >= 10923:
-			want = ratelimit.LossRecent
+			want = store.LossRecent
 		}
 		if got := loss(p, id); got != want {
 			t.Fatalf("slot %d: loss %v, want %v", s, got, want)
 		}
-		return want == ratelimit.LossAll
+		return want == store.LossAll
 	}
 	in, out := 0, 0
 	for i := range 300 {
@@ -56,14 +57,14 @@ func TestLoss(t *testing.T) {
 	}
 	resharded := l.Loss(old, "0-8000=a,8001-16383=z")
 	for i := range 300 {
-		if resharded(ratelimit.Policy{}, [32]byte{byte(i), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i), byte(i * 7)}) != ratelimit.LossNone {
+		if resharded(ratelimit.Policy{}, [32]byte{byte(i), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i), byte(i * 7)}) != store.LossNone {
 			t.Fatal("after a resharding, a new range was taken as lost")
 		}
 	}
 	for _, c := range []struct {
 		old, new string
-		want     ratelimit.Loss
-	}{{"gen-1", "gen-1", ratelimit.LossNone}, {"gen-1", "gen-2", ratelimit.LossAll}, {"gen-1", "lag-2", ratelimit.LossRecent}, {"lag-2", "gen-3", ratelimit.LossAll}} {
+		want     store.Loss
+	}{{"gen-1", "gen-1", store.LossNone}, {"gen-1", "gen-2", store.LossAll}, {"gen-1", "lag-2", store.LossRecent}, {"lag-2", "gen-3", store.LossAll}} {
 		if got := New(nil).Loss(c.old, c.new)(ratelimit.Policy{}, [32]byte{}); got != c.want {
 			t.Errorf("single Redis, %s -> %s: loss %v, want %v", c.old, c.new, got, c.want)
 		}

@@ -14,10 +14,10 @@ import (
 // TestLateBeatIsNotABeat: a heartbeat that reaches Redis after its caller
 // gave up on it (a partition that dropped packets heals, and the kernel
 // retransmits what the timed-out call had sent) does not mark its instance
-// live again: the others go on holding its share back. Before, the late beat
-// counted, and the instance, still deciding locally with its grants not
-// replayed, was live to the fleet (compose partition-one: sliding window log
-// over-admission 1.25).
+// live again: the others go on holding its share back. Counted, the late
+// beat would make the instance, still deciding locally with its grants not
+// replayed, live to the fleet, and the others would stop holding its share
+// back.
 func TestLateBeatIsNotABeat(t *testing.T) {
 	const ttl, grace = time.Second, 10 * time.Second
 	srv := redistest.StartServer(t, redistest.ServerOptions{})

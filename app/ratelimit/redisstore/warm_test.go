@@ -10,11 +10,10 @@ import (
 
 // TestWarm: the client keeps no idle connections warm on its own, so a
 // start opens them ahead of the first decisions; without that, a fleet
-// starting on a loaded machine decided a third of its first requests
-// locally (TestFleetFaults' healthy phase in a .ci/run: 106 local, 258 in
-// Redis). It never holds the whole pool: with a pool of 4, a Warm of 8 held
-// all four and waited out the pool timeout for a fifth, and
-// TestFailoverLagIsRaised's heartbeats missed their TTL.
+// starting on a loaded machine decides many of its first requests locally,
+// each waiting for a dial. It never holds the whole pool: a Warm larger
+// than the pool would hold every connection and make the next call (a
+// heartbeat) wait out the pool timeout.
 func TestWarm(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	for _, c := range []struct{ pool, want int }{{16, 8}, {4, 2}} {

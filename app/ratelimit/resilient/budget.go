@@ -9,6 +9,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // entry is what one instance knows of one key: the last decision the store
@@ -19,7 +20,7 @@ type entry struct {
 	snap      ratelimit.State
 	snapValid bool
 	policy    *ratelimit.Policy // shared by the keys of the policy (policyRef)
-	identity  ratelimit.Identity
+	identity  store.Identity
 	version   uint64 // bumped by every reply
 
 	// A refusal the store answered: until refusedUntil (store µs) no
@@ -110,14 +111,14 @@ func (e *entry) ensureLocal(p ratelimit.Policy, now int64, sh share, closed bool
 	e.initLocal(p, now, sh)
 	e.localClosed = closed
 	if n := hidden(); n > 0 {
-		e.absorb(p, ratelimit.Grant{At: now, Cost: n})
+		e.absorb(p, store.Grant{At: now, Cost: n})
 	}
 }
 
 // startFrom starts the local state of policy p for identity id from a
 // journaled snapshot (nil: none, and n instances assumed): what an earlier
 // process, or this one before it forgot the key, started the share from.
-func (e *entry) startFrom(p ratelimit.Policy, id ratelimit.Identity, s *journal.Snapshot, n float64) {
+func (e *entry) startFrom(p ratelimit.Policy, id store.Identity, s *journal.Snapshot, n float64) {
 	sh := share{n: n, factor: p.Factor()}
 	if s != nil {
 		sh.n, sh.confirmed = s.N, s.Confirmed
@@ -136,19 +137,19 @@ func (e *entry) startFrom(p ratelimit.Policy, id ratelimit.Identity, s *journal.
 // charge applies a grant made before the key was forgotten (reloaded from
 // the journal after a restart or an eviction) to the local state, whether
 // or not it fits. The local state must be started (startFrom).
-func (e *entry) charge(p ratelimit.Policy, g ratelimit.Grant) { e.absorb(p, g) }
+func (e *entry) charge(p ratelimit.Policy, g store.Grant) { e.absorb(p, g) }
 
 // absorb takes g from the local state at its time, whether or not it fits.
-func (e *entry) absorb(p ratelimit.Policy, g ratelimit.Grant) {
+func (e *entry) absorb(p ratelimit.Policy, g store.Grant) {
 	sh := share{n: e.n, factor: p.Factor(), confirmed: e.confirmed}
 	switch p.Algorithm {
 	case ratelimit.TokenBucket, ratelimit.GCRA:
 		e.bucket(p, g.At, 0, sh) // refill up to the grant's time
 		e.level -= float64(g.Cost)
 	case ratelimit.SlidingWindowLog:
-		algorithm.WindowLogReplay(p, &e.log, g.At, []ratelimit.Grant{g})
+		algorithm.WindowLogReplay(p, &e.log, g.At, []store.Grant{g})
 	case ratelimit.SlidingWindowCounter:
-		e.wc, _ = algorithm.WindowCounterReplay(p, e.wc, g.At, []ratelimit.Grant{g})
+		e.wc, _ = algorithm.WindowCounterReplay(p, e.wc, g.At, []store.Grant{g})
 	}
 }
 
@@ -285,12 +286,12 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) rat
 // share's rate, and the store's refill starts when the store knows of it.
 //
 // It sorts grants in place.
-func netOfRefill(p ratelimit.Policy, s journal.Snapshot, grants []ratelimit.Grant, now int64) (at int64, units float64, ok bool) {
+func netOfRefill(p ratelimit.Policy, s journal.Snapshot, grants []store.Grant, now int64) (at int64, units float64, ok bool) {
 	if len(grants) == 0 || !(s.N >= 1) || math.IsInf(s.N, 0) {
 		return 0, 0, false
 	}
 	sorted := grants // sorted in place: the caller's own copy
-	slices.SortFunc(sorted, func(a, b ratelimit.Grant) int { return cmp.Compare(a.At, b.At) })
+	slices.SortFunc(sorted, func(a, b store.Grant) int { return cmp.Compare(a.At, b.At) })
 	sh := share{n: s.N, factor: p.Factor(), confirmed: s.Confirmed}
 	e := entry{snap: s.State, snapValid: s.Valid}
 	e.initLocal(p, sorted[0].At, sh)

@@ -9,6 +9,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // TestChargesLeaveNoMoreThanTheIdeal: four instances' token bucket and GCRA
@@ -43,15 +44,15 @@ func TestChargesLeaveNoMoreThanTheIdeal(t *testing.T) {
 			}
 			// Each share (a quarter: 2.5 tokens/s) granted as it refilled;
 			// the first instance's clients stopped at 15 s.
-			grants := make([][]ratelimit.Grant, 4)
-			var all []ratelimit.Grant
+			grants := make([][]store.Grant, 4)
+			var all []store.Grant
 			for i := range grants {
 				last := end
 				if i == 0 {
 					last = t0 + 15*sec
 				}
 				for at := t0 + 400_000; at <= last; at += 400_000 {
-					grants[i] = append(grants[i], ratelimit.Grant{At: at, Cost: 1})
+					grants[i] = append(grants[i], store.Grant{At: at, Cost: 1})
 				}
 				all = append(all, grants[i]...)
 			}
@@ -69,7 +70,7 @@ func TestChargesLeaveNoMoreThanTheIdeal(t *testing.T) {
 				if !ok {
 					t.Fatal("no charge")
 				}
-				charge := []ratelimit.Grant{{At: at, Cost: int64(math.Ceil(units - 1e-9))}}
+				charge := []store.Grant{{At: at, Cost: int64(math.Ceil(units - 1e-9))}}
 				if alg == ratelimit.TokenBucket {
 					tb, _ = algorithm.TokenBucketReplay(p, tb, end, charge)
 				} else {
@@ -104,10 +105,10 @@ func TestInterleavedSharesReplayInAnyOrder(t *testing.T) {
 			w := p.WindowMicros()
 			snap := journal.Snapshot{Policy: p, State: ratelimit.State{Now: t0, TAT: t0 + w}, Valid: true, N: 4, Confirmed: t0}
 			interval := w / p.Limit // one unit refills in this long
-			grants := make([][]ratelimit.Grant, 4)
+			grants := make([][]store.Grant, 4)
 			for k := int64(1); t0+k*interval <= end; k++ {
 				i := k % 4
-				grants[i] = append(grants[i], ratelimit.Grant{At: t0 + k*interval, Cost: 1})
+				grants[i] = append(grants[i], store.Grant{At: t0 + k*interval, Cost: 1})
 			}
 			remaining := func(order []int) time.Duration {
 				tb, gcra := algorithm.TokenBucketState{Tokens: 0, Last: t0}, algorithm.GCRAState{TAT: t0 + w}
@@ -116,7 +117,7 @@ func TestInterleavedSharesReplayInAnyOrder(t *testing.T) {
 					if !ok {
 						t.Fatal("no charge")
 					}
-					charge := []ratelimit.Grant{{At: at, Cost: int64(math.Ceil(units - 1e-9))}}
+					charge := []store.Grant{{At: at, Cost: int64(math.Ceil(units - 1e-9))}}
 					if alg == ratelimit.TokenBucket {
 						tb, _ = algorithm.TokenBucketReplay(p, tb, end, charge)
 					} else {
@@ -133,13 +134,13 @@ func TestInterleavedSharesReplayInAnyOrder(t *testing.T) {
 			}
 			// The ideal: one bucket, empty at t0, fed every grant in time order.
 			tb, gcra := algorithm.TokenBucketState{Tokens: 0, Last: t0}, algorithm.GCRAState{TAT: t0 + w}
-			var all []ratelimit.Grant
+			var all []store.Grant
 			for _, g := range grants {
 				all = append(all, g...)
 			}
 			algorithm.SortGrants(all)
 			var ideal ratelimit.Decision
-			for _, g := range append(all, ratelimit.Grant{At: end, Cost: 1}) {
+			for _, g := range append(all, store.Grant{At: end, Cost: 1}) {
 				if alg == ratelimit.TokenBucket {
 					tb, ideal = algorithm.TokenBucketDecide(p, tb, g.At, g.Cost, ratelimit.Weight{})
 				} else {

@@ -21,7 +21,8 @@ type Config struct {
 	// answered (a refused connection, a refused write), at the threshold;
 	// for timeouts, only when nothing has succeeded for SlowWindow as well.
 	// A single refused call already sends the decisions after it to a
-	// local share while one call at a time probes the store.
+	// local share while one call at a time probes the store (not on a
+	// sharded store, where one master refusing says nothing of the others).
 	FailureThreshold int
 	// SlowWindow tells a slow store from a dead one (250 ms): calls that
 	// time out open the breaker only if no call or heartbeat has succeeded
@@ -72,10 +73,10 @@ type Config struct {
 	// JournalMax bounds the grants journaled (1 000 000); beyond it local
 	// grants are counted as overflow and logged.
 	JournalMax int
-	// ReplayBatch is how many keys one replay pipeline carries (1000).
-	ReplayBatch int
+	// ReplayBatchKeys is how many keys one replay pipeline carries (1000).
+	ReplayBatchKeys int
 	// ReplayTimeout bounds one replay or restore pipeline (2 s), in place
-	// of Timeout: a pipeline of ReplayBatch keys takes Redis tens of ms.
+	// of Timeout: a pipeline of ReplayBatchKeys takes Redis tens of ms.
 	// Give the store a client whose own timeouts allow it
 	// (redisstore.WithReplayClient), or the client's read timeout cuts it.
 	ReplayTimeout time.Duration
@@ -132,8 +133,8 @@ func (c *Config) setDefaults() error {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	if c.ReplayBatch <= 0 {
-		c.ReplayBatch = 1000
+	if c.ReplayBatchKeys <= 0 {
+		c.ReplayBatchKeys = 1000
 	}
 	def(&c.RecoveryWait, 2*c.ProbeInterval)
 	def(&c.LateWindow, 5*time.Second)

@@ -9,11 +9,11 @@ import (
 	"errors"
 	"math"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // Decide decides in the store while the breaker is closed, and locally
@@ -26,7 +26,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 	if err := l.prepare(&req); err != nil {
 		return ratelimit.Decision{}, err
 	}
-	id := ratelimit.IdentityOf(req.Key)
+	id := store.IdentityOf(req.Key)
 	k := l.keyOfIdentity(req.Policy, id)
 	var pending time.Time // the store still has the call: its late answer is awaited until then
 	if l.br.State() == Closed {
@@ -48,7 +48,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 			if d, local, err = l.settle(k, r, id, d, err, sent, true); !local {
 				return d, err
 			}
-			if l.lateReplies && errors.Is(err, ratelimit.ErrPending) {
+			if l.lateReplies && errors.Is(err, store.ErrPending) {
 				pending = sent.Add(l.cfg.Timeout + l.cfg.LateGrace)
 			}
 		}
@@ -62,12 +62,12 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
 	reqs = slices.Clone(reqs)
-	ids := make([]ratelimit.Identity, len(reqs))
+	ids := make([]store.Identity, len(reqs))
 	keys := make([]key, len(reqs))
 	pending := make([]int, 0, len(reqs))
 	for i := range reqs {
 		if errs[i] = l.prepare(&reqs[i]); errs[i] == nil {
-			ids[i] = ratelimit.IdentityOf(reqs[i].Key)
+			ids[i] = store.IdentityOf(reqs[i].Key)
 			keys[i] = l.keyOfIdentity(reqs[i].Policy, ids[i])
 			pending = append(pending, i)
 		}
@@ -112,7 +112,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			if fallback {
 				counted = true
 				local = append(local, i)
-				if l.lateReplies && errors.Is(err, ratelimit.ErrPending) {
+				if l.lateReplies && errors.Is(err, store.ErrPending) {
 					late[i] = at.Add(l.cfg.Timeout + l.cfg.LateGrace)
 				}
 				continue
@@ -140,7 +140,7 @@ func (l *Limiter) prepare(req *ratelimit.Request) error {
 // whose journal keeps it as the member to replay.
 func (l *Limiter) withID(req ratelimit.Request) ratelimit.Request {
 	if req.ID == "" {
-		req.ID = l.idBase + strconv.FormatUint(l.seq.Add(1), 36)
+		req.ID = l.ids.Next()
 	}
 	return req
 }
@@ -150,7 +150,7 @@ func (l *Limiter) withID(req ratelimit.Request) ratelimit.Request {
 // any other failure counted (against the breaker too when countFailure is
 // set) and reported as local: decide it locally. The failure is returned
 // with it, so the caller can tell a call the store still has (pending).
-func (l *Limiter) settle(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, err error, sent time.Time, countFailure bool) (_ ratelimit.Decision, local bool, _ error) {
+func (l *Limiter) settle(k key, req ratelimit.Request, id store.Identity, d ratelimit.Decision, err error, sent time.Time, countFailure bool) (_ ratelimit.Decision, local bool, _ error) {
 	switch {
 	case err == nil:
 		l.br.success()
@@ -175,7 +175,7 @@ func (l *Limiter) settle(k key, req ratelimit.Request, id ratelimit.Identity, d 
 // store that goes on deciding can grant what the store grants too, and
 // refuse what it admitted (and counted). Past that, a grant is a doubt
 // until the store says (late.go).
-func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Request, until time.Time) ratelimit.Decision {
+func (l *Limiter) decideLocal(k key, id store.Identity, req ratelimit.Request, until time.Time) ratelimit.Decision {
 	pending := !until.IsZero()
 	if pending && !req.ReadOnly {
 		if sd, ok := l.awaitLate(req, until); ok {
@@ -236,7 +236,7 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 	// Journaled before the response is sent; a failed write is counted
 	// and logged by the journal itself. A full journal refuses the grant:
 	// a grant the journal cannot hold would never reach the store.
-	g := ratelimit.Grant{At: now, Cost: req.Units(), ID: req.ID}
+	g := store.Grant{At: now, Cost: req.Units(), ID: req.ID}
 	if err := l.journalGrant(p, id, g, pending); errors.Is(err, journal.ErrFull) {
 		return ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval,
 			Mode: d.Mode, State: d.State}
@@ -248,7 +248,7 @@ func (l *Limiter) decideLocal(k key, id ratelimit.Identity, req ratelimit.Reques
 // snapshot: the grants the journal holds for it (not yet replayed, or
 // doubts), and those replayed after the snapshot was taken. The shard's
 // lock is held.
-func (l *Limiter) hidden(e *entry, p ratelimit.Policy, id ratelimit.Identity) int64 {
+func (l *Limiter) hidden(e *entry, p ratelimit.Policy, id store.Identity) int64 {
 	n := l.journal.Held(p, id)
 	if e.syncedUnits > 0 {
 		if e.snapValid && e.snap.Now >= e.syncedAt {
@@ -262,7 +262,7 @@ func (l *Limiter) hidden(e *entry, p ratelimit.Policy, id ratelimit.Identity) in
 // synced records that the store took units of the key of p and id at
 // store time at (a replay, or a late reply that found them counted): until
 // a snapshot as recent, a fresh local share must still count them.
-func (l *Limiter) synced(p ratelimit.Policy, id ratelimit.Identity, units, at int64) {
+func (l *Limiter) synced(p ratelimit.Policy, id store.Identity, units, at int64) {
 	k := l.keyOfIdentity(p, id)
 	sh := l.keys.shard(k)
 	sh.mu.Lock()
@@ -282,7 +282,7 @@ func (l *Limiter) synced(p ratelimit.Policy, id ratelimit.Identity, units, at in
 // never seen) from what the journal holds of its key, as a restart does: a
 // key evicted during an outage comes back with no more than it had
 // (TestFloodDoesNotResetAHotKey). The shard's lock is held.
-func (l *Limiter) rebuild(e *entry, p ratelimit.Policy, id ratelimit.Identity) {
+func (l *Limiter) rebuild(e *entry, p ratelimit.Policy, id store.Identity) {
 	snap, grants := l.journal.Key(p, id)
 	if snap == nil && len(grants) == 0 {
 		return
@@ -319,7 +319,7 @@ func (l *Limiter) evicted(_ key, e *entry) {
 // A reply older than the snapshot held teaches the offset only: the callers
 // of a shared pipeline wake in any order, and a late reply comes after
 // newer ones.
-func (l *Limiter) remember(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, sent, recv time.Time) {
+func (l *Limiter) remember(k key, req ratelimit.Request, id store.Identity, d ratelimit.Decision, sent, recv time.Time) {
 	l.learnOffset(d.State.Now, sent, recv)
 	l.keep(k, req, id, d, true)
 }
@@ -327,7 +327,7 @@ func (l *Limiter) remember(k key, req ratelimit.Request, id ratelimit.Identity, 
 // keep keeps the store's reply d to req as the key's snapshot, unless the
 // one held is newer; a refusal is cached only with cache (not from a late
 // reply, which can come after a reset lifted the key).
-func (l *Limiter) keep(k key, req ratelimit.Request, id ratelimit.Identity, d ratelimit.Decision, cache bool) {
+func (l *Limiter) keep(k key, req ratelimit.Request, id store.Identity, d ratelimit.Decision, cache bool) {
 	p := req.Policy
 	sh := l.keys.shard(k)
 	sh.mu.Lock()
@@ -417,7 +417,7 @@ func (l *Limiter) learnOffset(storeNow int64, sent, recv time.Time) {
 	l.offset.store(storeOffset{us: storeNow - mid, errUS: recv.Sub(sent).Microseconds()/2 + 1})
 }
 
-func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id ratelimit.Identity) key {
+func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id store.Identity) key {
 	return l.seeds.Key(p, id)
 }
 

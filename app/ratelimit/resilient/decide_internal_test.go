@@ -6,6 +6,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // TestSnapshotIsTheNewestReply: the callers of a shared pipeline wake in
@@ -19,7 +20,7 @@ func TestSnapshotIsTheNewestReply(t *testing.T) {
 	}
 	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}
 	req := ratelimit.Request{Policy: p, Key: "k"}
-	id := ratelimit.IdentityOf(req.Key)
+	id := store.IdentityOf(req.Key)
 	k := l.keyOfIdentity(p, id)
 	newer := ratelimit.Decision{Allowed: true, State: ratelimit.State{Now: 2_000_000, TAT: 2_500_000}}
 	older := ratelimit.Decision{Allowed: true, State: ratelimit.State{Now: 1_000_000, TAT: 1_100_000}}

@@ -43,11 +43,11 @@ func Example() {
 	}
 	defer replayClient.Close()
 
-	store := redisstore.New(client,
+	backend := redisstore.New(client,
 		redisstore.WithReplayClient(replayClient),
 		redisstore.WithTimeout(timeout),
 		redisstore.WithCoalescing(4)) // concurrent decisions share pipelines (late replies need it)
-	limiter, err := resilient.New(store, resilient.Config{
+	limiter, err := resilient.New(backend, resilient.Config{
 		Instance:          "api-1", // unique in the fleet: the hostname, say
 		ExpectedInstances: 4,       // the fleet's size until the first heartbeat says
 		Timeout:           timeout,

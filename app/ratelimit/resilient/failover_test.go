@@ -21,22 +21,22 @@ import (
 func TestFailoverLagIsRaised(t *testing.T) {
 	s := redistest.StartSentinel(t)
 	var ls []*resilient.Limiter
-	var stores []*redisstore.Limiter
+	var stores []*redisstore.Store
 	for i := range 2 {
 		client, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: s.SentinelAddrs(), MasterName: s.MasterName(), Timeout: time.Second, PoolSize: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = client.Close() })
-		store := redisstore.New(client, redisstore.WithTimeout(time.Second))
+		rs := redisstore.New(client, redisstore.WithTimeout(time.Second))
 		cfg := recoveryConfig(fmt.Sprint("app", i+1))
 		cfg.Timeout, cfg.ExpectedInstances = time.Second, 2
-		l, err := resilient.New(store, cfg)
+		l, err := resilient.New(rs, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = l.Close(context.Background()) })
-		ls, stores = append(ls, l), append(stores, store)
+		ls, stores = append(ls, l), append(stores, rs)
 	}
 	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == 2 })
 	ctx := context.Background()

@@ -80,8 +80,8 @@ func startFleet(t *testing.T) *fleet {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = replay.Close() })
-		store := redisstore.New(client, redisstore.WithReplayClient(replay), redisstore.WithTimeout(fleetTimeout), redisstore.WithCoalescing(4))
-		l, err := resilient.New(store, resilient.Config{
+		rs := redisstore.New(client, redisstore.WithReplayClient(replay), redisstore.WithTimeout(fleetTimeout), redisstore.WithCoalescing(4))
+		l, err := resilient.New(rs, resilient.Config{
 			Instance:          fmt.Sprint("app", i+1),
 			Timeout:           fleetTimeout,
 			ProbeInterval:     250 * time.Millisecond,

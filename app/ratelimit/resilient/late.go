@@ -1,7 +1,7 @@
 // Late replies: a decision whose store call timed out is decided locally,
 // but the store often decided it too (a slow Redis runs every call and
 // answers late). The store reports each such call's fate
-// (ratelimit.LateReply), and the local grant waits for it as a doubt in the
+// (store.LateReply), and the local grant waits for it as a doubt in the
 // journal: dropped when the store counted the request, replayed when it did
 // not. Without this, every timed-out call that ran was counted twice: in
 // the store, and again by the replay of its local grant, and a key of a
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // maxLate bounds the requests the late book follows (refused doubts and
@@ -37,7 +38,7 @@ type lateBook struct {
 	early   map[string]earlyReply
 	// waiting are the requests whose local refusal waits for their late
 	// reply (awaitLate).
-	waiting map[string]chan ratelimit.LateReply
+	waiting map[string]chan store.LateReply
 	stats   LateStats
 	refunds refunds
 }
@@ -45,7 +46,7 @@ type lateBook struct {
 // earlyReply is a late reply that came before its local decision, and when
 // (store µs).
 type earlyReply struct {
-	r  ratelimit.LateReply
+	r  store.LateReply
 	at int64
 }
 
@@ -78,7 +79,7 @@ type LateStats struct {
 
 // journalGrant journals a local grant: a doubt when the store still has the
 // request's call (pending), settled at once if its late reply came first.
-func (l *Limiter) journalGrant(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, pending bool) error {
+func (l *Limiter) journalGrant(p ratelimit.Policy, id store.Identity, g store.Grant, pending bool) error {
 	if !pending {
 		return l.journal.Append(p, id, g)
 	}
@@ -116,15 +117,15 @@ func (b *lateBook) refuse(req ratelimit.Request, now int64) {
 	}
 }
 
-// onLate settles a request by its late reply: it is the store's lateReporter
+// onLate settles a request by its late reply: it is the store's LateReporter
 // callback, called once per request whose caller stopped waiting.
-func (l *Limiter) onLate(r ratelimit.LateReply) {
+func (l *Limiter) onLate(r store.LateReply) {
 	counted := r.Err == nil && r.Decision.Allowed
 	if r.Err == nil {
 		// The reply is the store's state after the request: a snapshot
 		// like any other (keep keeps the newest). Not a clock reading:
 		// how long it took is not known.
-		id := ratelimit.IdentityOf(r.Request.Key)
+		id := store.IdentityOf(r.Request.Key)
 		l.keep(l.keyOfIdentity(r.Request.Policy, id), r.Request, id, r.Decision, false)
 	}
 	b := &l.late
@@ -197,12 +198,6 @@ func (l *Limiter) lateStats() LateStats {
 	return l.late.stats
 }
 
-// refunder is a Store that can undo what it counted for a request it
-// admitted (redisstore.Limiter is one).
-type refunder interface {
-	Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error)
-}
-
 // maxRefunds bounds the refunds waiting to be sent; past it an overcount
 // stays.
 const maxRefunds = 4096
@@ -212,12 +207,12 @@ const maxRefunds = 4096
 // goroutine sends them, each once (a refund that timed out may have been
 // applied: a second one would give back usage that is real).
 type refunds struct {
-	queue chan ratelimit.LateReply // nil: the store cannot refund
+	queue chan store.LateReply // nil: the store cannot refund
 }
 
 // add queues r's refund, unless the queue is full or there is none. The
 // late book's lock is held.
-func (q *refunds) add(r ratelimit.LateReply) {
+func (q *refunds) add(r store.LateReply) {
 	if q.queue == nil {
 		return
 	}
@@ -228,10 +223,10 @@ func (q *refunds) add(r ratelimit.LateReply) {
 }
 
 // refund queues r's refund (see refunds). The late book's lock is held.
-func (l *Limiter) refund(r ratelimit.LateReply) { l.late.refunds.add(r) }
+func (l *Limiter) refund(r store.LateReply) { l.late.refunds.add(r) }
 
 // sendRefunds sends the queued refunds until ctx ends.
-func (l *Limiter) sendRefunds(ctx context.Context, s refunder) {
+func (l *Limiter) sendRefunds(ctx context.Context, s store.Refunder) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -266,9 +261,9 @@ func (l *Limiter) awaitLate(req ratelimit.Request, until time.Time) (ratelimit.D
 		return ratelimit.Decision{}, false
 	}
 	if b.waiting == nil {
-		b.waiting = map[string]chan ratelimit.LateReply{}
+		b.waiting = map[string]chan store.LateReply{}
 	}
-	ch := make(chan ratelimit.LateReply, 1)
+	ch := make(chan store.LateReply, 1)
 	b.waiting[req.ID] = ch
 	b.mu.Unlock()
 	t := time.NewTimer(wait)
@@ -290,7 +285,7 @@ func (l *Limiter) awaitLate(req ratelimit.Request, until time.Time) (ratelimit.D
 }
 
 // lateDecision is the decision a late reply carries, if it carries one.
-func (l *Limiter) lateDecision(r ratelimit.LateReply) (ratelimit.Decision, bool) {
+func (l *Limiter) lateDecision(r store.LateReply) (ratelimit.Decision, bool) {
 	if r.Err != nil {
 		return ratelimit.Decision{}, false
 	}

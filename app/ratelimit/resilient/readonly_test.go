@@ -10,6 +10,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // TestReadOnlyTakesNothing: a read-only request reports what is left, in the
@@ -21,9 +22,9 @@ func TestReadOnlyTakesNothing(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFakeStore()
 				var mu sync.Mutex
-				replayed := map[ratelimit.Identity]bool{}
+				replayed := map[store.Identity]bool{}
 				replay := f.ReplayFunc
-				f.ReplayFunc = func(ctx context.Context, bs []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+				f.ReplayFunc = func(ctx context.Context, bs []store.ReplayBatch) ([]store.ReplayResult, []error) {
 					mu.Lock()
 					for _, b := range bs {
 						replayed[b.Identity] = true
@@ -73,7 +74,7 @@ func TestReadOnlyTakesNothing(t *testing.T) {
 				}
 				mu.Lock()
 				defer mu.Unlock()
-				if want := map[ratelimit.Identity]bool{ratelimit.IdentityOf("k"): true}; !maps.Equal(replayed, want) {
+				if want := map[store.Identity]bool{store.IdentityOf("k"): true}; !maps.Equal(replayed, want) {
 					t.Fatalf("replayed the batches of %d identities, want only k's (the key only read has nothing to replay)", len(replayed))
 				}
 			})

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // loop heartbeats while closed and probes while open, until Close.
@@ -95,7 +96,7 @@ func (l *Limiter) loop(ctx context.Context) {
 // loop (on Sentinel each asks a Sentinel for the master, and a dial can
 // outlive a heartbeat interval), one Warm at a time.
 func (l *Limiter) warm(ctx context.Context) {
-	w, ok := l.store.(warmer)
+	w, ok := l.store.(store.Warmer)
 	if !ok || !l.warming.CompareAndSwap(false, true) {
 		return
 	}
@@ -113,9 +114,9 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
 	sent := l.clock.now()
-	var fleet ratelimit.Fleet
+	var fleet store.Fleet
 	var err error
-	if st, ok := l.store.(stager); ok {
+	if st, ok := l.store.(store.Stager); ok {
 		fleet, err = st.HeartbeatStage(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace, l.stageToken())
 	} else {
 		fleet, err = l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
@@ -163,7 +164,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	l.br.success()
 	l.learnOffset(fleet.Now, sent, l.clock.now())
 	live, suspect, gen := fleet.Live, fleet.Suspect, fleet.Generation
-	if _, ok := l.store.(stager); ok {
+	if _, ok := l.store.(store.Stager); ok {
 		l.stages.Store(&fleet.Stages)
 	}
 	l.setFleet(live, suspect)
@@ -184,12 +185,6 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 			l.br.set(Recovering, Open, "restore failed")
 		}
 	}
-}
-
-// stager is a Store that keeps each instance's recovery stage beside its
-// heartbeat and returns the live instances' (redisstore.Limiter).
-type stager interface {
-	HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (ratelimit.Fleet, error)
 }
 
 // The recovery stages an instance writes beside its heartbeats, for the
@@ -375,7 +370,7 @@ func (l *Limiter) maybeClose(ctx context.Context) {
 
 // replayJournal folds the journal into the store: it starts a new epoch
 // (grants made meanwhile wait for the next pass), sends the older batches in
-// pipelines of ReplayBatch keys and clears each batch the store
+// pipelines of ReplayBatchKeys and clears each batch the store
 // acknowledged. It stops at the first batch the store could not take, so a
 // store that fails again mid-replay leaves the rest for the next attempt; the
 // markers make resending a batch harmless.
@@ -408,7 +403,7 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	// pipeline (scripts/measure-drain.sh measures a drain).
 	type chargeKey struct {
 		policy   ratelimit.Policy
-		identity ratelimit.Identity
+		identity store.Identity
 	}
 	type chargeGroup struct {
 		first int   // the key's first batch, which holds its snapshot
@@ -448,9 +443,9 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	// recovering, waiting for the others) owe every unit. Netted against
 	// the outage's share, which by then looks full again, a second pass
 	// would charge a fraction of them (TestGrantsAfterTheChargeAreChargedInFull).
-	charges := make([]ratelimit.Grant, grouped) // one charge per batch
-	free := make([]bool, len(pending))          // the batches charged nothing
-	var early []ratelimit.Grant
+	charges := make([]store.Grant, grouped) // one charge per batch
+	free := make([]bool, len(pending))      // the batches charged nothing
+	var early []store.Grant
 	for _, grp := range groups {
 		policy, snap := pending[grp.first].Policy, *snaps[grp.first]
 		early = early[:0]
@@ -483,7 +478,7 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 			if j >= 0 {
 				i, cost = grp.more[j], 0
 			}
-			charges[0] = ratelimit.Grant{At: at, Cost: cost}
+			charges[0] = store.Grant{At: at, Cost: cost}
 			pending[i].Grants, charges = charges[:1:1], charges[1:]
 			free[i] = owed == 0
 		}
@@ -495,7 +490,7 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	// The zero batches of a key that owes something still go, after its
 	// charge: acknowledged first, they would be lost were the charge not.
 	start := l.clock.now()
-	toSend, acked := pending[:0], make([]ratelimit.ReplayBatch, 0, grouped)
+	toSend, acked := pending[:0], make([]store.ReplayBatch, 0, grouped)
 	for i, b := range pending {
 		if free[i] {
 			acked = append(acked, b)
@@ -504,7 +499,7 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 		}
 	}
 	if len(acked) > 0 {
-		l.journal.Ack(acked, make([]ratelimit.ReplayResult, len(acked)))
+		l.journal.Ack(acked, make([]store.ReplayResult, len(acked)))
 	}
 	replayed, err := l.send(ctx, toSend, l.journal.Ack)
 	replayed += len(acked)
@@ -518,16 +513,16 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	return nil
 }
 
-// send sends batches to the store in pipelines of ReplayBatch, each within
+// send sends batches to the store in pipelines of ReplayBatchKeys, each within
 // ReplayTimeout, and hands each pipeline's acknowledged batches to ack, with
 // their results, as they come back, so progress is kept per batch. It stops
 // after the first pipeline with a failed batch (the store is failing again;
 // what is left waits for the next pass) and returns how many were
 // acknowledged.
-func (l *Limiter) send(ctx context.Context, batches []ratelimit.ReplayBatch, ack func([]ratelimit.ReplayBatch, []ratelimit.ReplayResult)) (int, error) {
+func (l *Limiter) send(ctx context.Context, batches []store.ReplayBatch, ack func([]store.ReplayBatch, []store.ReplayResult)) (int, error) {
 	var done int
 	for len(batches) > 0 {
-		chunk := batches[:min(len(batches), l.cfg.ReplayBatch)]
+		chunk := batches[:min(len(batches), l.cfg.ReplayBatchKeys)]
 		batches = batches[len(chunk):]
 		callCtx, cancel := context.WithTimeout(ctx, l.cfg.ReplayTimeout)
 		results, errs := l.store.Replay(callCtx, chunk)

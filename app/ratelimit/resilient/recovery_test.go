@@ -26,6 +26,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -48,7 +49,7 @@ func recoveryConfig(name string) resilient.Config {
 
 // newStore returns a store configured as the service ships it: decisions
 // on a client with the limiter's timeout, replays on one of their own.
-func newStore(t testing.TB, addr string) *redisstore.Limiter {
+func newStore(t testing.TB, addr string) *redisstore.Store {
 	s, closeAll, err := shippedStore(addr)
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +58,7 @@ func newStore(t testing.TB, addr string) *redisstore.Limiter {
 	return s
 }
 
-func shippedStore(addr string) (*redisstore.Limiter, func(), error) {
+func shippedStore(addr string) (*redisstore.Store, func(), error) {
 	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{addr}, Timeout: fleetTimeout, PoolSize: 8})
 	if err != nil {
 		return nil, nil, err
@@ -134,7 +135,7 @@ func grantThroughOutage(t *testing.T, srv *redistest.Server, ls []*resilient.Lim
 }
 
 // grantLog records granted requests (id and store time) per algorithm.
-type grantLog map[ratelimit.Algorithm][]ratelimit.Grant
+type grantLog map[ratelimit.Algorithm][]store.Grant
 
 func (g grantLog) decide(t *testing.T, l *resilient.Limiter, alg ratelimit.Algorithm, key, id string, mode ratelimit.Mode) {
 	t.Helper()
@@ -142,7 +143,7 @@ func (g grantLog) decide(t *testing.T, l *resilient.Limiter, alg ratelimit.Algor
 	if err != nil || !d.Allowed || d.Mode != mode {
 		t.Fatalf("%s %s: %+v %v, want allowed in mode %s", alg, id, d, err, mode)
 	}
-	g[alg] = append(g[alg], ratelimit.Grant{At: d.State.Now, Cost: 1, ID: id})
+	g[alg] = append(g[alg], store.Grant{At: d.State.Now, Cost: 1, ID: id})
 }
 
 // checkExactUsage compares what Redis holds with the grants.
@@ -234,12 +235,12 @@ func TestReplayLeavesExactUsage(t *testing.T) {
 // that timed out on a loaded machine before its scripts ran, is passed on
 // as it is: losing its acknowledgements would lose nothing.)
 type lossyStore struct {
-	*redisstore.Limiter
+	*redisstore.Store
 	lost atomic.Bool
 }
 
-func (s *lossyStore) Replay(ctx context.Context, b []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
-	res, errs := s.Limiter.Replay(ctx, b)
+func (s *lossyStore) Replay(ctx context.Context, b []store.ReplayBatch) ([]store.ReplayResult, []error) {
+	res, errs := s.Store.Replay(ctx, b)
 	if !s.lost.Load() && !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
 		s.lost.Store(true)
 		for i := range errs {
@@ -253,8 +254,8 @@ func (s *lossyStore) Replay(ctx context.Context, b []ratelimit.ReplayBatch) ([]r
 // is sent again; the markers make Redis apply it once.
 func TestInterruptedReplayCountsOnce(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
-	store := &lossyStore{Limiter: newStore(t, srv.Addr())}
-	l, err := resilient.New(store, recoveryConfig("app1"))
+	rs := &lossyStore{Store: newStore(t, srv.Addr())}
+	l, err := resilient.New(rs, recoveryConfig("app1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,14 +363,14 @@ func TestMain(m *testing.M) {
 // runChild serves a resilient limiter over stdin/stdout: "decide KEY N"
 // answers the number admitted, "status" the status JSON.
 func runChild() {
-	store, _, err := shippedStore(os.Getenv("REDIS_ADDR"))
+	rs, _, err := shippedStore(os.Getenv("REDIS_ADDR"))
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
 	}
 	cfg := recoveryConfig("app1")
 	cfg.JournalDir = os.Getenv("JOURNAL_DIR")
-	l, err := resilient.New(store, cfg)
+	l, err := resilient.New(rs, cfg)
 	if err != nil {
 		fmt.Println("error", err)
 		os.Exit(1)
@@ -473,7 +474,7 @@ func TestReplayIsNetOfRefill(t *testing.T) {
 			p := ratelimit.Policy{Name: "short-" + strings.ReplaceAll(string(alg), "_", "-"), Algorithm: alg, Limit: 100, Window: 2 * time.Second}
 			var (
 				mu     sync.Mutex
-				grants = map[string][]ratelimit.Grant{}
+				grants = map[string][]store.Grant{}
 				wg     sync.WaitGroup
 			)
 			ctx, stop := context.WithCancel(context.Background())
@@ -483,7 +484,7 @@ func TestReplayIsNetOfRefill(t *testing.T) {
 					d, err := ls[i%len(ls)].Decide(ctx, ratelimit.Request{Policy: p, Key: key})
 					if err == nil && d.Allowed {
 						mu.Lock()
-						grants[key] = append(grants[key], ratelimit.Grant{At: d.State.Now, Cost: 1})
+						grants[key] = append(grants[key], store.Grant{At: d.State.Now, Cost: 1})
 						mu.Unlock()
 					}
 					time.Sleep(every)
@@ -647,7 +648,8 @@ func TestWipeRestoresUsage(t *testing.T) {
 		}
 		t.Logf("%s: %d remaining after the wipe (no wipe: %d)", alg, d.Remaining, 1000-61)
 	}
-	if n := srv.Client().Exists(ctx, redisstore.New(srv.Client()).GenerationKey()).Val(); n != 1 {
+	// redisstore's generation key under its default prefix.
+	if n := srv.Client().Exists(ctx, "{rl:fleet}:generation").Val(); n != 1 {
 		t.Errorf("generation key missing after recovery")
 	}
 }
@@ -658,10 +660,10 @@ func TestWipeRestoresUsage(t *testing.T) {
 // ends holding every grant exactly once.
 func TestDecideBatchThroughOutage(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	store := newStore(t, srv.Addr())
+	rs := newStore(t, srv.Addr())
 	cfg := recoveryConfig("batch")
 	cfg.ExpectedInstances = 1
-	l, err := resilient.New(store, cfg)
+	l, err := resilient.New(rs, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -691,7 +693,7 @@ func TestDecideBatchThroughOutage(t *testing.T) {
 	srv.Restart(t)
 	waitFor(t, "recovery", 10*time.Second, func() bool { return l.Breaker() == resilient.Closed && l.Status().Journal.Pending == 0 })
 	c := srv.Client()
-	if n, err := c.ZCard(context.Background(), store.Key(log, "k:one")).Result(); err != nil || n != 7 {
+	if n, err := c.ZCard(context.Background(), rs.Key(log, "k:one")).Result(); err != nil || n != 7 {
 		t.Errorf("the log holds %d grants (%v), want 7 (3 in Redis, 4 replayed)", n, err)
 	}
 	d, err := l.Decide(context.Background(), ratelimit.Request{Policy: gcra, Key: "ip:192.0.2.1"})
@@ -868,8 +870,8 @@ func TestClusterShardWipeIsRestored(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	client := redis.NewClusterClient(cl.ClusterOptions())
 	t.Cleanup(func() { _ = client.Close() })
-	store := redisstore.New(client, redisstore.WithTimeout(time.Second))
-	l, err := resilient.New(store, resilient.Config{Instance: "shard", Timeout: time.Second})
+	rs := redisstore.New(client, redisstore.WithTimeout(time.Second))
+	l, err := resilient.New(rs, resilient.Config{Instance: "shard", Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -886,11 +888,11 @@ func TestClusterShardWipeIsRestored(t *testing.T) {
 			}
 		}
 	}
-	fleetMaster := cl.MasterFor(store.FleetKey())
+	fleetMaster := cl.MasterFor(rs.FleetKey())
 	var wiped *redistest.Server
 	onWiped := 0
 	for _, k := range keys {
-		if m := cl.MasterFor(store.Key(p, k)); m != fleetMaster {
+		if m := cl.MasterFor(rs.Key(p, k)); m != fleetMaster {
 			if wiped == nil {
 				wiped = m
 			}
@@ -915,7 +917,7 @@ func TestClusterShardWipeIsRestored(t *testing.T) {
 			t.Fatalf("%s: %+v %v", k, d, err)
 		}
 		where := "another master"
-		if cl.MasterFor(store.Key(p, k)) == wiped {
+		if cl.MasterFor(rs.Key(p, k)) == wiped {
 			where = "the wiped master"
 		}
 		if d.Remaining != 4 {
@@ -934,10 +936,10 @@ func TestClusterShardWipeIsRestored(t *testing.T) {
 // charged nothing.)
 func TestReplayOfNothingIsNotSent(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
-	store := newStore(t, srv.Addr())
+	rs := newStore(t, srv.Addr())
 	cfg := recoveryConfig("app1")
 	cfg.ExpectedInstances = 1
-	l, err := resilient.New(store, cfg)
+	l, err := resilient.New(rs, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -973,7 +975,7 @@ func TestReplayOfNothingIsNotSent(t *testing.T) {
 		t.Errorf("journal: %d replayed, %d pending; want 13 and 0", st.Replayed, st.Pending)
 	}
 	for _, k := range keys {
-		held, err := srv.Client().HGetAll(ctx, store.Key(p, k)).Result()
+		held, err := srv.Client().HGetAll(ctx, rs.Key(p, k)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1064,12 +1066,12 @@ func TestLateAnswerWithinGraceIsTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	store := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(4))
+	rs := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(4))
 	cfg := recoveryConfig("app1")
 	// Replies take 60 ms against the 50 ms timeout; the grace is ample, so
 	// that a slow test machine does not push them past it.
 	cfg.Timeout, cfg.LateGrace, cfg.HeartbeatTTL = 50*time.Millisecond, time.Second, 5*time.Second
-	l, err := resilient.New(store, cfg)
+	l, err := resilient.New(rs, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,15 +12,8 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
-
-// resetter is a Store that can lift an identity's limits for the whole
-// fleet: it drops the identity's state and logs the reset, and hands the
-// logged resets out to every instance (redisstore.Limiter is one).
-type resetter interface {
-	Reset(ctx context.Context, identity string, policies []ratelimit.Policy) error
-	ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, ratelimit.Identity)) (string, error)
-}
 
 // ResetResult says how far a reset went.
 type ResetResult struct {
@@ -52,7 +45,7 @@ type resets struct {
 
 type reapply struct {
 	policy   ratelimit.Policy
-	identity ratelimit.Identity
+	identity store.Identity
 	due      time.Time
 }
 
@@ -76,13 +69,13 @@ func (l *Limiter) Reset(ctx context.Context, identity string, policies ...rateli
 			return ResetResult{}, err
 		}
 	}
-	id := ratelimit.IdentityOf(identity)
+	id := store.IdentityOf(identity)
 	for _, p := range policies {
 		l.forget(p, id)
 		l.reapplyLater(p, id)
 	}
 	res := ResetResult{Fleet: true}
-	r, ok := l.store.(resetter)
+	r, ok := l.store.(store.Resetter)
 	switch {
 	case !ok:
 		res = ResetResult{Partial: errors.New("the store cannot reset for the fleet")}
@@ -106,7 +99,7 @@ func (l *Limiter) Reset(ctx context.Context, identity string, policies ...rateli
 // pollResets applies the resets logged since the last read (the heartbeat
 // calls it), and the second applications that are due.
 func (l *Limiter) pollResets(ctx context.Context) {
-	r, ok := l.store.(resetter)
+	r, ok := l.store.(store.Resetter)
 	if !ok {
 		return
 	}
@@ -140,7 +133,7 @@ func (l *Limiter) pollResets(ctx context.Context) {
 // applyReset applies a reset read from the log: it forgets what this
 // instance holds of identity id under policy p, now and once more a Timeout
 // later.
-func (l *Limiter) applyReset(p ratelimit.Policy, id ratelimit.Identity) {
+func (l *Limiter) applyReset(p ratelimit.Policy, id store.Identity) {
 	l.forget(p, id)
 	l.resets.applied.Add(1)
 	l.reapplyLater(p, id)
@@ -148,7 +141,7 @@ func (l *Limiter) applyReset(p ratelimit.Policy, id ratelimit.Identity) {
 
 // reapplyLater has the next heartbeat a Timeout from now forget the key
 // again (see resets.again).
-func (l *Limiter) reapplyLater(p ratelimit.Policy, id ratelimit.Identity) {
+func (l *Limiter) reapplyLater(p ratelimit.Policy, id store.Identity) {
 	l.resets.mu.Lock()
 	if len(l.resets.again) >= maxReapply {
 		l.resets.again = l.resets.again[1:]
@@ -160,7 +153,7 @@ func (l *Limiter) reapplyLater(p ratelimit.Policy, id ratelimit.Identity) {
 // forget empties the key's entry, as if it had never been seen: no cached
 // refusal, no snapshot, a fresh fallback share. In place, not removed: a
 // removal would count as an eviction.
-func (l *Limiter) forget(p ratelimit.Policy, id ratelimit.Identity) {
+func (l *Limiter) forget(p ratelimit.Policy, id store.Identity) {
 	// Its local grants are usage the reset lifts: not to be replayed.
 	l.journal.Drop(p, id)
 	k := l.keyOfIdentity(p, id)

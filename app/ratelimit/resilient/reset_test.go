@@ -64,13 +64,13 @@ func TestResetAcrossTheFleet(t *testing.T) {
 	}
 	c := srv.Client()
 	defer c.Close()
-	store := newStore(t, srv.Addr()) // for its key names
+	rs := newStore(t, srv.Addr()) // for its key names
 	for _, k := range []struct {
 		p    ratelimit.Policy
 		key  string
 		want int64
 	}{{logPol, "k:spent", 0}, {gcraPol, "k:spent", 0}, {keep, "k:spent", 1}, {logPol, "k:other", 1}, {gcraPol, "k:other", 1}} {
-		if n, err := c.Exists(ctx, store.Key(k.p, k.key)).Result(); err != nil || n != k.want {
+		if n, err := c.Exists(ctx, rs.Key(k.p, k.key)).Result(); err != nil || n != k.want {
 			t.Errorf("%s of %s in Redis: %d %v, want %d", k.p.Name, k.key, n, err, k.want)
 		}
 	}

@@ -1,9 +1,9 @@
 // Package resilient is a ratelimit.Limiter that stays correct while its
-// shared store is out. It wraps the store (redisstore) with a circuit breaker
-// and decides locally while the breaker is open: from a fallback budget that
-// is this instance's share of what the store last said was left, so the
-// fleet as a whole stays within the limit and polite clients are not
-// blocked.
+// shared store is out. It wraps the store (a store.Store: redisstore) with a
+// circuit breaker and decides locally while the breaker is open: from a
+// fallback budget that is this instance's share of what the store last said
+// was left, so the fleet as a whole stays within the limit and polite
+// clients are not blocked.
 //
 // The breaker opens after FailureThreshold consecutive failures, a failure
 // being an error or a call that outlived Timeout. While open no request
@@ -21,78 +21,31 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
-
-// Store is the shared store a Limiter wraps. *redisstore.Limiter satisfies
-// it.
-type Store interface {
-	ratelimit.Limiter
-	// Ping checks that the store answers.
-	Ping(ctx context.Context) error
-	// Heartbeat records the instance as live and returns how many
-	// instances are live and how many are suspect (missing for less than
-	// grace), the store's data generation and its clock. With an error, a
-	// Fleet whose Live is above 0 still carries current counts (the
-	// fleet's part answered, another failed).
-	Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (ratelimit.Fleet, error)
-	// Generation returns the store's data generation, which changes when
-	// the store loses its data.
-	Generation(ctx context.Context) (string, error)
-	// Leave removes the instance's heartbeat.
-	Leave(ctx context.Context, instance string, ttl, grace time.Duration) error
-	// Replay folds journaled grants into the store, each batch at most
-	// once (see ratelimit.ReplayBatch).
-	Replay(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error)
-}
-
-// suspender is a Store that can mark an instance as deciding locally, so
-// that the others hold its share back at once (redisstore.Limiter is one).
-type suspender interface {
-	Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error
-}
-
-// warmer is implemented by a store that can open its connections ahead of
-// the first decisions (redisstore).
-type warmer interface {
-	Warm(ctx context.Context, n int)
-}
-
-// lateReporter is a Store that reports what became of the calls whose
-// callers stopped waiting (redisstore with coalescing; see
-// ratelimit.LateReply). OnLate reports false when it cannot.
-type lateReporter interface {
-	OnLate(window time.Duration, fn func(ratelimit.LateReply)) bool
-}
 
 // warmConnections is how many connections a start, and a recovery, open
 // ahead.
 const warmConnections = 8
 
-// sharded is implemented by a store whose keys live on several nodes that
-// fail independently (redisstore on a Redis Cluster).
-type sharded interface {
-	Sharded() bool
-}
-
 // Limiter is a fault-tolerant ratelimit.Limiter. It is safe for concurrent
 // use. Create it with New and stop it with Close.
 type Limiter struct {
-	store   Store
+	store   store.Store
 	cfg     Config
 	br      breaker
 	seeds   statekey.Seeds
 	journal *journal.Journal
-	seq     atomic.Uint64
-	idBase  string
-	replay  sync.Mutex // one replay at a time
+	ids     *reqid.Minter // for requests without an id
+	replay  sync.Mutex    // one replay at a time
 	// chargedThrough is the store time (µs) through which the last replay
 	// pass charged token bucket and GCRA shares (guarded by replay).
 	chargedThrough int64
@@ -158,7 +111,7 @@ var _ ratelimit.Limiter = (*Limiter)(nil)
 
 type key = statekey.Key
 
-// New returns a Limiter wrapping store and starts its background loop
+// New returns a Limiter wrapping backend and starts its background loop
 // (heartbeats and, while open, probes). The store is not contacted
 // synchronously: an unreachable store at start is not an error.
 //
@@ -166,12 +119,12 @@ type key = statekey.Key
 // outage) are reloaded: they are charged to the local budgets, so their
 // quota is not granted again, and the breaker starts open, so they are
 // replayed before the store is trusted.
-func New(store Store, cfg Config) (*Limiter, error) {
+func New(backend store.Store, cfg Config) (*Limiter, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: store, cfg: cfg, seeds: statekey.NewSeeds(), done: make(chan struct{}), clock: newLocalClock(cfg.Now())}
-	l.idBase = cfg.Instance + "-" + strconv.FormatInt(cfg.Now().UnixNano(), 36) + "-"
+	l := &Limiter{store: backend, cfg: cfg, seeds: statekey.NewSeeds(), done: make(chan struct{}), clock: newLocalClock(cfg.Now())}
+	l.ids = reqid.New(cfg.Instance + "-")
 	keys, err := newKeyTable(cfg.KeyCapacity, l.evicted)
 	if err != nil {
 		return nil, fmt.Errorf("resilient: %w", err)
@@ -182,7 +135,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	}
 	if l.journal.Len() > 0 {
 		// No other goroutine yet: no locks.
-		l.journal.Each(func(p ratelimit.Policy, id ratelimit.Identity, g ratelimit.Grant, s *journal.Snapshot) {
+		l.journal.Each(func(p ratelimit.Policy, id store.Identity, g store.Grant, s *journal.Snapshot) {
 			k := l.keyOfIdentity(p, id)
 			e, _ := l.keys.shard(k).get(k)
 			if !e.localInit {
@@ -194,18 +147,18 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		l.br.state.Store(int32(Open))
 		l.br.opens.Add(1)
 	}
-	if s, ok := store.(lateReporter); ok {
+	if s, ok := backend.(store.LateReporter); ok {
 		l.lateReplies = s.OnLate(cfg.LateWindow, l.onLate)
 	}
-	if _, ok := store.(refunder); ok && l.lateReplies {
-		l.late.refunds.queue = make(chan ratelimit.LateReply, maxRefunds)
+	if _, ok := backend.(store.Refunder); ok && l.lateReplies {
+		l.late.refunds.queue = make(chan store.LateReply, maxRefunds)
 	}
 	l.br.threshold = cfg.FailureThreshold
 	l.br.slowWindow = cfg.SlowWindow
 	l.br.stallAfter = 2 * cfg.Timeout
 	// On a sharded store (a Redis Cluster) a refused call says that one
 	// master is down, not the store: the calls to the others must go on.
-	if s, ok := store.(sharded); ok && s.Sharded() {
+	if s, ok := backend.(store.Sharded); ok && s.Sharded() {
 		l.br.shardedStore = true
 	}
 	l.br.now = l.clock.now
@@ -213,7 +166,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	l.br.onChange = func(from, to BreakerState, reason string) {
 		if to == Open && from == Closed {
 			l.liveBefore.Store(l.live.Load() + l.suspect.Load())
-			if s, ok := store.(suspender); ok {
+			if s, ok := backend.(store.Suspender); ok {
 				go func() { // best effort: the store may well be out
 					ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 					defer cancel()
@@ -228,7 +181,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
-	if s, ok := store.(refunder); ok && l.late.refunds.queue != nil {
+	if s, ok := backend.(store.Refunder); ok && l.late.refunds.queue != nil {
 		go l.sendRefunds(ctx, s)
 	}
 	go l.loop(ctx)

@@ -17,6 +17,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/mocks"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // fakeStore is a mocked Store whose decisions, while up, come from an
@@ -70,18 +71,18 @@ func newFakeStore() *fakeStore {
 			}
 			return nil
 		},
-		HeartbeatFunc: func(ctx context.Context, _ string, _, _ time.Duration) (ratelimit.Fleet, error) {
+		HeartbeatFunc: func(ctx context.Context, _ string, _, _ time.Duration) (store.Fleet, error) {
 			if f.down.Load() || f.hang.Load() {
-				return ratelimit.Fleet{}, fail(ctx)
+				return store.Fleet{}, fail(ctx)
 			}
 			if f.failBeats.Load() {
-				return ratelimit.Fleet{}, fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable)
+				return store.Fleet{}, fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable)
 			}
 			if f.slowBeats.Add(-1) >= 0 {
 				<-ctx.Done()
-				return ratelimit.Fleet{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
+				return store.Fleet{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
 			}
-			return ratelimit.Fleet{Live: int(f.live.Load()), Suspect: int(f.susp.Load()), Generation: *f.gen.Load(),
+			return store.Fleet{Live: int(f.live.Load()), Suspect: int(f.susp.Load()), Generation: *f.gen.Load(),
 				Now: time.Now().UnixMicro() + f.skew.Load()}, nil
 		},
 		GenerationFunc: func(ctx context.Context) (string, error) {
@@ -91,13 +92,13 @@ func newFakeStore() *fakeStore {
 			return *f.gen.Load(), nil
 		},
 		LeaveFunc: func(context.Context, string, time.Duration, time.Duration) error { return nil },
-		ReplayFunc: func(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+		ReplayFunc: func(ctx context.Context, batches []store.ReplayBatch) ([]store.ReplayResult, []error) {
 			if f.down.Load() || f.hang.Load() || f.failReplay.Load() {
 				errs := make([]error, len(batches))
 				for i := range errs {
 					errs[i] = fail(ctx)
 				}
-				return make([]ratelimit.ReplayResult, len(batches)), errs
+				return make([]store.ReplayResult, len(batches)), errs
 			}
 			return f.twin.Load().Replay(ctx, batches)
 		},
@@ -105,7 +106,7 @@ func newFakeStore() *fakeStore {
 	return f
 }
 
-func newLimiter(t *testing.T, s resilient.Store, cfg resilient.Config) *resilient.Limiter {
+func newLimiter(t *testing.T, s store.Store, cfg resilient.Config) *resilient.Limiter {
 	t.Helper()
 	if cfg.Instance == "" {
 		cfg.Instance = "test"
@@ -914,20 +915,20 @@ func (s *nullStore) Decide(_ context.Context, req ratelimit.Request) (ratelimit.
 
 func (s *nullStore) Ping(context.Context) error { return s.err() }
 
-func (s *nullStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (ratelimit.Fleet, error) {
-	return ratelimit.Fleet{Live: 1, Generation: "g", Now: time.Now().UnixMicro()}, s.err()
+func (s *nullStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (store.Fleet, error) {
+	return store.Fleet{Live: 1, Generation: "g", Now: time.Now().UnixMicro()}, s.err()
 }
 
 func (s *nullStore) Generation(context.Context) (string, error) { return "g", s.err() }
 
 func (s *nullStore) Leave(context.Context, string, time.Duration, time.Duration) error { return nil }
 
-func (s *nullStore) Replay(_ context.Context, b []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+func (s *nullStore) Replay(_ context.Context, b []store.ReplayBatch) ([]store.ReplayResult, []error) {
 	errs := make([]error, len(b))
 	for i := range errs {
 		errs[i] = s.err()
 	}
-	return make([]ratelimit.ReplayResult, len(b)), errs
+	return make([]store.ReplayResult, len(b)), errs
 }
 
 // TestStatusIsOneInstant: local_grants and the journal's counters are read
@@ -1078,7 +1079,7 @@ func TestGrantsAfterTheChargeAreChargedInFull(t *testing.T) {
 				var (
 					l              *resilient.Limiter
 					local, atFirst atomic.Int64
-					passes         [][]ratelimit.ReplayBatch
+					passes         [][]store.ReplayBatch
 				)
 				decide := func() {
 					d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
@@ -1090,7 +1091,7 @@ func TestGrantsAfterTheChargeAreChargedInFull(t *testing.T) {
 					}
 				}
 				inner := f.ReplayFunc
-				f.ReplayFunc = func(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+				f.ReplayFunc = func(ctx context.Context, batches []store.ReplayBatch) ([]store.ReplayResult, []error) {
 					if !f.down.Load() { // the passes that reach the store
 						if len(passes) == 0 {
 							atFirst.Store(local.Load())

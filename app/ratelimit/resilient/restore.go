@@ -11,11 +11,12 @@ import (
 	"strconv"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // restore puts back into a store that lost data what this instance's
 // snapshots knew of each key's usage. What the store says each key lost
-// (lossy) decides how:
+// (store.Lossy) decides how:
 //
 //   - All of it (Redis restarted empty): as replay batches of synthetic
 //     grants: the sliding window log's grants at the latest times their age
@@ -28,7 +29,7 @@ import (
 //     most recent one counts.
 //   - Its recent writes (a replica promoted while behind): the key still
 //     holds part of its usage, so adding would count that part twice. It is
-//     raised to the snapshot instead (raiser): a max-merge, harmless to
+//     raised to the snapshot instead (store.Raiser): a max-merge, harmless to
 //     repeat and to do from every instance. A raise after a journal's
 //     replay would undo the replay's additions wherever another instance's
 //     floor is higher, so when it raised anything, the caller replays its
@@ -37,39 +38,39 @@ func (l *Limiter) restore(ctx context.Context, old, gen string) (raised bool, er
 	now := l.storeNow()
 	sum := sha256.Sum256([]byte(gen))
 	marker := "restore-" + hex.EncodeToString(sum[:8])
-	loss := func(ratelimit.Policy, ratelimit.Identity) ratelimit.Loss { return ratelimit.LossAll }
-	if s, ok := l.store.(lossy); ok {
+	loss := func(ratelimit.Policy, store.Identity) store.Loss { return store.LossAll }
+	if s, ok := l.store.(store.Lossy); ok {
 		loss = s.Loss(old, gen)
 	}
-	r, canRaise := l.store.(raiser)
-	var batches []ratelimit.ReplayBatch
-	var floors []ratelimit.Floor
+	r, canRaise := l.store.(store.Raiser)
+	var batches []store.ReplayBatch
+	var floors []store.Floor
 	l.keys.each(func(e *entry) {
 		if !e.snapValid || e.policy == nil || e.snap.Now < now-2*e.policy.WindowMicros() {
 			return
 		}
 		switch loss(*e.policy, e.identity) {
-		case ratelimit.LossRecent:
+		case store.LossRecent:
 			if canRaise {
-				floors = append(floors, ratelimit.Floor{Policy: *e.policy, Identity: e.identity, State: e.snap})
+				floors = append(floors, store.Floor{Policy: *e.policy, Identity: e.identity, State: e.snap})
 				return
 			}
 			fallthrough // adding counts the part that survived twice: too much, never too little
-		case ratelimit.LossAll:
+		case store.LossAll:
 			if g := restoreGrants(*e.policy, e.snap, marker); len(g) > 0 {
-				batches = append(batches, ratelimit.ReplayBatch{Policy: *e.policy, Identity: e.identity, Marker: marker, Grants: g})
+				batches = append(batches, store.ReplayBatch{Policy: *e.policy, Identity: e.identity, Marker: marker, Grants: g})
 			}
 			// The first instance's batch wins, and its snapshot may be
 			// older than another's: every instance also raises the key
 			// to its own, so the key ends up with the latest one.
 			if canRaise {
-				floors = append(floors, ratelimit.Floor{Policy: *e.policy, Identity: e.identity, State: e.snap})
+				floors = append(floors, store.Floor{Policy: *e.policy, Identity: e.identity, State: e.snap})
 			}
 		}
 	})
 	if len(batches) > 0 {
 		l.cfg.Logger.Warn("Redis lost its data: restoring the usage the snapshots knew", "keys", len(batches))
-		if _, err := l.send(ctx, batches, func([]ratelimit.ReplayBatch, []ratelimit.ReplayResult) {}); err != nil {
+		if _, err := l.send(ctx, batches, func([]store.ReplayBatch, []store.ReplayResult) {}); err != nil {
 			return false, err
 		}
 		l.restores.Add(1)
@@ -86,14 +87,14 @@ func (l *Limiter) restore(ctx context.Context, old, gen string) (raised bool, er
 	return false, nil
 }
 
-// raise sends floors to the store in pipelines of ReplayBatch keys, each
+// raise sends floors to the store in pipelines of ReplayBatchKeys, each
 // within ReplayTimeout, and returns the units put back. It stops at the
 // first pipeline with a failure; the caller retries the whole raise, which
 // is harmless (a max-merge).
-func (l *Limiter) raise(ctx context.Context, r raiser, floors []ratelimit.Floor) (uint64, error) {
+func (l *Limiter) raise(ctx context.Context, r store.Raiser, floors []store.Floor) (uint64, error) {
 	var units uint64
 	for len(floors) > 0 {
-		chunk := floors[:min(len(floors), l.cfg.ReplayBatch)]
+		chunk := floors[:min(len(floors), l.cfg.ReplayBatchKeys)]
 		floors = floors[len(chunk):]
 		callCtx, cancel := context.WithTimeout(ctx, l.cfg.ReplayTimeout)
 		raised, errs := r.Raise(callCtx, chunk)
@@ -117,27 +118,13 @@ func (l *Limiter) raise(ctx context.Context, r raiser, floors []ratelimit.Floor)
 	return units, nil
 }
 
-// lossy is a Store that can say what a change of its data generation lost
-// of each key: all of it (a wipe; on a Cluster, only the keys of the
-// masters that lost theirs) or its recent writes. Without it, every key is
-// taken as wiped. redisstore.Limiter is one.
-type lossy interface {
-	Loss(old, new string) func(ratelimit.Policy, ratelimit.Identity) ratelimit.Loss
-}
-
-// raiser is a Store that can raise keys to floors (ratelimit.Floor).
-// redisstore.Limiter is one.
-type raiser interface {
-	Raise(ctx context.Context, floors []ratelimit.Floor) ([]int64, []error)
-}
-
 // restoreGrants turns a snapshot into the grants that rebuild its usage.
-func restoreGrants(p ratelimit.Policy, s ratelimit.State, marker string) []ratelimit.Grant {
+func restoreGrants(p ratelimit.Policy, s ratelimit.State, marker string) []store.Grant {
 	w := p.WindowMicros()
-	var g []ratelimit.Grant
+	var g []store.Grant
 	add := func(at, cost int64, id string) {
 		if cost > 0 {
-			g = append(g, ratelimit.Grant{At: at, Cost: cost, ID: marker + "-" + id})
+			g = append(g, store.Grant{At: at, Cost: cost, ID: marker + "-" + id})
 		}
 	}
 	switch p.Algorithm {

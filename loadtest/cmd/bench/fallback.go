@@ -14,6 +14,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // fallbackRows measures the local decision of an instance whose Redis is
@@ -97,10 +98,10 @@ func fallbackRows(logger *slog.Logger) []Row {
 			}
 			defer j.Close()
 			p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Second}
-			id := ratelimit.IdentityOf("k")
+			id := store.IdentityOf("k")
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				_ = j.Append(p, id, ratelimit.Grant{At: int64(i), Cost: 1})
+				_ = j.Append(p, id, store.Grant{At: int64(i), Cost: 1})
 			}
 		})
 	}
@@ -116,17 +117,17 @@ func (downStore) Decide(context.Context, ratelimit.Request) (ratelimit.Decision,
 	return ratelimit.Decision{}, errDown
 }
 func (downStore) Ping(context.Context) error { return errDown }
-func (downStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (ratelimit.Fleet, error) {
-	return ratelimit.Fleet{}, errDown
+func (downStore) Heartbeat(context.Context, string, time.Duration, time.Duration) (store.Fleet, error) {
+	return store.Fleet{}, errDown
 }
 func (downStore) Generation(context.Context) (string, error) { return "", errDown }
 func (downStore) Leave(context.Context, string, time.Duration, time.Duration) error {
 	return errDown
 }
-func (downStore) Replay(_ context.Context, b []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+func (downStore) Replay(_ context.Context, b []store.ReplayBatch) ([]store.ReplayResult, []error) {
 	errs := make([]error, len(b))
 	for i := range errs {
 		errs[i] = errDown
 	}
-	return make([]ratelimit.ReplayResult, len(b)), errs
+	return make([]store.ReplayResult, len(b)), errs
 }

@@ -196,8 +196,8 @@ func run(ctx context.Context, args []string) error {
 
 	// Ours, as deployed: resilient over redisstore, the service's settings.
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	store := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(*coalesce))
-	lim, err := resilient.New(store, resilient.Config{Instance: "bench", Logger: quiet})
+	rs := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(*coalesce))
+	lim, err := resilient.New(rs, resilient.Config{Instance: "bench", Logger: quiet})
 	if err != nil {
 		return err
 	}
@@ -224,7 +224,7 @@ func run(ctx context.Context, args []string) error {
 		p := ratelimit.Policy{Name: "bench-raw", Algorithm: ratelimit.GCRA, Limit: limit, Window: time.Second}
 		for _, g := range gs {
 			add("ours-raw/gcra", g, func(ctx context.Context, key string) error {
-				_, err := store.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
+				_, err := rs.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
 				return err
 			}, source{redis: client})
 		}

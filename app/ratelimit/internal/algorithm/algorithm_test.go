@@ -6,6 +6,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // twin holds one key's state for every algorithm and applies the pure
@@ -34,8 +35,8 @@ func (w *twin) decide(s vectors.Step) ratelimit.Decision {
 	return d
 }
 
-func (w *twin) replay(now int64, grants []ratelimit.Grant) ratelimit.ReplayResult {
-	var r ratelimit.ReplayResult
+func (w *twin) replay(now int64, grants []store.Grant) store.ReplayResult {
+	var r store.ReplayResult
 	switch w.p.Algorithm {
 	case ratelimit.TokenBucket:
 		w.tb, r = algorithm.TokenBucketReplay(w.p, w.tb, now, grants)

@@ -4,13 +4,14 @@ import (
 	"sort"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // clampGrant moves a grant stamped after now to now. A local clock that
 // stepped ahead, or a restart during an outage before the store's clock
 // was learned, can stamp grants minutes ahead; folded in as stamped, one
 // such grant would lock its key until that time. Every replay clamps.
-func clampGrant(g ratelimit.Grant, now int64) ratelimit.Grant {
+func clampGrant(g store.Grant, now int64) store.Grant {
 	if now > 0 && g.At > now {
 		g.At = now
 	}
@@ -18,7 +19,7 @@ func clampGrant(g ratelimit.Grant, now int64) ratelimit.Grant {
 }
 
 // SortGrants orders grants by time (replays fold them in order).
-func SortGrants(g []ratelimit.Grant) {
+func SortGrants(g []store.Grant) {
 	sort.SliceStable(g, func(i, j int) bool { return g[i].At < g[j].At })
 }
 
@@ -39,10 +40,10 @@ func SortGrants(g []ratelimit.Grant) {
 // still matters depends on what followed it, which the fold accounts for.
 
 // TokenBucketReplay folds grants into a token bucket state.
-func TokenBucketReplay(p ratelimit.Policy, s TokenBucketState, now int64, grants []ratelimit.Grant) (TokenBucketState, ratelimit.ReplayResult) {
+func TokenBucketReplay(p ratelimit.Policy, s TokenBucketState, now int64, grants []store.Grant) (TokenBucketState, store.ReplayResult) {
 	w, rate := p.WindowMicros(), p.Limit
 	capScaled := p.Capacity() * w
-	var r ratelimit.ReplayResult
+	var r store.ReplayResult
 	for _, g := range grants {
 		g = clampGrant(g, now)
 		if s.Last == 0 {
@@ -59,9 +60,9 @@ func TokenBucketReplay(p ratelimit.Policy, s TokenBucketState, now int64, grants
 }
 
 // GCRAReplay folds grants into a GCRA state.
-func GCRAReplay(p ratelimit.Policy, s GCRAState, now int64, grants []ratelimit.Grant) (GCRAState, ratelimit.ReplayResult) {
+func GCRAReplay(p ratelimit.Policy, s GCRAState, now int64, grants []store.Grant) (GCRAState, store.ReplayResult) {
 	w, rate := p.WindowMicros(), p.Limit
-	var r ratelimit.ReplayResult
+	var r store.ReplayResult
 	for _, g := range grants {
 		g = clampGrant(g, now)
 		if s.TAT < g.At {
@@ -82,11 +83,11 @@ func GCRAReplay(p ratelimit.Policy, s GCRAState, now int64, grants []ratelimit.G
 // WindowCounterReplay adds grants to the counts of their windows: the
 // current one (or a later one, for a clock slightly ahead) or the one before;
 // older grants are dropped.
-func WindowCounterReplay(p ratelimit.Policy, s WindowCounterState, now int64, grants []ratelimit.Grant) (WindowCounterState, ratelimit.ReplayResult) {
+func WindowCounterReplay(p ratelimit.Policy, s WindowCounterState, now int64, grants []store.Grant) (WindowCounterState, store.ReplayResult) {
 	w := p.WindowMicros()
 	start := now - now%w
 	cur, prev := s.Shift(start, w)
-	var r ratelimit.ReplayResult
+	var r store.ReplayResult
 	for _, g := range grants {
 		g = clampGrant(g, now)
 		switch gs := g.At - g.At%w; {
@@ -107,9 +108,9 @@ func WindowCounterReplay(p ratelimit.Policy, s WindowCounterState, now int64, gr
 // in-memory log cannot tell a grant that is already present; the Redis twin
 // can, and counts those as Present). Grants at or before now-Window are
 // dropped.
-func WindowLogReplay(p ratelimit.Policy, l *WindowLog, now int64, grants []ratelimit.Grant) ratelimit.ReplayResult {
+func WindowLogReplay(p ratelimit.Policy, l *WindowLog, now int64, grants []store.Grant) store.ReplayResult {
 	w := p.WindowMicros()
-	var r ratelimit.ReplayResult
+	var r store.ReplayResult
 	for _, g := range grants {
 		g = clampGrant(g, now)
 		if g.At <= now-w {

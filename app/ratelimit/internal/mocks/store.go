@@ -10,18 +10,18 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
-// Ensure that Store does implement resilient.Store.
+// Ensure that Store does implement store.Store.
 // If this is not the case, regenerate this file with mockery.
-var _ resilient.Store = &Store{}
+var _ store.Store = &Store{}
 
-// Store is a mock implementation of resilient.Store.
+// Store is a mock implementation of store.Store.
 //
 //	func TestSomethingThatUsesStore(t *testing.T) {
 //
-//		// make and configure a mocked resilient.Store
+//		// make and configure a mocked store.Store
 //		mockedStore := &Store{
 //			DecideFunc: func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 //				panic("mock out the Decide method")
@@ -29,7 +29,7 @@ var _ resilient.Store = &Store{}
 //			GenerationFunc: func(ctx context.Context) (string, error) {
 //				panic("mock out the Generation method")
 //			},
-//			HeartbeatFunc: func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (ratelimit.Fleet, error) {
+//			HeartbeatFunc: func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (store.Fleet, error) {
 //				panic("mock out the Heartbeat method")
 //			},
 //			LeaveFunc: func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) error {
@@ -38,12 +38,12 @@ var _ resilient.Store = &Store{}
 //			PingFunc: func(ctx context.Context) error {
 //				panic("mock out the Ping method")
 //			},
-//			ReplayFunc: func(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+//			ReplayFunc: func(ctx context.Context, batches []store.ReplayBatch) ([]store.ReplayResult, []error) {
 //				panic("mock out the Replay method")
 //			},
 //		}
 //
-//		// use mockedStore in code that requires resilient.Store
+//		// use mockedStore in code that requires store.Store
 //		// and then make assertions.
 //
 //	}
@@ -55,7 +55,7 @@ type Store struct {
 	GenerationFunc func(ctx context.Context) (string, error)
 
 	// HeartbeatFunc mocks the Heartbeat method.
-	HeartbeatFunc func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (ratelimit.Fleet, error)
+	HeartbeatFunc func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (store.Fleet, error)
 
 	// LeaveFunc mocks the Leave method.
 	LeaveFunc func(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) error
@@ -64,7 +64,7 @@ type Store struct {
 	PingFunc func(ctx context.Context) error
 
 	// ReplayFunc mocks the Replay method.
-	ReplayFunc func(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error)
+	ReplayFunc func(ctx context.Context, batches []store.ReplayBatch) ([]store.ReplayResult, []error)
 
 	// calls tracks calls to the methods.
 	calls struct {
@@ -112,7 +112,7 @@ type Store struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Batches is the batches argument value.
-			Batches []ratelimit.ReplayBatch
+			Batches []store.ReplayBatch
 		}
 	}
 	lockDecide     sync.RWMutex
@@ -192,7 +192,7 @@ func (mock *Store) GenerationCalls() []struct {
 }
 
 // Heartbeat calls HeartbeatFunc.
-func (mock *Store) Heartbeat(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (ratelimit.Fleet, error) {
+func (mock *Store) Heartbeat(ctx context.Context, instance string, ttl time.Duration, grace time.Duration) (store.Fleet, error) {
 	if mock.HeartbeatFunc == nil {
 		panic("Store.HeartbeatFunc: method is nil but Store.Heartbeat was just called")
 	}
@@ -312,13 +312,13 @@ func (mock *Store) PingCalls() []struct {
 }
 
 // Replay calls ReplayFunc.
-func (mock *Store) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) ([]ratelimit.ReplayResult, []error) {
+func (mock *Store) Replay(ctx context.Context, batches []store.ReplayBatch) ([]store.ReplayResult, []error) {
 	if mock.ReplayFunc == nil {
 		panic("Store.ReplayFunc: method is nil but Store.Replay was just called")
 	}
 	callInfo := struct {
 		Ctx     context.Context
-		Batches []ratelimit.ReplayBatch
+		Batches []store.ReplayBatch
 	}{
 		Ctx:     ctx,
 		Batches: batches,
@@ -335,11 +335,11 @@ func (mock *Store) Replay(ctx context.Context, batches []ratelimit.ReplayBatch) 
 //	len(mockedStore.ReplayCalls())
 func (mock *Store) ReplayCalls() []struct {
 	Ctx     context.Context
-	Batches []ratelimit.ReplayBatch
+	Batches []store.ReplayBatch
 } {
 	var calls []struct {
 		Ctx     context.Context
-		Batches []ratelimit.ReplayBatch
+		Batches []store.ReplayBatch
 	}
 	mock.lockReplay.RLock()
 	calls = mock.calls.Replay

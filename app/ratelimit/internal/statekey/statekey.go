@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // Key keys an identity's state under one policy in process memory: a
@@ -24,7 +25,7 @@ func NewSeeds() Seeds { return Seeds{maphash.MakeSeed(), maphash.MakeSeed()} }
 // Key returns the state key of identity id under policy p. It does not
 // allocate for policy names of up to 40 bytes: the bytes are put together
 // on the stack and hashed once per seed.
-func (s *Seeds) Key(p ratelimit.Policy, id ratelimit.Identity) Key {
+func (s *Seeds) Key(p ratelimit.Policy, id store.Identity) Key {
 	var buf [128]byte
 	b := append(buf[:0], p.Name...)
 	b = append(b, 0)

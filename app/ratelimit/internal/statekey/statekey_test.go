@@ -7,6 +7,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // TestKeysDiffer: every field that shapes a key's state makes another key,
@@ -14,9 +15,9 @@ import (
 func TestKeysDiffer(t *testing.T) {
 	s := statekey.NewSeeds()
 	base := ratelimit.Policy{Name: "api", Algorithm: ratelimit.GCRA, Limit: 100, Burst: 50, Window: time.Minute}
-	id := ratelimit.IdentityOf("client")
+	id := store.IdentityOf("client")
 	variants := map[string]statekey.Key{}
-	add := func(what string, p ratelimit.Policy, id ratelimit.Identity) {
+	add := func(what string, p ratelimit.Policy, id store.Identity) {
 		k := s.Key(p, id)
 		for other, ok := range variants {
 			if ok == k {
@@ -37,7 +38,7 @@ func TestKeysDiffer(t *testing.T) {
 		change(&p)
 		add(what, p, id)
 	}
-	add("identity", base, ratelimit.IdentityOf("client2"))
+	add("identity", base, store.IdentityOf("client2"))
 	long := base
 	long.Name = strings.Repeat("n", 300) // past the stack buffer
 	add("long name", long, id)
@@ -50,7 +51,7 @@ func TestKeysDiffer(t *testing.T) {
 func TestKeyDoesNotAllocate(t *testing.T) {
 	s := statekey.NewSeeds()
 	p := ratelimit.Policy{Name: "per-address-ceiling", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: time.Minute}
-	id := ratelimit.IdentityOf("client")
+	id := store.IdentityOf("client")
 	if n := testing.AllocsPerRun(100, func() { _ = s.Key(p, id) }); n != 0 {
 		t.Errorf("%v allocations per key", n)
 	}

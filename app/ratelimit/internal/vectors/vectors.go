@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // T0 is the base time of every case, µs since the epoch. It is a multiple of
@@ -295,14 +296,14 @@ type ReplayCase struct {
 	Policy ratelimit.Policy
 	Before []Step
 	At     int64
-	Grants []ratelimit.Grant
-	Result ratelimit.ReplayResult
+	Grants []store.Grant
+	Result store.ReplayResult
 	After  []Step
 }
 
 // AbsGrants returns the grants with absolute times.
-func (c ReplayCase) AbsGrants() []ratelimit.Grant {
-	out := make([]ratelimit.Grant, len(c.Grants))
+func (c ReplayCase) AbsGrants() []store.Grant {
+	out := make([]store.Grant, len(c.Grants))
 	for i, g := range c.Grants {
 		g.At += T0
 		out[i] = g
@@ -320,8 +321,8 @@ var ReplayCases = []ReplayCase{
 		Policy: ratelimit.Policy{Name: "rtb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 10 * time.Second},
 		Before: []Step{{At: 0, Cost: 5}},
 		At:     4 * sec,
-		Grants: []ratelimit.Grant{{At: 1 * sec, Cost: 1, ID: "a"}, {At: 2 * sec, Cost: 2, ID: "b"}, {At: 3 * sec, Cost: 1, ID: "c"}},
-		Result: ratelimit.ReplayResult{Replayed: 4},
+		Grants: []store.Grant{{At: 1 * sec, Cost: 1, ID: "a"}, {At: 2 * sec, Cost: 2, ID: "b"}, {At: 3 * sec, Cost: 1, ID: "c"}},
+		Result: store.ReplayResult{Replayed: 4},
 		After:  []Step{{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 4, Reset: 6 * sec, Tokens: 4e7}}},
 	},
 	{
@@ -333,8 +334,8 @@ var ReplayCases = []ReplayCase{
 		Policy: ratelimit.Policy{Name: "rtb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 10 * time.Second},
 		Before: []Step{{At: 0, Cost: 10}},
 		At:     26 * sec,
-		Grants: []ratelimit.Grant{{At: 15 * sec, Cost: 1, ID: "a"}, {At: 25 * sec, Cost: 1, ID: "b"}},
-		Result: ratelimit.ReplayResult{Replayed: 2},
+		Grants: []store.Grant{{At: 15 * sec, Cost: 1, ID: "a"}, {At: 25 * sec, Cost: 1, ID: "b"}},
+		Result: store.ReplayResult{Replayed: 2},
 		After:  []Step{{At: 26 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 9, Reset: 1 * sec, Tokens: 9e7}}},
 	},
 	{
@@ -346,8 +347,8 @@ var ReplayCases = []ReplayCase{
 		Policy: ratelimit.Policy{Name: "rtb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 10 * time.Second},
 		Before: []Step{{At: 0, Cost: 5}, {At: 6 * sec, Cost: 1}},
 		At:     7 * sec,
-		Grants: []ratelimit.Grant{{At: 2 * sec, Cost: 2, ID: "a"}, {At: 4 * sec, Cost: 2, ID: "b"}},
-		Result: ratelimit.ReplayResult{Replayed: 4},
+		Grants: []store.Grant{{At: 2 * sec, Cost: 2, ID: "a"}, {At: 4 * sec, Cost: 2, ID: "b"}},
+		Result: store.ReplayResult{Replayed: 4},
 		After:  []Step{{At: 7 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 5, Reset: 5 * sec, Tokens: 5e7}}},
 	},
 	{
@@ -356,8 +357,8 @@ var ReplayCases = []ReplayCase{
 		Policy: ratelimit.Policy{Name: "rgc", Algorithm: ratelimit.GCRA, Limit: 10, Window: 10 * time.Second},
 		Before: []Step{{At: 0, Cost: 5}},
 		At:     4 * sec,
-		Grants: []ratelimit.Grant{{At: 1 * sec, Cost: 1, ID: "a"}, {At: 2 * sec, Cost: 2, ID: "b"}, {At: 3 * sec, Cost: 1, ID: "c"}},
-		Result: ratelimit.ReplayResult{Replayed: 4},
+		Grants: []store.Grant{{At: 1 * sec, Cost: 1, ID: "a"}, {At: 2 * sec, Cost: 2, ID: "b"}, {At: 3 * sec, Cost: 1, ID: "c"}},
+		Result: store.ReplayResult{Replayed: 4},
 		After:  []Step{{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 4, Reset: 6 * sec, TAT: 10 * sec}}},
 	},
 	{
@@ -367,8 +368,8 @@ var ReplayCases = []ReplayCase{
 		Name:   "gcra: a grant stamped ahead counts now",
 		Policy: ratelimit.Policy{Name: "rgc", Algorithm: ratelimit.GCRA, Limit: 10, Window: 10 * time.Second},
 		At:     4 * sec,
-		Grants: []ratelimit.Grant{{At: 604 * sec, Cost: 1, ID: "a"}},
-		Result: ratelimit.ReplayResult{Replayed: 1},
+		Grants: []store.Grant{{At: 604 * sec, Cost: 1, ID: "a"}},
+		Result: store.ReplayResult{Replayed: 1},
 		After:  []Step{{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 8, Reset: 2 * sec, TAT: 6 * sec}}},
 	},
 	{
@@ -378,8 +379,8 @@ var ReplayCases = []ReplayCase{
 		Policy: ratelimit.Policy{Name: "rtb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 10 * time.Second},
 		Before: []Step{{At: 0, Cost: 5}},
 		At:     4 * sec,
-		Grants: []ratelimit.Grant{{At: 604 * sec, Cost: 1, ID: "a"}},
-		Result: ratelimit.ReplayResult{Replayed: 1},
+		Grants: []store.Grant{{At: 604 * sec, Cost: 1, ID: "a"}},
+		Result: store.ReplayResult{Replayed: 1},
 		After:  []Step{{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 7, Reset: 3 * sec, Tokens: 7e7}}},
 	},
 	{
@@ -389,8 +390,8 @@ var ReplayCases = []ReplayCase{
 		Policy: ratelimit.Policy{Name: "rswc", Algorithm: ratelimit.SlidingWindowCounter, Limit: 4, Window: 10 * time.Second},
 		Before: []Step{{At: 1 * sec, Cost: 1}},
 		At:     12 * sec,
-		Grants: []ratelimit.Grant{{At: -15 * sec, Cost: 1, ID: "a"}, {At: 2 * sec, Cost: 1, ID: "b"}, {At: 11 * sec, Cost: 2, ID: "c"}},
-		Result: ratelimit.ReplayResult{Replayed: 3, Dropped: 1},
+		Grants: []store.Grant{{At: -15 * sec, Cost: 1, ID: "a"}, {At: 2 * sec, Cost: 1, ID: "b"}, {At: 11 * sec, Cost: 2, ID: "c"}},
+		Result: store.ReplayResult{Replayed: 3, Dropped: 1},
 		// used = 2 × 8e6 + 2 × 1e7 = 3.6e7, + 1e7 > 4e7: denied until
 		// 2 × (W - e) <= 1e7, e = 5 s.
 		After: []Step{{At: 12 * sec, Cost: 1, Want: Want{Remaining: 0, Reset: 18 * sec, Retry: 3 * sec, WindowStart: 10 * sec, Cur: 2, Prv: 2}}},
@@ -401,8 +402,8 @@ var ReplayCases = []ReplayCase{
 		Policy: ratelimit.Policy{Name: "rswl", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: 10 * time.Second},
 		Before: []Step{{At: 0, Cost: 1}},
 		At:     12 * sec,
-		Grants: []ratelimit.Grant{{At: 1 * sec, Cost: 1, ID: "a"}, {At: 5 * sec, Cost: 1, ID: "b"}, {At: 11 * sec, Cost: 1, ID: "c"}},
-		Result: ratelimit.ReplayResult{Replayed: 2, Dropped: 1},
+		Grants: []store.Grant{{At: 1 * sec, Cost: 1, ID: "a"}, {At: 5 * sec, Cost: 1, ID: "b"}, {At: 11 * sec, Cost: 1, ID: "c"}},
+		Result: store.ReplayResult{Replayed: 2, Dropped: 1},
 		After: []Step{
 			{At: 12 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{2, 0, 0, 0, 0, 1}}},
 			// The grant at 5 s leaves at 15 s.

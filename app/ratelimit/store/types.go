@@ -1,6 +1,17 @@
-package ratelimit
+package store
 
-import "crypto/sha256"
+import (
+	"crypto/sha256"
+	"errors"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+)
+
+// ErrPending: the caller stopped waiting (its context ended) while the
+// store still had the call; a store that returns it (one with a
+// LateReporter registered) reports what became of the call as a LateReply.
+// Stores wrap it; test with errors.Is.
+var ErrPending = errors.New("rate-limit decision pending in the store")
 
 // Identity is the SHA-256 of a client identity. Stores and journals keep it
 // instead of the identity itself: fixed length, and no client key on disk.
@@ -21,7 +32,7 @@ type Grant struct {
 // one instance. Marker names the batch ("<instance>:<epoch>"): the store
 // applies a batch at most once, however often it is sent.
 type ReplayBatch struct {
-	Policy   Policy
+	Policy   ratelimit.Policy
 	Identity Identity
 	Marker   string
 	Grants   []Grant
@@ -50,9 +61,9 @@ type ReplayResult struct {
 // whatever it holds beyond it, so raising twice, or to several instances'
 // floors, is harmless.
 type Floor struct {
-	Policy   Policy
+	Policy   ratelimit.Policy
 	Identity Identity
-	State    State
+	State    ratelimit.State
 }
 
 // Loss says what a change of a store's data generation lost of one key.
@@ -83,7 +94,7 @@ type Fleet struct {
 	Now int64
 	// Stages are the recovery stages the live instances last wrote with
 	// their heartbeats ("" for one that wrote none), for a store that
-	// keeps them (redisstore: Limiter.HeartbeatStage).
+	// keeps them (see Stager).
 	Stages []string
 }
 
@@ -93,10 +104,10 @@ type Fleet struct {
 // once it has it, so that a decision the store made, and counted, is never
 // lost between the store and its caller.
 type LateReply struct {
-	Request Request
+	Request ratelimit.Request
 	// Decision is the store's answer when Err is nil: the store decided
 	// the request, and counted it if it was allowed.
-	Decision Decision
+	Decision ratelimit.Decision
 	// Err says why there is no answer. With NotSent the call never reached
 	// the store, which did not count it; otherwise the store may or may not
 	// have (the reply was lost, or did not come within the store's window).
