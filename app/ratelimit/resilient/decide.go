@@ -9,6 +9,7 @@ import (
 	"errors"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
@@ -72,6 +73,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			pending = append(pending, i)
 		}
 	}
+	distinctIDs(reqs, pending)
 	ok, probe := false, false
 	w := l.weight()
 	if len(pending) > 0 && l.br.State() == Closed {
@@ -125,6 +127,35 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		ds[i] = l.decideLocal(keys[i], ids[i], reqs[i], late[i])
 	}
 	return ds, errs
+}
+
+// distinctIDs gives each of reqs[pending] that repeats an earlier one's id
+// (one HTTP request's policies share its id) an id of its own: the id
+// with "/" and its index, the same for a resend of the same requests. A
+// timed-out call's late reply, its doubt in the journal and a refund are
+// each the request's by its id: shared, the reply of one policy settled
+// another's local grant (a grant the store had refused dropped as counted,
+// or a second doubt of the same id refused by the journal, so never
+// replayed: TestBatchOfOneIDSettlesEachPolicy).
+func distinctIDs(reqs []ratelimit.Request, pending []int) {
+	if len(pending) < 2 {
+		return
+	}
+	var seen map[string]bool
+	for _, i := range pending {
+		id := reqs[i].ID
+		if id == "" {
+			continue
+		}
+		if seen == nil {
+			seen = make(map[string]bool, len(pending))
+		}
+		if seen[id] {
+			suffix := "/" + strconv.Itoa(i)
+			reqs[i].ID = id[:min(len(id), ratelimit.MaxKeyBytes-len(suffix))] + suffix
+		}
+		seen[reqs[i].ID] = true
+	}
 }
 
 // prepare validates req.

@@ -1274,3 +1274,67 @@ func TestLateGrantOfAnUnseenKeyIsChargedInFull(t *testing.T) {
 		t.Fatalf("the other instance got %d after the replay, want 1: the local grant was not charged", n)
 	}
 }
+
+// TestBatchOfOneIDSettlesEachPolicy: one HTTP request's policies share its
+// id. Both calls time out and both keys are granted locally; Redis had
+// refused A (spent by another instance) and admitted B. Each late reply
+// settles its own policy's grant: B's is dropped (Redis counted it), A's
+// is charged (it had not), so A ends one unit in debt and B holds one use.
+func TestBatchOfOneIDSettlesEachPolicy(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	slow := redistest.StartProxy(t, srv.Addr())
+	client, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{slow.Addr()}, Timeout: fleetTimeout, PoolSize: 8, LateReplies: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	cfg := recoveryConfig("app1")
+	cfg.ExpectedInstances = 1
+	l, err := resilient.New(redisstore.New(client, redisstore.WithTimeout(fleetTimeout), redisstore.WithCoalescing(4)), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	other := newStore(t, srv.Addr())
+	ctx := context.Background()
+	p := ratelimit.Policy{Name: "one-id", Algorithm: ratelimit.TokenBucket, Limit: 3, Window: time.Hour}
+	waitFor(t, "a heartbeat", 5*time.Second, func() bool { return l.Status().Live == 1 })
+	for i := range 4 { // connections open before the latency
+		if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: fmt.Sprint("warm-", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		if d, err := other.Decide(ctx, ratelimit.Request{Policy: p, Key: "A"}); err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+	}
+	slow.Latency(400 * time.Millisecond)
+	ds, errs := l.DecideBatch(ctx, []ratelimit.Request{{Policy: p, Key: "B", ID: "req-1"}, {Policy: p, Key: "A", ID: "req-1"}})
+	slow.Latency(0)
+	for i, d := range ds {
+		if errs[i] != nil || !d.Allowed || d.Mode != ratelimit.ModeLocal {
+			t.Fatalf("request %d: %+v %v, want a local grant", i, d, errs[i])
+		}
+	}
+	waitFor(t, "the late replies and the replay", 10*time.Second, func() bool {
+		st := l.Status()
+		return st.Late.Present+st.Late.Counted >= 1 && st.Journal.Pending == 0 && st.Journal.Doubts == 0
+	})
+	time.Sleep(300 * time.Millisecond) // the replay of a grant the second reply settled
+	w := p.WindowMicros()
+	tokens := func(k string) float64 {
+		t.Helper()
+		v, err := srv.Client().HGet(ctx, other.Key(p, k), "t").Float64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v / float64(w)
+	}
+	if a := tokens("A"); a > -0.5 {
+		t.Errorf("A holds %.3f tokens, want about -1: its local grant, which Redis had refused, was not charged", a)
+	}
+	if b := tokens("B"); b < 1.5 || b > 2.5 {
+		t.Errorf("B holds %.3f tokens, want about 2: Redis counted its request once", b)
+	}
+}
