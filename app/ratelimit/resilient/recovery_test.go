@@ -1210,20 +1210,7 @@ func TestLastToOpenWaitsForTheInstancesAlreadyOut(t *testing.T) {
 // local grant is charged in full, however late the replay (here after the
 // share would have refilled, which an outage's replay nets out).
 func TestLateGrantOfAnUnseenKeyIsChargedInFull(t *testing.T) {
-	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	slow := redistest.StartProxy(t, srv.Addr())
-	client, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{slow.Addr()}, Timeout: fleetTimeout, PoolSize: 8, LateReplies: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Close() })
-	cfg := recoveryConfig("app1")
-	cfg.ExpectedInstances = 1
-	l, err := resilient.New(redisstore.New(client, redisstore.WithTimeout(fleetTimeout), redisstore.WithCoalescing(4)), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	srv, slow, l := behindSlowProxy(t)
 	other := newStore(t, srv.Addr())
 	ctx := context.Background()
 	// Two units, refilled in 2 s.
@@ -1281,20 +1268,7 @@ func TestLateGrantOfAnUnseenKeyIsChargedInFull(t *testing.T) {
 // settles its own policy's grant: B's is dropped (Redis counted it), A's
 // is charged (it had not), so A ends one unit in debt and B holds one use.
 func TestBatchOfOneIDSettlesEachPolicy(t *testing.T) {
-	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	slow := redistest.StartProxy(t, srv.Addr())
-	client, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{slow.Addr()}, Timeout: fleetTimeout, PoolSize: 8, LateReplies: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = client.Close() })
-	cfg := recoveryConfig("app1")
-	cfg.ExpectedInstances = 1
-	l, err := resilient.New(redisstore.New(client, redisstore.WithTimeout(fleetTimeout), redisstore.WithCoalescing(4)), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	srv, slow, l := behindSlowProxy(t)
 	other := newStore(t, srv.Addr())
 	ctx := context.Background()
 	p := ratelimit.Policy{Name: "one-id", Algorithm: ratelimit.TokenBucket, Limit: 3, Window: time.Hour}
@@ -1337,4 +1311,25 @@ func TestBatchOfOneIDSettlesEachPolicy(t *testing.T) {
 	if b := tokens("B"); b < 1.5 || b > 2.5 {
 		t.Errorf("B holds %.3f tokens, want about 2: Redis counted its request once", b)
 	}
+}
+
+// behindSlowProxy starts a Redis, a proxy to it and one instance through the
+// proxy, as the service ships it (coalescing, late replies read for 5 s),
+// the only one of its fleet.
+func behindSlowProxy(t *testing.T) (*redistest.Server, *redistest.Proxy, *resilient.Limiter) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	slow := redistest.StartProxy(t, srv.Addr())
+	client, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{slow.Addr()}, Timeout: fleetTimeout, PoolSize: 8, LateReplies: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	cfg := recoveryConfig("app1")
+	cfg.ExpectedInstances = 1
+	l, err := resilient.New(redisstore.New(client, redisstore.WithTimeout(fleetTimeout), redisstore.WithCoalescing(4)), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	return srv, slow, l
 }
