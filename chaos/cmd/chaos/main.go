@@ -94,7 +94,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		quick     = fs.Bool("quick", false, "development only: fault 5 s, flap 8 s (not the contract's durations)")
 		timeout   = fs.Duration("redis-timeout", 100*time.Millisecond, "the apps' Redis call timeout, for the latency bound of fault and recovery (used unless /status reports redis_timeout_ms)")
 		seed      = fs.Uint64("seed", 1, "seed of the load's send schedule")
-		reanalyze = fs.Bool("reanalyze", false, "recompute report.json, report.html and summary.json from the logs under -out; runs no stack")
+		reanalyze = fs.Bool("reanalyze", false, "recompute report.json, report.html and summary.json from the logs under -out, and the results page; runs no stack")
 		doc       = fs.String("doc", "", "the results page whose section for this stack the run rewrites (default: docs/CHAOS.md under -root; \"-\": none)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -111,10 +111,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	if *reanalyze {
-		return reanalyzeAll(*out, *stackName, selected, stdout)
-	}
-
 	if *root == "" {
 		wd, err := os.Getwd()
 		if err != nil {
@@ -123,6 +119,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if *root, err = stack.FindRoot(wd); err != nil {
 			return err
 		}
+	}
+	if *doc == "" {
+		*doc = filepath.Join(*root, "docs", "CHAOS.md")
+	}
+	if *reanalyze {
+		err := reanalyzeAll(*out, *stackName, selected, stdout)
+		if *doc != "-" {
+			if derr := writeDoc(*doc, *stackName, *out, selected); derr != nil {
+				fmt.Fprintln(stderr, "chaos: writing", *doc+":", derr)
+			}
+		}
+		return err
 	}
 	// On a terminal, a status block (each scenario's phase, requests per
 	// second, 2xx / 429 / errors, each instance's mode) below the log;
@@ -173,9 +181,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	if *doc != "-" {
-		if *doc == "" {
-			*doc = filepath.Join(*root, "docs", "CHAOS.md")
-		}
 		if derr := writeDoc(*doc, sum.Stack, outDir, selected); derr != nil {
 			fmt.Fprintln(stderr, "chaos: writing", *doc+":", derr)
 		} else {
