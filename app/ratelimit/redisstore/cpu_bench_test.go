@@ -2,10 +2,8 @@ package redisstore_test
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,18 +75,8 @@ func BenchmarkRedisCPU(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			var next atomic.Int64
 			b.ResetTimer()
-			b.SetParallelism(32) // 64 goroutines on 2 CPUs
-			b.RunParallel(func(pb *testing.PB) {
-				key := fmt.Sprint("client-", next.Add(1))
-				for pb.Next() {
-					if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: key}); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
+			decideInParallel(b, l, p)
 			b.StopTimer()
 			cpu1, us1, calls1, err := redisCPU(ctx, admin)
 			if err != nil {

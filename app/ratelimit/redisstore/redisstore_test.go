@@ -497,19 +497,8 @@ func BenchmarkDecideConcurrent(b *testing.B) {
 			defer c.Close()
 			l := redisstore.New(c, redisstore.WithCoalescing(n), redisstore.WithTimeout(time.Second))
 			p := ratelimit.Policy{Name: "bench", Algorithm: ratelimit.GCRA, Limit: 1_000_000, Window: time.Second}
-			ctx := context.Background()
-			var next atomic.Int64
 			b.ReportAllocs()
-			b.SetParallelism(32) // 64 goroutines on 2 CPUs
-			b.RunParallel(func(pb *testing.PB) {
-				key := fmt.Sprint("client-", next.Add(1))
-				for pb.Next() {
-					if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: key}); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
+			decideInParallel(b, l, p)
 		})
 	}
 }
@@ -710,5 +699,22 @@ func TestClientRefusalIsUnavailable(t *testing.T) {
 		}
 		// Redis answers the refusal and closes: the client sees the
 		// reply or the closed connection, whichever it reads first.
+	})
+}
+
+// decideInParallel decides p from 64 goroutines on 2 CPUs, each on a key
+// of its own, until b.N decisions.
+func decideInParallel(b *testing.B, l *redisstore.Store, p ratelimit.Policy) {
+	ctx := context.Background()
+	var next atomic.Int64
+	b.SetParallelism(32)
+	b.RunParallel(func(pb *testing.PB) {
+		key := fmt.Sprint("client-", next.Add(1))
+		for pb.Next() {
+			if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: key}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
 	})
 }
