@@ -138,23 +138,20 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 // or a second doubt of the same id refused by the journal, so never
 // replayed: TestBatchOfOneIDSettlesEachPolicy).
 func distinctIDs(reqs []ratelimit.Request, pending []int) {
-	if len(pending) < 2 {
-		return
-	}
-	var seen map[string]bool
-	for _, i := range pending {
+	// A batch is one request's few policies: a scan of the ones before
+	// costs less than a map.
+	for n, i := range pending {
 		id := reqs[i].ID
 		if id == "" {
 			continue
 		}
-		if seen == nil {
-			seen = make(map[string]bool, len(pending))
+		for _, j := range pending[:n] {
+			if reqs[j].ID == id {
+				suffix := "/" + strconv.Itoa(i)
+				reqs[i].ID = id[:min(len(id), ratelimit.MaxKeyBytes-len(suffix))] + suffix
+				break
+			}
 		}
-		if seen[id] {
-			suffix := "/" + strconv.Itoa(i)
-			reqs[i].ID = id[:min(len(id), ratelimit.MaxKeyBytes-len(suffix))] + suffix
-		}
-		seen[reqs[i].ID] = true
 	}
 }
 
