@@ -94,7 +94,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		quick     = fs.Bool("quick", false, "development only: fault 5 s, flap 8 s (not the contract's durations)")
 		timeout   = fs.Duration("redis-timeout", 100*time.Millisecond, "the apps' Redis call timeout, for the latency bound of fault and recovery (used unless /status reports redis_timeout_ms)")
 		seed      = fs.Uint64("seed", 1, "seed of the load's send schedule")
-		reanalyze = fs.Bool("reanalyze", false, "recompute report.json, report.html and summary.json from the logs under -out, and the results page; runs no stack")
+		reanalyze = fs.Bool("reanalyze", false, "recompute report.json, report.html and summary.json from the logs under -out (and the results page given by -doc); runs no stack")
 		doc       = fs.String("doc", "", "the results page whose section for this stack the run rewrites (default: docs/CHAOS.md under -root; \"-\": none)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -120,17 +120,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return err
 		}
 	}
-	if *doc == "" {
-		*doc = filepath.Join(*root, "docs", "CHAOS.md")
-	}
 	if *reanalyze {
+		// The results page only when named: reports reanalyzed from
+		// elsewhere are not the latest results.
 		err := reanalyzeAll(*out, *stackName, selected, stdout)
-		if *doc != "-" {
+		if *doc != "" && *doc != "-" {
 			if derr := writeDoc(*doc, *stackName, *out, selected); derr != nil {
 				fmt.Fprintln(stderr, "chaos: writing", *doc+":", derr)
 			}
 		}
 		return err
+	}
+	if *doc == "" {
+		*doc = filepath.Join(*root, "docs", "CHAOS.md")
 	}
 	// On a terminal, a status block (each scenario's phase, requests per
 	// second, 2xx / 429 / errors, each instance's mode) below the log;
