@@ -457,15 +457,20 @@ func (c *child) status(t *testing.T) resilient.Status {
 	return s
 }
 
-// TestReplayIsNetOfRefill: through an outage longer than a full refill,
-// four instances grant an abusive key (at four times its rate) and a polite
-// one (at 40 % of it) from their shares, then replay. Redis must then hold
-// no more than an ideal limiter fed every grant in time order, and not much
-// less: at most the refill the shares could not count before the others
-// held them back (TTL + two heartbeat intervals), and a unit per instance of
-// rounding. Folding each instance's grants in turn would charge the
-// later instances' grants without refill: the abusive key would end in debt
-// and the polite key far below the ideal.
+// TestReplayIsNetOfRefill: through an outage more than three times a full
+// refill, four instances grant an abusive key (at four times its rate) and a
+// polite one (at 40 % of it) from their shares, then replay. Redis must then
+// hold no more than an ideal limiter fed every grant in time order (no usage
+// erased). The polite key's shares never ran dry: it must hold what the ideal
+// holds. The abusive key may hold less, by design: each share counts no
+// refill before the others can hold it back (confirmedAt), and charges in
+// full what it granted from the level it started with, which the others may
+// have taken too. How much less depends on how late the heartbeats and
+// replies were, which a loaded machine stretches, so what is asserted is what
+// separates a net charge from a gross one: each share owes at most its
+// capacity plus what it started with, so the key at most two capacities (a
+// reset at most two windows away), where charging the outage's grants in full,
+// or twice, would put it more than three windows in debt.
 func TestReplayIsNetOfRefill(t *testing.T) {
 	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
 		t.Run(string(alg), func(t *testing.T) {
@@ -496,26 +501,15 @@ func TestReplayIsNetOfRefill(t *testing.T) {
 			time.Sleep(time.Second)
 			srv.Kill()
 			waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.Open))
-			time.Sleep(5 * time.Second)
+			time.Sleep(7 * time.Second)
 			stop()
 			wg.Wait()
 			srv.Restart(t)
 			waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.Closed))
 
-			// The abusive key's shares ran dry: the refill before the others
-			// held them back is lost to them. The polite key's never did. And
-			// the grants an instance makes after its first replay pass, while
-			// it waits for the others (at most RecoveryWait, two probe
-			// intervals), are charged in full, without the refill Redis
-			// gives meanwhile (TestGrantsAfterTheChargeAreChargedInFull).
-			cfg := recoveryConfig("")
-			rate := float64(p.Limit) / p.Window.Seconds()
-			slacks := map[string]int64{
-				"abusive": int64(rate*(cfg.HeartbeatTTL+2*cfg.HeartbeatInterval+2*cfg.ProbeInterval).Seconds()) + instances + 8,
-				"polite":  instances + 2,
-			}
+			// A unit per instance of rounding, and the probe's own.
+			emission := time.Duration(p.WindowMicros()/p.Limit) * time.Microsecond
 			for _, key := range []string{"abusive", "polite"} {
-				slack := slacks[key]
 				d, err := ls[0].Decide(context.Background(), ratelimit.Request{Policy: p, Key: key})
 				if err != nil || d.Mode != ratelimit.ModeRedis {
 					t.Fatalf("%s probe: %+v %v", key, d, err)
@@ -530,10 +524,18 @@ func TestReplayIsNetOfRefill(t *testing.T) {
 				}
 				now = d.State.Now
 				want, _ := ideal.Decide(context.Background(), ratelimit.Request{Policy: p, Key: key})
-				t.Logf("%s: %d granted, %d remaining after replay, ideal %d", key, len(sorted), d.Remaining, want.Remaining)
-				if d.Remaining > want.Remaining+1 || d.Remaining < want.Remaining-slack {
-					t.Errorf("%s: %d remaining after replay, want %d (an ideal limiter fed the %d grants) down to %d",
-						key, d.Remaining, want.Remaining, len(sorted), want.Remaining-slack)
+				t.Logf("%s: %d granted, %d remaining after replay (full in %v), ideal %d", key, len(sorted), d.Remaining, d.ResetAfter, want.Remaining)
+				if d.Remaining > want.Remaining+1 {
+					t.Errorf("%s: %d remaining after replay, more than the %d of an ideal limiter fed the %d grants: usage erased",
+						key, d.Remaining, want.Remaining, len(sorted))
+				}
+				if key == "polite" && d.Remaining < want.Remaining-instances-1 {
+					t.Errorf("polite: %d remaining after replay, want %d (an ideal limiter fed the %d grants) less at most a unit per instance",
+						d.Remaining, want.Remaining, len(sorted))
+				}
+				if most := 2*p.Window + (instances+1)*emission; d.ResetAfter > most {
+					t.Errorf("%s: full again in %v after replay, want at most %v (two capacities owed): the outage's grants were charged gross",
+						key, d.ResetAfter, most)
 				}
 			}
 		})
