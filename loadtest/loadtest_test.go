@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -56,6 +57,31 @@ func TestCheckLoopback(t *testing.T) {
 		if err := CheckLoopback(u); err == nil {
 			t.Errorf("%s: accepted", u)
 		}
+	}
+}
+
+// TestAllowTarget: a private address allowed is a target like loopback;
+// another private one is not, and no public one can be allowed.
+func TestAllowTarget(t *testing.T) {
+	for _, a := range []string{"8.8.8.8", "192.0.2.1", "::ffff:1.1.1.1", "2001:db8::1"} {
+		if err := AllowTarget(netip.MustParseAddr(a)); err == nil {
+			t.Errorf("%s: allowed", a)
+		}
+	}
+	if err := AllowTarget(netip.MustParseAddr("10.255.0.7")); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckLoopback("http://10.255.0.7:8080"); err != nil {
+		t.Errorf("allowed target: %v", err)
+	}
+	if err := CheckLoopback("http://10.255.0.8:8080"); err == nil {
+		t.Error("10.255.0.8: accepted, only 10.255.0.7 was allowed")
+	}
+	if _, err := DialRLS("10.255.0.8:8090"); err == nil {
+		t.Error("rate limit service at 10.255.0.8: accepted")
+	}
+	if _, err := loopbackDialer().Dial("tcp", "10.255.0.8:9"); err == nil || !strings.Contains(err.Error(), "not a loopback") {
+		t.Errorf("dial 10.255.0.8: %v, want a refusal", err)
 	}
 }
 

@@ -56,14 +56,14 @@ type RLSClient struct {
 }
 
 // DialRLS returns a client of the rate limit service at addr (host:port,
-// a loopback address or localhost). The connection is made at the first
-// call.
+// a loopback address, localhost, or an address AllowTarget allowed). The
+// connection is made at the first call.
 func DialRLS(addr string) (*RLSClient, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("loadtest: rate limit service address: %w", err)
 	}
-	if ip, err := netip.ParseAddr(host); !strings.EqualFold(host, "localhost") && (err != nil || !ip.IsLoopback()) {
+	if ip, err := netip.ParseAddr(host); !strings.EqualFold(host, "localhost") && (err != nil || !allowedTarget(ip)) {
 		return nil, fmt.Errorf("loadtest: rate limit service %q: only loopback targets (127.0.0.0/8, ::1, localhost) are allowed", addr)
 	}
 	d := loopbackDialer()
