@@ -53,6 +53,51 @@ func readUncounted(ctx context.Context, st stack.Stack, info stack.Info) map[str
 	return out
 }
 
+// DrainWait bounds how long, after the load stops, the suite waits for every
+// instance's journal to hold nothing before it reads the final statuses
+// (drainJournals): a grant made locally in settle's last moments (a call
+// that timed out in a host stall) is replayed at the next tick, and one
+// whose call is still in doubt once the late window (RL_LATE_WINDOW, 5 s)
+// has passed.
+const DrainWait = 8 * time.Second
+
+// drainJournals waits, at most DrainWait, until no instance reports grants
+// still journaled or in doubt. What is still there then is judged as it is
+// (reconciled wants 0).
+func drainJournals(ctx context.Context, st stack.Stack, info stack.Info) {
+	deadline := time.Now().Add(DrainWait)
+	for {
+		drained := true
+		for _, a := range info.AppNames() {
+			c, cancel := context.WithTimeout(ctx, 2*time.Second)
+			b, err := st.Status(c, a)
+			cancel()
+			var body struct {
+				Limiter struct {
+					Journal struct {
+						Pending uint64 `json:"pending"`
+						Doubts  int    `json:"doubts"`
+					} `json:"journal"`
+				} `json:"limiter"`
+			}
+			if err != nil || json.Unmarshal(b, &body) != nil {
+				continue // an instance that does not answer is judged as it is
+			}
+			if j := body.Limiter.Journal; j.Pending > 0 || j.Doubts > 0 {
+				drained = false
+			}
+		}
+		if drained || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // failedAt is the time of the first redis_down event (0: none).
 func failedAt(events []invariant.Event) float64 {
 	for _, e := range events {

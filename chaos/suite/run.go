@@ -444,7 +444,11 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 		writeErr = err
 	}
 
-	// After settle: every instance's /status, and what Redis holds.
+	// After settle: every instance's /status, once the journals have
+	// drained, and what Redis holds.
+	if injectErr == nil {
+		drainJournals(context.WithoutCancel(ctx), cfg.Stack, info)
+	}
 	statuses := append([]invariant.InstanceStatus{}, env.Snapshots...)
 	for _, a := range info.AppNames() {
 		st := invariant.InstanceStatus{Instance: a, Final: true}

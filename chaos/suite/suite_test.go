@@ -451,3 +451,41 @@ func TestDurationDefaults(t *testing.T) {
 		t.Errorf("a negative Prime (none) became %v", d.Prime)
 	}
 }
+
+// drainingStack reports a doubt and a pending grant on app2 for its first
+// polls, as an instance whose last call in settle is still in doubt.
+type drainingStack struct {
+	*fakeStack
+	mu    sync.Mutex
+	polls int
+}
+
+func (s *drainingStack) Status(ctx context.Context, app string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if app != "app2" {
+		return s.fakeStack.Status(ctx, app)
+	}
+	s.polls++
+	pending := 0
+	if s.polls <= 3 {
+		pending = 1
+	}
+	return fmt.Appendf(nil, `{"instance":"app2","limiter":{"journal":{"pending":%d,"doubts":%d}}}`, pending, pending), nil
+}
+
+// TestDrainJournalsWaitsForTheLastGrant: the final statuses are read once
+// no instance holds a grant journaled or in doubt, not while the last one
+// waits for its tick.
+func TestDrainJournalsWaitsForTheLastGrant(t *testing.T) {
+	st := &drainingStack{fakeStack: newFake(t)}
+	info, _ := st.Up(context.Background(), "")
+	start := time.Now()
+	drainJournals(context.Background(), st, info)
+	if st.polls != 4 {
+		t.Errorf("app2 polled %d times, want 4 (drained at the fourth)", st.polls)
+	}
+	if d := time.Since(start); d >= DrainWait {
+		t.Errorf("took %v: waited out DrainWait instead of returning once drained", d)
+	}
+}
