@@ -33,7 +33,7 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 	if l.br.State() == Closed {
 		req = l.withID(req)
 		r := req
-		r.Weight = l.weight()
+		r.Weight = l.weight(req.Policy.Algorithm)
 		if d, ok := l.cachedRefusal(k, r, r.Weight); ok {
 			return d, nil
 		}
@@ -75,12 +75,12 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	}
 	distinctIDs(reqs, pending)
 	ok, probe := false, false
-	w := l.weight()
 	if len(pending) > 0 && l.br.State() == Closed {
 		asked := pending[:0]
 		for _, i := range pending {
 			reqs[i] = l.withID(reqs[i])
 			r := reqs[i]
+			w := l.weight(r.Policy.Algorithm)
 			r.Weight = w
 			if d, cached := l.cachedRefusal(keys[i], r, w); cached {
 				ds[i] = d
@@ -98,7 +98,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		sent := make([]ratelimit.Request, len(pending))
 		for j, i := range pending {
 			sent[j] = reqs[i]
-			sent[j].Weight = w
+			sent[j].Weight = l.weight(reqs[i].Policy.Algorithm)
 		}
 		callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.Timeout)
 		at := l.clock.now()
@@ -473,11 +473,21 @@ func (l *Limiter) fleetSize() int64 {
 	return max(1, l.live.Load()+l.suspect.Load())
 }
 
-// weight holds back the shares of suspect instances in store decisions.
-func (l *Limiter) weight() ratelimit.Weight {
-	live, suspect := l.live.Load(), l.heldBack.Load()
-	if suspect <= 0 || live <= 0 {
+// weight holds back, in store decisions of algorithm alg, the shares of the
+// suspect instances and, for the token bucket and GCRA, of the live ones
+// still recovering (deciding locally). A recovering instance that has
+// replayed grants from what is left of its share, which its charge (net of
+// it) left in the store too; the window algorithms' replays count every
+// grant at its time and leave no such stock, and holding back their
+// whole-window count would refuse polite clients.
+func (l *Limiter) weight(alg ratelimit.Algorithm) ratelimit.Weight {
+	live, suspect, recovering := l.live.Load(), l.heldBack.Load(), l.recovering.Load()
+	if alg != ratelimit.TokenBucket && alg != ratelimit.GCRA {
+		recovering = 0
+	}
+	if live <= 0 || suspect <= 0 && recovering <= 0 {
 		return ratelimit.Weight{}
 	}
-	return ratelimit.Weight{Num: min(live+suspect, 1024), Den: min(live, 1024)}
+	deciders := max(1, live-recovering)
+	return ratelimit.Weight{Num: min(live+max(0, suspect), 1024), Den: min(deciders, 1024)}
 }

@@ -35,3 +35,55 @@ func TestSnapshotIsTheNewestReply(t *testing.T) {
 		t.Fatalf("snapshot %+v, want the newer reply's %+v", got, newer.State)
 	}
 }
+
+// TestRecoveringOthersCountsWhoMayGrantLocally: the live instances whose
+// stage is before closed are counted, this one excepted (its own entry is
+// what it wrote with the heartbeat); one with no stage yet is not.
+func TestRecoveringOthersCountsWhoMayGrantLocally(t *testing.T) {
+	for _, c := range []struct {
+		stages  []string
+		written string
+		want    int64
+	}{
+		{[]string{"g:3", "g:3", "g:3", "g:3"}, "g:3", 0},
+		{[]string{"g:3", "g:2", "g:3", "g:0"}, "g:3", 2},
+		{[]string{"g:2", "g:2", "g:3", "g:3"}, "g:2", 1}, // this one just closed
+		{[]string{"g:3", "old:3", "", "g:3"}, "g:3", 0},  // another generation, no stage yet
+		{[]string{"g:2", "g:1"}, "", 2},                  // this one's first beat
+		{[]string{"g:2"}, "g:2", 0},
+	} {
+		if got := recoveringOthers(c.stages, c.written); got != c.want {
+			t.Errorf("recoveringOthers(%q, %q) = %d, want %d", c.stages, c.written, got, c.want)
+		}
+	}
+}
+
+// TestWeightHoldsBackRecoveringInstances: a closed instance decides in the
+// store as if it had the part of the policy that the instances deciding
+// there have: live ones still recovering are held back like suspects, for
+// the token bucket and GCRA.
+func TestWeightHoldsBackRecoveringInstances(t *testing.T) {
+	for _, c := range []struct {
+		live, held, recovering int64
+		want                   ratelimit.Weight
+	}{
+		{4, 0, 0, ratelimit.Weight{}},
+		{4, 0, 1, ratelimit.Weight{Num: 4, Den: 3}},
+		{3, 1, 1, ratelimit.Weight{Num: 4, Den: 2}},
+		{4, 0, 3, ratelimit.Weight{Num: 4, Den: 1}},
+		{2, 0, 5, ratelimit.Weight{Num: 2, Den: 1}},
+	} {
+		var l Limiter
+		l.live.Store(c.live)
+		l.heldBack.Store(c.held)
+		l.recovering.Store(c.recovering)
+		if got := l.weight(ratelimit.GCRA); got != c.want || !got.Valid() {
+			t.Errorf("live %d, held back %d, recovering %d: %+v, want %+v", c.live, c.held, c.recovering, got, c.want)
+		}
+		if c.held == 0 {
+			if got := l.weight(ratelimit.SlidingWindowCounter); got != (ratelimit.Weight{}) {
+				t.Errorf("sliding window counter, live %d, recovering %d: %+v, want the whole policy", c.live, c.recovering, got)
+			}
+		}
+	}
+}

@@ -116,8 +116,9 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	sent := l.clock.now()
 	var fleet store.Fleet
 	var err error
+	written := l.stageToken()
 	if st, ok := l.store.(store.Stager); ok {
-		fleet, err = st.HeartbeatStage(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace, l.stageToken())
+		fleet, err = st.HeartbeatStage(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace, written)
 	} else {
 		fleet, err = l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
 	}
@@ -166,13 +167,18 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	live, suspect, gen := fleet.Live, fleet.Suspect, fleet.Generation
 	if _, ok := l.store.(store.Stager); ok {
 		l.stages.Store(&fleet.Stages)
+		l.recovering.Store(recoveringOthers(fleet.Stages, written))
 	}
 	l.setFleet(live, suspect)
 	l.lastBeat.Store(l.clock.now().UnixMicro())
 	l.pollResets(ctx)
 	if l.gen.Load() == nil {
 		l.gen.Store(&gen)
-		l.beginSync(gen, stageReplayed)
+		stage := int32(stageReplayed)
+		if l.br.State() == Closed {
+			stage = stageClosed
+		}
+		l.beginSync(gen, stage)
 		return
 	}
 	if l.generationChanged(gen) && l.br.State() == Closed && l.br.set(Closed, Recovering, "the store lost data") {
@@ -192,11 +198,51 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 // only once every live instance is at stageReplayed; after a restore that
 // raised keys, one replays only once every live instance has restored
 // (a raise after another's replay could undo part of it).
+//
+// stageClosed is an instance deciding in the store again. One that has
+// replayed goes on deciding locally until it closes, from its share; the
+// grants it makes meanwhile reach the store only at its next pass. So a
+// closed instance holds back the token bucket and GCRA shares of every live
+// instance not yet closed, as it does a suspect's (weight): without that,
+// the first to close spent in the store what was left of the shares that
+// the others were still granting locally (redis-kill: eight admissions in
+// 70 ms after the first close, one over the limit).
 const (
 	stageBack     = 0 // back; what the store lost not yet put back
 	stageRestored = 1 // put back (raised); journal not yet replayed
 	stageReplayed = 2 // journal replayed (or nothing to replay)
+	stageClosed   = 3 // deciding in the store again
 )
+
+// recoveringOthers counts the live instances other than this one whose
+// stage (as a heartbeat returned them) is before stageClosed: recovering,
+// they may be granting locally. An instance with no stage yet (its first
+// heartbeat) or of another generation at stageClosed (it has not yet seen
+// the store lose data) decides in the store. This instance wrote written
+// with that heartbeat: it is among them if written was.
+func recoveringOthers(stages []string, written string) int64 {
+	n := int64(0)
+	for _, v := range stages {
+		if recoveringStage(v) {
+			n++
+		}
+	}
+	if recoveringStage(written) {
+		n--
+	}
+	return max(0, n)
+}
+
+// recoveringStage reports whether a stage token ("<generation>:<stage>")
+// is of an instance that has not closed.
+func recoveringStage(token string) bool {
+	_, s, ok := strings.Cut(token, ":")
+	if !ok {
+		return false
+	}
+	n, err := strconv.Atoi(s)
+	return err == nil && n < stageClosed
+}
 
 // beginSync starts the recovery to generation gen at stage.
 func (l *Limiter) beginSync(gen string, stage int32) {
@@ -365,6 +411,9 @@ func (l *Limiter) maybeClose(ctx context.Context) {
 		if l.journal.Len() > 0 {
 			_ = l.replayJournal(ctx) // the few grants made during the last pass
 		}
+		// The others learn it from the next heartbeat (an interval); until
+		// then they hold this instance's share back.
+		l.stage.Store(stageClosed)
 	}
 }
 

@@ -84,7 +84,10 @@ func waitFor(t testing.TB, what string, d time.Duration, ok func() bool) {
 func allIn(ls []*resilient.Limiter, s resilient.BreakerState) func() bool {
 	return func() bool {
 		for _, l := range ls {
-			if l.Breaker() != s || (s == resilient.Closed && l.Status().Journal.Pending > 0) {
+			// Closed: deciding in Redis with its journal empty, and no
+			// longer holding back the share of another instance it last
+			// heard was recovering.
+			if st := l.Status(); l.Breaker() != s || (s == resilient.Closed && (st.Journal.Pending > 0 || st.Recovering > 0)) {
 				return false
 			}
 		}

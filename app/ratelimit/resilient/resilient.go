@@ -62,10 +62,14 @@ type Limiter struct {
 	// refuse polite clients while Redis is healthy
 	// (TestOneMissedHeartbeatHoldsNothingBack). confirmedAt counts the interval
 	// it costs a partitioned instance.
-	heldBack  atomic.Int64
-	warming   atomic.Bool // a Warm is running
-	fleetSeen atomic.Bool
-	lastBeat  atomic.Int64 // local µs of the last heartbeat Redis acknowledged
+	heldBack atomic.Int64
+	// recovering is how many live instances other than this one were not
+	// yet deciding in the store at the last heartbeat (stageClosed): a
+	// closed instance holds their token bucket and GCRA shares back too.
+	recovering atomic.Int64
+	warming    atomic.Bool // a Warm is running
+	fleetSeen  atomic.Bool
+	lastBeat   atomic.Int64 // local µs of the last heartbeat Redis acknowledged
 	// missedBeats counts the heartbeats failed in a row.
 	missedBeats atomic.Int64
 	gen         atomic.Pointer[string] // the store's data generation last seen

@@ -619,6 +619,68 @@ func TestSuspectInstancesAreHeldBack(t *testing.T) {
 	})
 }
 
+// stagedFake is a fakeStore that keeps recovery stages: its heartbeats
+// return the others' (set by the test) and the caller's own.
+type stagedFake struct {
+	*fakeStore
+	others atomic.Pointer[[]string]
+}
+
+func (f *stagedFake) HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
+	fleet, err := f.Heartbeat(ctx, instance, ttl, grace)
+	if err == nil {
+		fleet.Stages = append(slices.Clone(*f.others.Load()), stage)
+	}
+	return fleet, err
+}
+
+// TestRecoveringInstancesAreHeldBack: a closed instance holds back the token
+// bucket and GCRA shares of the live instances still recovering (they grant
+// from what is left of their shares, which their replays left in the
+// store), as it does a suspect's, until a heartbeat says they closed; not
+// the window algorithms'. Before, the first instance to close after an
+// outage spent in Redis what the others still granted locally (redis-kill
+// natively, without the fault proxy: one over the limit).
+func TestRecoveringInstancesAreHeldBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &stagedFake{fakeStore: newFakeStore()}
+		recovering := []string{"g:3", "g:2", "g:3"} // one of the three others has replayed, not closed
+		f.others.Store(&recovering)
+		l := newLimiter(t, f, resilient.Config{})
+		settle(time.Second) // a heartbeat with the stages
+		if st := l.Status(); st.Recovering != 1 {
+			t.Fatalf("recovering %d, want 1", st.Recovering)
+		}
+		for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+			p := ratelimit.Policy{Name: "p-" + string(alg), Algorithm: alg, Limit: 100, Window: time.Hour}
+			if got := admit(t, l, p, "k", 100, ratelimit.ModeRedis); got != 75 {
+				t.Errorf("%s, one of four recovering: %d admitted, want 75", alg, got)
+			}
+			if w := f.lastRequest.Load().Weight; w != (ratelimit.Weight{Num: 4, Den: 3}) {
+				t.Errorf("%s: weight %+v, want 4/3", alg, w)
+			}
+		}
+		p := ratelimit.Policy{Name: "log", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: time.Hour}
+		if got := admit(t, l, p, "k", 100, ratelimit.ModeRedis); got != 100 {
+			t.Errorf("sliding window log: %d admitted, want 100 (its replays leave no stock)", got)
+		}
+		closed := []string{"g:3", "g:3", "g:3"}
+		f.others.Store(&closed)
+		settle(time.Second) // the next heartbeat
+		// (The held-back charges scaled: "k" has nothing left. A new key
+		// has its whole policy.)
+		for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
+			p := ratelimit.Policy{Name: "p-" + string(alg), Algorithm: alg, Limit: 100, Window: time.Hour}
+			if got := admit(t, l, p, "k2", 100, ratelimit.ModeRedis); got != 100 {
+				t.Errorf("%s, every instance closed: %d admitted, want 100", alg, got)
+			}
+			if w := f.lastRequest.Load().Weight; w != (ratelimit.Weight{}) {
+				t.Errorf("%s, every instance closed: weight %+v, want the whole policy", alg, w)
+			}
+		}
+	})
+}
+
 // TestOneMissedHeartbeatHoldsNothingBack: a heartbeat that finds three of
 // the four instances missing once (their process stalled; the next one finds
 // them back) holds nothing back, so a key keeps its whole quota; the second

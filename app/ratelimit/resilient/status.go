@@ -10,11 +10,15 @@ import (
 
 // Status is a snapshot of the limiter's state, for /status and metrics.
 type Status struct {
-	Instance       string `json:"instance"`
-	Breaker        string `json:"breaker"`
-	Opens          uint64 `json:"breaker_opens"`
-	Live           int64  `json:"live_instances"`
-	Suspect        int64  `json:"suspect_instances"`
+	Instance string `json:"instance"`
+	Breaker  string `json:"breaker"`
+	Opens    uint64 `json:"breaker_opens"`
+	Live     int64  `json:"live_instances"`
+	Suspect  int64  `json:"suspect_instances"`
+	// Recovering counts the live instances other than this one that were
+	// still deciding locally at the last heartbeat: a closed instance holds
+	// their token bucket and GCRA shares back.
+	Recovering     int64  `json:"recovering_instances"`
 	FleetSize      int64  `json:"fleet_size"`
 	StoreDecisions uint64 `json:"store_decisions"`
 	LocalDecisions uint64 `json:"local_decisions"`
@@ -73,6 +77,7 @@ func (l *Limiter) Status() Status {
 		Opens:           l.br.opens.Load(),
 		Live:            l.live.Load(),
 		Suspect:         l.suspect.Load(),
+		Recovering:      l.recovering.Load(),
 		FleetSize:       l.fleetSize(),
 		StoreDecisions:  l.stats.storeDecisions.Load(),
 		LocalDecisions:  l.stats.localDecisions.Load(),
