@@ -82,7 +82,7 @@ func (c *Compose) Unsupported(needs string) string {
 // (for latency) toxiproxy's API.
 func (c *Compose) Up(ctx context.Context, needs string) (Info, error) {
 	files := ComposeFile
-	if needs == "latency" {
+	if needs == NeedsLatency {
 		files = ComposeFileProxy
 	}
 	// --remove-orphans in make down takes away a proxy the last run added.
@@ -111,7 +111,7 @@ func (c *Compose) Up(ctx context.Context, needs string) (Info, error) {
 		return Info{}, err
 	}
 	info := Info{NginxURL: "http://" + nginx, RedisAddr: redisAddr, UpstreamURL: "http://" + nginx + "/static/", RLSAddr: rls}
-	if needs == "latency" {
+	if needs == NeedsLatency {
 		api, err := c.published(ctx, "toxiproxy", "8474")
 		if err != nil {
 			return Info{}, err

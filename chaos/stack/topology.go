@@ -38,6 +38,13 @@ const (
 	NeedsCluster  = "cluster"
 )
 
+// The needs (Stack.Up) of the faults that need a fault proxy between the
+// apps and Redis: the native stack puts one there only for them.
+const (
+	NeedsLatency   = "latency"
+	NeedsPartition = "partition"
+)
+
 // nodeAt returns the data node listening on addr.
 func nodeAt(info Info, addr string) (Node, error) {
 	for _, n := range info.RedisNodes {

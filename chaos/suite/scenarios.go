@@ -17,8 +17,8 @@ type Scenario struct {
 	Name string
 	// Fault describes the fault for the report.
 	Fault string
-	// Needs names the stack capability the fault needs ("latency"), for
-	// stack.Unsupported; "" for the common ones.
+	// Needs names the stack capability the fault needs (stack.NeedsLatency,
+	// ...), for stack.Unsupported and Stack.Up; "" for the common ones.
 	Needs string
 	// Affected returns the instances the fault cuts off from Redis.
 	Affected func(info stack.Info) []string
@@ -175,7 +175,7 @@ var All = []Scenario{
 	{
 		Name:     "redis-latency",
 		Fault:    "every Redis reply delayed by 300 ms for the fault duration (a latency toxic on every app's proxy)",
-		Needs:    "latency",
+		Needs:    stack.NeedsLatency,
 		Affected: allApps,
 		Inject: func(ctx context.Context, e *Env) error {
 			return withLatency(ctx, e, 300*time.Millisecond, 0)
@@ -184,6 +184,7 @@ var All = []Scenario{
 	{
 		Name:     "partition-one",
 		Fault:    "one app instance (app1) loses Redis for the fault duration while the others keep it",
+		Needs:    stack.NeedsPartition,
 		Affected: partitionVictim,
 		Inject: func(ctx context.Context, e *Env) error {
 			victim := partitionVictim(e.Info)
@@ -297,7 +298,7 @@ var All = []Scenario{
 		Name: "redis-slow",
 		Fault: "every Redis reply delayed at random across the decision timeout (0.4-1.2 of it, a latency toxic " +
 			"with jitter on every app's proxy) for the fault duration: some calls answer in time, some time out after Redis applied them",
-		Needs:    "latency",
+		Needs:    stack.NeedsLatency,
 		Affected: allApps,
 		Inject: func(ctx context.Context, e *Env) error {
 			d, jitter := e.Timeout*8/10, e.Timeout*4/10
