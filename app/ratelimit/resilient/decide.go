@@ -75,12 +75,13 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	}
 	distinctIDs(reqs, pending)
 	ok, probe := false, false
+	bucketW, windowW := l.weights() // one fleet view for the whole batch
 	if len(pending) > 0 && l.br.State() == Closed {
 		asked := pending[:0]
 		for _, i := range pending {
 			reqs[i] = l.withID(reqs[i])
 			r := reqs[i]
-			w := l.weight(r.Policy.Algorithm)
+			w := weightFor(r.Policy.Algorithm, bucketW, windowW)
 			r.Weight = w
 			if d, cached := l.cachedRefusal(keys[i], r, w); cached {
 				ds[i] = d
@@ -98,7 +99,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		sent := make([]ratelimit.Request, len(pending))
 		for j, i := range pending {
 			sent[j] = reqs[i]
-			sent[j].Weight = l.weight(reqs[i].Policy.Algorithm)
+			sent[j].Weight = weightFor(reqs[i].Policy.Algorithm, bucketW, windowW)
 		}
 		callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.Timeout)
 		at := l.clock.now()
@@ -481,13 +482,29 @@ func (l *Limiter) fleetSize() int64 {
 // grant at its time and leave no such stock, and holding back their
 // whole-window count would refuse polite clients.
 func (l *Limiter) weight(alg ratelimit.Algorithm) ratelimit.Weight {
+	bucket, window := l.weights()
+	return weightFor(alg, bucket, window)
+}
+
+// weights returns the weight of the token bucket's and GCRA's decisions
+// and that of the window algorithms' (see weight).
+func (l *Limiter) weights() (bucket, window ratelimit.Weight) {
 	live, suspect, recovering := l.live.Load(), l.heldBack.Load(), l.recovering.Load()
-	if alg != ratelimit.TokenBucket && alg != ratelimit.GCRA {
-		recovering = 0
+	if live <= 0 {
+		return ratelimit.Weight{}, ratelimit.Weight{}
 	}
-	if live <= 0 || suspect <= 0 && recovering <= 0 {
-		return ratelimit.Weight{}
+	of := func(deciders int64) ratelimit.Weight {
+		if deciders >= live+suspect {
+			return ratelimit.Weight{}
+		}
+		return ratelimit.Weight{Num: min(live+suspect, 1024), Den: min(max(1, deciders), 1024)}
 	}
-	deciders := max(1, live-recovering)
-	return ratelimit.Weight{Num: min(live+max(0, suspect), 1024), Den: min(deciders, 1024)}
+	return of(live - recovering), of(live)
+}
+
+func weightFor(alg ratelimit.Algorithm, bucket, window ratelimit.Weight) ratelimit.Weight {
+	if alg == ratelimit.TokenBucket || alg == ratelimit.GCRA {
+		return bucket
+	}
+	return window
 }
