@@ -52,3 +52,41 @@ func TestLateBeatIsNotABeat(t *testing.T) {
 		t.Fatalf("after a beat in time: %+v %v, want 2 live", f, err)
 	}
 }
+
+// TestProbeWaitsTheCallersDeadline: Ping and Generation (an open breaker's
+// probe) wait as long as their caller allows, not the store's decision
+// timeout: the probe waits resilient.Config.SlowWindow, so that a Redis
+// answering every call a little over the timeout closes the breaker again.
+// Cut at the store's 50 ms, such a Redis kept instances local for the whole
+// of a slow spell (chaos redis-slow on a busy host). Without a deadline of
+// the caller's, the store's timeout still bounds them; a heartbeat keeps it
+// (TestLateBeatIsNotABeat).
+func TestProbeWaitsTheCallersDeadline(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	proxy := redistest.StartProxy(t, srv.Addr())
+	c := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	l := redisstore.New(c, redisstore.WithTimeout(50*time.Millisecond))
+	if err := l.Ping(context.Background()); err != nil { // connected, scripts loaded
+		t.Fatal(err)
+	}
+	proxy.Latency(100 * time.Millisecond)
+
+	within := func() context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	if err := l.Ping(within()); err != nil {
+		t.Fatalf("Ping with 1 s to wait, Redis answering in 100 ms: %v", err)
+	}
+	if _, err := l.Generation(within()); err != nil {
+		t.Fatalf("Generation with 1 s to wait, Redis answering in 100 ms: %v", err)
+	}
+	if err := l.Ping(context.Background()); err == nil {
+		t.Fatal("Ping without a deadline succeeded after 100 ms; want the store's 50 ms timeout to bound it")
+	}
+	if _, err := l.Heartbeat(within(), "app1", time.Second, time.Second); err == nil {
+		t.Fatal("a heartbeat succeeded after 100 ms; want the store's 50 ms timeout to bound it")
+	}
+}

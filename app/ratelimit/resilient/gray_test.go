@@ -198,3 +198,58 @@ func TestSlowStoreIsStillAsked(t *testing.T) {
 		}
 	})
 }
+
+// A store that answers late, but within SlowWindow, is slow, not dead: the
+// rule that keeps a closed breaker closed (a reply within the late grace
+// counts) must also close an open one. A probe that waited only Timeout left
+// an instance whose breaker a stall had opened deciding locally for as long
+// as the store stayed slow, while the others, still in the store, held its
+// share back from the polite clients (chaos redis-slow on a busy host: three
+// of four instances local for 7 s, polite clients refused at the fourth).
+func TestSlowStoreClosesAnOpenBreaker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeStore()
+		const timeout = 50 * time.Millisecond
+		var slow atomic.Bool
+		late := func(ctx context.Context) error { // answers after 1.5 × Timeout
+			if !slow.Load() {
+				return nil
+			}
+			select {
+			case <-time.After(timeout * 3 / 2):
+				return nil
+			case <-ctx.Done():
+				return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
+			}
+		}
+		ping, gen := f.PingFunc, f.GenerationFunc
+		f.PingFunc = func(ctx context.Context) error {
+			if err := late(ctx); err != nil {
+				return err
+			}
+			return ping(ctx)
+		}
+		f.GenerationFunc = func(ctx context.Context) (string, error) {
+			if err := late(ctx); err != nil {
+				return "", err
+			}
+			return gen(ctx)
+		}
+		l := newLimiter(t, f, resilient.Config{Timeout: timeout, SlowWindow: 250 * time.Millisecond})
+		f.down.Store(true)
+		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Minute}
+		for range 5 {
+			_, _ = l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
+		}
+		if l.Breaker() != resilient.Open {
+			t.Fatalf("breaker %s with the store down, want open", l.Breaker())
+		}
+		f.down.Store(false)
+		slow.Store(true)
+		time.Sleep(3 * time.Second) // three probe intervals
+		synctest.Wait()
+		if l.Breaker() == resilient.Open {
+			t.Fatalf("breaker still open after 3 s of a store answering every call in %v (Timeout %v, SlowWindow 250ms)", timeout*3/2, timeout)
+		}
+	})
+}
