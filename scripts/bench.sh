@@ -4,7 +4,9 @@
 # all in one run) and stops it. Writes bench-out/results.json and docs/BENCHMARKS.md.
 # Beside it, a native stack on free ports (its own run dir) serves one route with the
 # limiter and one without, and the doors (a static site behind auth_request, Envoy's rate
-# limit service), for the stack/* rows; BENCH_STACK=0 leaves it out.
+# limit service), for the stack/* rows; BENCH_STACK=0 leaves it out. And a native Redis
+# Cluster of three masters on free ports, for the cluster/* rows (our GCRA on it beside the
+# single Redis); BENCH_CLUSTER=0 leaves it out.
 #
 #   scripts/bench.sh [flags for loadtest/cmd/bench]   (make bench BENCH_ARGS="-cell 5s")
 set -euo pipefail
@@ -19,14 +21,82 @@ export PATH
 go build -o bin/bench ./loadtest/cmd/bench
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 dir=$(mktemp -d)
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" --daemonize no \
-    --logfile "$dir/redis.log" &
-redis=$!
-trap 'kill "$redis" 2>/dev/null; wait "$redis" 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 1 100); do
-    redis-cli -p "$port" ping >/dev/null 2>&1 && break
-    sleep 0.05
-done
+# The redis-servers this script started, stopped on exit (after the stack, if it started one).
+redis_pids=()
+stack_up=0
+cleanup() {
+    if [[ $stack_up == 1 ]]; then scripts/local-down.sh >/dev/null 2>&1 || true; fi
+    local pid
+    for pid in "${redis_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${redis_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+# start_redis NAME PORT [redis-server flags]: a redis-server without persistence on
+# 127.0.0.1:PORT, its files in $dir/NAME; fails, with its log, unless it answers PING
+# within 5 s.
+start_redis() {
+    local name=$1 port=$2
+    shift 2
+    mkdir -p "$dir/$name"
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir/$name" \
+        --daemonize no --logfile "$dir/$name/redis.log" "$@" &
+    redis_pids+=($!)
+    for _ in $(seq 1 100); do
+        redis-cli -p "$port" ping >/dev/null 2>&1 && return 0
+        sleep 0.05
+    done
+    echo "bench: redis-server ($name) did not start on 127.0.0.1:$port; its log:" >&2
+    cat "$dir/$name/redis.log" >&2 || true
+    exit 1
+}
+start_redis redis "$port"
+
+cluster_args=()
+if [[ ${BENCH_CLUSTER:-1} == 1 ]]; then
+    # Three masters without replicas, on free ports whose cluster bus ports (+10000) are
+    # free too; the same node settings as the tests' (app/ratelimit/internal/redistest).
+    read -r -a cports <<<"$(python3 -c '
+import random, socket
+found = []
+while len(found) < 3:
+    p = random.randrange(20000, 50000)
+    socks = []
+    try:
+        for q in (p, p + 10000):
+            s = socket.socket(); s.bind(("127.0.0.1", q)); socks.append(s)
+        if p not in found:
+            found.append(p)
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+print(*found)
+')"
+    caddrs=()
+    for p in "${cports[@]}"; do
+        start_redis "cluster-$p" "$p" --cluster-enabled yes --cluster-config-file nodes.conf \
+            --cluster-node-timeout 2000
+        caddrs+=("127.0.0.1:$p")
+    done
+    if ! redis-cli --cluster create "${caddrs[@]}" --cluster-yes >"$dir/cluster-create.log" 2>&1; then
+        echo "bench: redis-cli --cluster create ${caddrs[*]} failed:" >&2
+        cat "$dir/cluster-create.log" >&2
+        exit 1
+    fi
+    for p in "${cports[@]}"; do
+        for i in $(seq 1 200); do
+            redis-cli -p "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok' && break
+            if [[ $i == 200 ]]; then
+                echo "bench: the Cluster (${caddrs[*]}) is not ok after 20 s at 127.0.0.1:$p:" >&2
+                redis-cli -p "$p" cluster info >&2 || true
+                exit 1
+            fi
+            sleep 0.1
+        done
+    done
+    cluster_args=(-cluster "$(IFS=,; echo "${caddrs[*]}")")
+fi
 
 stack_args=()
 if [[ ${BENCH_STACK:-1} == 1 ]]; then
@@ -67,7 +137,7 @@ YAML
         LOCAL_ADMIN_PORT_BASE=$((base + 6)) LOCAL_VIA_PORT_BASE=$((base + 10)) \
         LOCAL_STATIC_PORT=$((base + 15)) LOCAL_RLS_PORT=$((base + 16)) LOCAL_GRPC_PORT_BASE=$((base + 16)) \
         LOCAL_RLS_CONFIG_DIR=$dir/rls
-    trap 'scripts/local-down.sh >/dev/null 2>&1 || true; kill "$redis" 2>/dev/null; wait "$redis" 2>/dev/null; rm -rf "$dir"' EXIT
+    stack_up=1
     scripts/local-up.sh >"$dir/stack-up.log" 2>&1 || { cat "$dir/stack-up.log" >&2; exit 1; }
     # The stack's Redis asks for REDIS_PASSWORD, by default redis/redis.conf's (scripts/lib/local-stack.sh).
     STACK_REDIS_PASSWORD=${REDIS_PASSWORD:-$(awk '$1 == "requirepass" { print $2; exit }' redis/redis.conf)}
@@ -76,4 +146,4 @@ YAML
     export STACK_REDIS_PASSWORD
     stack_args=(-stack "http://127.0.0.1:$base" -stack-redis "127.0.0.1:$((base + 1))" -rls "127.0.0.1:$((base + 16))")
 fi
-bin/bench -redis "127.0.0.1:$port" "${stack_args[@]}" "$@"
+bin/bench -redis "127.0.0.1:$port" "${stack_args[@]}" "${cluster_args[@]}" "$@"

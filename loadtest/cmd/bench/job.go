@@ -68,8 +68,8 @@ func rlsDecider(rls *loadtest.RLSClient, route string) decider {
 }
 
 // job is one row measured in slices: its latencies and time so far, the
-// CPU its Redis spent over its slices (unless a reading failed), and how
-// many of its decisions were not made in Redis.
+// CPU its Redis and this process spent over its slices (unless a reading
+// failed), and how many of its decisions were not made in Redis.
 type job struct {
 	name     string
 	g        int
@@ -79,6 +79,8 @@ type job struct {
 	elapsed  time.Duration
 	cpuUS    float64
 	cpuLost  bool // a reading of Redis' CPU failed
+	procUS   float64
+	procLost bool // a reading of this process' CPU failed
 	notRedis int64
 	errs     sync.Map
 	errCount atomic.Int64
@@ -94,7 +96,8 @@ func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool
 		}
 	}
 	lat := make([][]time.Duration, j.g)
-	cpu0, ok0 := redisCPU(ctx, j.src.redis)
+	cpu0, ok0 := j.src.redisCPU(ctx)
+	proc0, pok0 := processCPU()
 	var else0 int64
 	if j.src.elsewhere != nil {
 		else0 = j.src.elsewhere()
@@ -122,7 +125,10 @@ func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool
 	}
 	wg.Wait()
 	j.elapsed += time.Since(start)
-	cpu1, ok1 := redisCPU(ctx, j.src.redis)
+	proc1, pok1 := processCPU()
+	cpu1, ok1 := j.src.redisCPU(ctx)
+	j.procLost = j.procLost || !pok0 || !pok1
+	j.procUS += proc1 - proc0
 	j.cpuLost = j.cpuLost || !ok0 || !ok1
 	j.cpuUS += cpu1 - cpu0
 	if j.src.elsewhere != nil {
@@ -144,6 +150,9 @@ func (j *job) row() Row {
 		P50us: pct(j.lat, 0.50), P99us: pct(j.lat, 0.99), NotInRedis: j.notRedis + j.errCount.Load()}
 	if !j.cpuLost && len(j.lat) > 0 {
 		row.RedisCPUus = round(j.cpuUS / float64(len(j.lat)))
+	}
+	if j.src.inProcess && !j.procLost && len(j.lat) > 0 {
+		row.BenchCPUus = round(j.procUS / float64(len(j.lat)))
 	}
 	fmt.Fprintf(display, "%-28s %4d goroutines  %9.0f/s  p50 %7.1f µs  p99 %8.1f µs%s\n", j.name, j.g, row.DecisionsPerS, row.P50us, row.P99us, row.suffix())
 	return row

@@ -13,17 +13,25 @@
 //     an instance makes while Redis is out, and the journaling of its grant;
 //   - stack/*: a native stack through nginx: a route with the limiter and
 //     without it, and the doors for other languages beside them (a static
-//     site behind auth_request, Envoy's rate limit service over gRPC).
+//     site behind auth_request, Envoy's rate limit service over gRPC);
+//   - cluster/*: ours/gcra on the single Redis and on a Redis Cluster
+//     (-cluster; scripts/bench.sh starts a native one of three masters),
+//     in turns, with the Redis CPU a decision costs on each (cluster.go);
+//   - memory/*: the Redis memory of a key of each algorithm and of
+//     redis_rate's, from -mem-keys keys written into the flushed Redis
+//     (memory.go).
 //
-// Each row has decisions/s, p50 and p99 (µs) at 1, 16, 64 and 256
-// goroutines over 10 000 keys, and the CPU its Redis spent per decision; a
-// row some of whose decisions were not made in Redis is marked, and is no
-// ratio's input. It writes bench-out/results.json and docs/BENCHMARKS.md.
+// Each throughput row has decisions/s, p50 and p99 (µs) at 1, 16, 64 and
+// 256 goroutines over 10 000 keys, and the CPU its Redis spent per
+// decision; a row some of whose decisions were not made in Redis is marked,
+// and is no ratio's input. It writes bench-out/results.json and
+// docs/BENCHMARKS.md.
 package main
 
 // This file builds the rows (each a few lines that hand one limiter to the
-// same measuring loop, job.go); ceiling.go and fallback.go measure the rows
-// that are not such a loop, and report.go writes the results.
+// same measuring loop, job.go; cluster.go adds the cluster rows);
+// ceiling.go, fallback.go and memory.go measure the rows that are not such
+// a loop, and report.go writes the results.
 
 import (
 	"context"
@@ -64,6 +72,11 @@ type Row struct {
 	// RedisCPUus is the CPU time Redis' process spent per decision over
 	// the row's slices (INFO cpu), µs.
 	RedisCPUus float64 `json:"redis_cpu_us_per_decision,omitempty"`
+	// BenchCPUus is the CPU time this process spent per decision over the
+	// row's slices, for the rows whose limiter runs in it (a library call):
+	// the limiter's Go side and its Redis client, with the measuring loop,
+	// µs.
+	BenchCPUus float64 `json:"bench_cpu_us_per_decision,omitempty"`
 	// NotInRedis counts the row's decisions not made in Redis (decided
 	// locally, a cached refusal, a failed call): such a row is marked in
 	// the table and is no ratio's input.
@@ -76,6 +89,9 @@ func (r Row) suffix() string {
 	s := ""
 	if r.RedisCPUus > 0 {
 		s += fmt.Sprintf("  Redis CPU %5.1f µs/decision", r.RedisCPUus)
+	}
+	if r.BenchCPUus > 0 {
+		s += fmt.Sprintf("  bench CPU %5.1f µs/decision", r.BenchCPUus)
 	}
 	if r.NotInRedis > 0 {
 		s += fmt.Sprintf("  (%d decisions not made in Redis)", r.NotInRedis)
@@ -95,10 +111,12 @@ type Results struct {
 	// CPUBusyPct and CPUStealPct are the machine's CPU use over the run
 	// (percent of all cores' time): busy, and taken by the hypervisor. A
 	// run with steal measured the host too; compare ratios within a run.
-	CPUBusyPct  *float64           `json:"cpu_busy_pct,omitempty"`
-	CPUStealPct *float64           `json:"cpu_steal_pct,omitempty"`
-	Rows        []Row              `json:"rows"`
-	Ratios      map[string]float64 `json:"ratios"`
+	CPUBusyPct  *float64 `json:"cpu_busy_pct,omitempty"`
+	CPUStealPct *float64 `json:"cpu_steal_pct,omitempty"`
+	Rows        []Row    `json:"rows"`
+	// Memory is the Redis memory per key of each algorithm (memory.go).
+	Memory []MemRow           `json:"memory,omitempty"`
+	Ratios map[string]float64 `json:"ratios"`
 }
 
 const limit = 1000 // per second, per key: most calls are admissions
@@ -119,7 +137,9 @@ func run(ctx context.Context, args []string) error {
 	levels := fs.String("goroutines", "1,16,64,256", "concurrency levels")
 	pool := fs.Int("pool", 300, "go-redis pool size, on every side")
 	coalesce := fs.Int("coalesce", 4, "our pipelines in flight at once (RL_REDIS_PIPELINES; 0: a round trip per decision)")
-	only := fs.String("only", "", "measure only the rows whose name starts with this")
+	only := fs.String("only", "", "measure only the rows whose name starts with this (memory/: only the memory rows; cluster/: only the cluster rows)")
+	memKeys := fs.Int("mem-keys", 200_000, "distinct keys each memory row writes (Redis bytes per key of each algorithm; it flushes the Redis); 0 leaves the memory rows out")
+	clusterAddrs := fs.String("cluster", "", "the nodes of a Redis Cluster (host:port,...): measure ours/gcra on it beside the single Redis, in turns (cluster/* rows)")
 	stackURL := fs.String("stack", "", "nginx of a native stack serving /api/bench-on (limited) and /api/bench-off (not): measure the stack with the limiter on and off")
 	stackRedis := fs.String("stack-redis", "", "with -stack: the stack's Redis (host:port; its password, if any, in $STACK_REDIS_PASSWORD), whose CPU the stack rows report")
 	rlsAddr := fs.String("rls", "", "with -stack: its rate limit service (domain bench, descriptor key), and /static/ behind auth_request: measure the doors beside the route")
@@ -166,6 +186,10 @@ func run(ctx context.Context, args []string) error {
 	if *rounds < 1 {
 		return fmt.Errorf("-rounds: %d", *rounds)
 	}
+	// wants reports whether -only selects the rows under prefix.
+	wants := func(prefix string) bool {
+		return strings.HasPrefix(prefix, *only) || strings.HasPrefix(*only, prefix)
+	}
 	var jobs []*job
 	add := func(name string, g int, d decider, src source) {
 		if strings.HasPrefix(name, *only) {
@@ -175,6 +199,9 @@ func run(ctx context.Context, args []string) error {
 	// measureAll measures the jobs added so far, in turns, and adds their
 	// rows.
 	measureAll := func(what string, between func() error) error {
+		if len(jobs) == 0 && between == nil {
+			return nil
+		}
 		for r := range *rounds {
 			lv.prog.Phase(fmt.Sprintf("%s, round %d of %d", what, r+1, *rounds))
 			for _, j := range jobs {
@@ -194,9 +221,17 @@ func run(ctx context.Context, args []string) error {
 		return nil
 	}
 
+	rs := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(*coalesce))
+	// The memory rows first, on the fresh Redis (they flush it, so they run
+	// before any limiter of the rows below keeps fleet state in it).
+	if *memKeys > 0 && wants("memory/") {
+		if res.Memory, err = memoryRows(ctx, *addr, client, rs, *memKeys, lv); err != nil {
+			return err
+		}
+	}
+
 	// Ours, as deployed: resilient over redisstore, the service's settings.
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rs := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(*coalesce))
 	lim, err := resilient.New(rs, resilient.Config{Instance: "bench", Logger: quiet})
 	if err != nil {
 		return err
@@ -204,7 +239,7 @@ func run(ctx context.Context, args []string) error {
 	defer lim.Close(ctx)
 	// Ours decides elsewhere than Redis when the fallback decides (a call
 	// failed or timed out) and when a refusal is cached.
-	ours := source{redis: client, elsewhere: func() int64 {
+	ours := source{redis: client, inProcess: true, elsewhere: func() int64 {
 		st := lim.Status()
 		return int64(st.LocalDecisions + st.CachedRefusals)
 	}}
@@ -226,7 +261,7 @@ func run(ctx context.Context, args []string) error {
 			add("ours-raw/gcra", g, func(ctx context.Context, key string) error {
 				_, err := rs.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
 				return err
-			}, source{redis: client})
+			}, source{redis: client, inProcess: true})
 		}
 	}
 
@@ -236,7 +271,7 @@ func run(ctx context.Context, args []string) error {
 		add("peer/redis_rate", g, func(ctx context.Context, key string) error {
 			_, err := rr.Allow(ctx, key, redis_rate.PerSecond(limit))
 			return err
-		}, source{redis: client})
+		}, source{redis: client, inProcess: true})
 	}
 	ustore, err := ululeredis.NewStoreWithOptions(client, ulule.StoreOptions{Prefix: "ulule", MaxRetry: 1})
 	if err != nil {
@@ -247,24 +282,24 @@ func run(ctx context.Context, args []string) error {
 		add("peer/ulule_limiter", g, func(ctx context.Context, key string) error {
 			_, err := ul.Get(ctx, key)
 			return err
-		}, source{redis: client})
+		}, source{redis: client, inProcess: true})
 	}
 
 	// The ceiling: our GCRA script by redis-benchmark, 64 connections, a
 	// slice after each round of the rows above.
 	var ceil [2][]Row
-	between := func() error {
-		if !strings.HasPrefix("ceiling/", *only) && !strings.HasPrefix(*only, "ceiling/") {
+	var between func() error
+	if wants("ceiling/") {
+		between = func() error {
+			for i, depth := range []int{1, 16} {
+				r, err := ceiling(ctx, client, *addr, depth, *keys, 300_000 / *rounds)
+				if err != nil {
+					return err
+				}
+				ceil[i] = append(ceil[i], r)
+			}
 			return nil
 		}
-		for i, depth := range []int{1, 16} {
-			r, err := ceiling(ctx, client, *addr, depth, *keys, 300_000 / *rounds)
-			if err != nil {
-				return err
-			}
-			ceil[i] = append(ceil[i], r)
-		}
-		return nil
 	}
 	if err := measureAll("libraries", between); err != nil {
 		return err
@@ -279,10 +314,26 @@ func run(ctx context.Context, args []string) error {
 	}
 
 	// The fallback's decision and the journal's append, in memory.
-	if strings.HasPrefix("fallback/", *only) || strings.HasPrefix(*only, "fallback/") {
+	if wants("fallback/") {
 		lv.prog.Phase("fallback")
 		res.Rows = append(res.Rows, fallbackRows(quiet)...)
 		lv.prog.Phase("")
+	}
+
+	// Our GCRA on a Redis Cluster beside the single Redis, in turns: the
+	// Redis CPU a decision costs on each.
+	if *clusterAddrs != "" && wants("cluster/") {
+		stop, err := clusterRows(ctx, clusterSetup{
+			addrs: strings.Split(*clusterAddrs, ","), pool: *pool, coalesce: *coalesce, logger: quiet,
+			single: lim, singleSrc: ours, levels: gs, add: add,
+		})
+		if err != nil {
+			return err
+		}
+		defer stop()
+		if err := measureAll("cluster", nil); err != nil {
+			return err
+		}
 	}
 
 	// The whole stack through nginx, the same route with the limiter and

@@ -60,6 +60,7 @@ func ratios(res *Results) {
 		}
 		res.Ratios["ours_gcra_best_vs_ceiling_P16"] = round(best/c.DecisionsPerS*100) / 100
 	}
+	clusterRatios(res)
 }
 
 func write(out, md string, res Results) error {
@@ -81,10 +82,10 @@ func write(out, md string, res Results) error {
 	if res.CPUStealPct != nil {
 		fmt.Fprintf(&b, "Over the run the machine's cores were %.1f %% busy and the hypervisor took %.1f %% of their time (steal): with steal, every row is slower, so compare rows of one run only.\n\n", *res.CPUBusyPct, *res.CPUStealPct)
 	}
-	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant, `stack/*` the native stack (nginx, four instances, Redis; the apps dial Redis directly, log at info) answering one route with its limiter (a GCRA policy it never refuses) and without (a route with no policies), requests per second through nginx over keep-alive connections; beside them the doors for other languages through the same nginx and instances (docs/DOORS.md): `stack/auth-request` a static site (a second nginx) whose every request nginx first checks with an instance (auth_request, a GCRA policy it never refuses), `stack/grpc` Envoy's rate limit service (ShouldRateLimit over one plaintext HTTP/2 connection, a descriptor per key, GCRA). The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
+	fmt.Fprintf(&b, "Each row is one limiter or command at one concurrency: `ours/*` is our limiter as the service deploys it (the resilient layer over redisstore, 50 ms timeout) with `RL_REDIS_PIPELINES=%d` (`-coalesce`), `peer/*` the peer libraries (every side on one go-redis client of %d connections), `ceiling/*` redis-benchmark running our own GCRA script by EVALSHA (64 connections, 1 and 16 commands per round trip), `fallback/*` the in-memory decision an instance makes while Redis is out and the journaling of its grant, `stack/*` the native stack (nginx, four instances, Redis; the apps dial Redis directly, log at info) answering one route with its limiter (a GCRA policy it never refuses) and without (a route with no policies), requests per second through nginx over keep-alive connections; beside them the doors for other languages through the same nginx and instances (docs/DOORS.md): `stack/auth-request` a static site (a second nginx) whose every request nginx first checks with an instance (auth_request, a GCRA policy it never refuses), `stack/grpc` Envoy's rate limit service (ShouldRateLimit over one plaintext HTTP/2 connection, a descriptor per key, GCRA); `cluster/*` `ours/gcra` on the single Redis (`cluster/gcra-single`) and on a native Redis Cluster beside it (`cluster/gcra-<n>-masters`: n masters without replicas on this machine, a Cluster client with the same settings; `BENCH_CLUSTER=0` leaves them out), measured in turns: `cluster_vs_single_decisions_per_redis_cpu_s_at_<g>` is the Cluster's decisions per Redis CPU-second (summed over its masters) over the single Redis'. The load generator and Redis share the machine's cores.\n\n", res.Coalesce, res.Pool)
 	var mem strings.Builder
-	b.WriteString("`Redis CPU µs` is the CPU time the Redis process spent per decision over the row (INFO cpu before and after each slice; for `stack/*` the stack's own Redis, heartbeats included). A row marked `not in Redis: n` had n decisions made elsewhere (by the fallback after a failed or timed-out call, from a cached refusal, or failed): its figures mix two paths, and it is no ratio's input.\n\n")
-	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | Redis CPU µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	b.WriteString("`Redis CPU µs` is the CPU time the Redis process spent per decision over the row (INFO cpu before and after each slice; for `stack/*` the stack's own Redis, heartbeats included; for a Cluster the sum over its masters): 10⁶ / µs is the decisions per second one fully busy Redis core makes. `bench CPU µs` is the CPU time the bench process spent per decision, for the rows whose limiter runs in it: the limiter's Go side and its Redis client, with the measuring loop. A row marked `not in Redis: n` had n decisions made elsewhere (by the fallback after a failed or timed-out call, from a cached refusal, or failed): its figures mix two paths, and it is no ratio's input.\n\n")
+	b.WriteString("| row | goroutines | decisions/s | p50 µs | p99 µs | Redis CPU µs | bench CPU µs | ns/op | allocs/op |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range res.Rows {
 		p50, p99, ns, allocs := fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.1f", r.P99us), "", ""
 		if r.NsPerOp > 0 { // a Go benchmark: ns/op, not a latency distribution
@@ -94,18 +95,22 @@ func write(out, md string, res Results) error {
 			p50, p99 = "", ""
 			fmt.Fprintf(&mem, "- `%s`: %d keys held locally (the key capacity) after 1 000 000 distinct keys were decided; the heap grew by %.0f MiB.\n", r.Name, r.KeysHeld, float64(r.HeapBytes)/(1<<20))
 		}
-		name, cpu := r.Name, ""
+		name, cpu, bcpu := r.Name, "", ""
 		if r.NotInRedis > 0 {
 			name += fmt.Sprintf(" (not in Redis: %d)", r.NotInRedis)
 		}
 		if r.RedisCPUus > 0 {
 			cpu = fmt.Sprintf("%.1f", r.RedisCPUus)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s | %s |\n", name, r.Goroutines, r.DecisionsPerS, p50, p99, cpu, ns, allocs)
+		if r.BenchCPUus > 0 {
+			bcpu = fmt.Sprintf("%.1f", r.BenchCPUus)
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %s | %s | %s | %s | %s |\n", name, r.Goroutines, r.DecisionsPerS, p50, p99, cpu, bcpu, ns, allocs)
 	}
 	if mem.Len() > 0 {
 		b.WriteString("\nThe fallback's memory:\n\n" + mem.String())
 	}
+	b.WriteString(memoryText(res.Memory))
 	b.WriteString("\n## Ratios, same run\n\n| ratio | value |\n| --- | ---: |\n")
 	keys := make([]string, 0, len(res.Ratios))
 	for k := range res.Ratios {
