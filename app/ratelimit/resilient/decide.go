@@ -477,10 +477,12 @@ func (l *Limiter) fleetSize() int64 {
 // weight holds back, in store decisions of algorithm alg, the shares of the
 // suspect instances and, for the token bucket and GCRA, of the live ones
 // still recovering (deciding locally). A recovering instance that has
-// replayed grants from what is left of its share, which its charge (net of
-// it) left in the store too; the window algorithms' replays count every
-// grant at its time and leave no such stock, and holding back their
-// whole-window count would refuse polite clients.
+// replayed grants from what is left of its share, which the store shows as
+// free too. The window algorithms' hold-back lowers the whole limit: held
+// back for the recovering instances, the first to close after a full outage
+// refused polite keys until the others closed (TestFleetFaults/redis-kill),
+// so there the rest of a recovering share can be granted twice for the
+// moments of its recovery (docs/GUARANTEES.md).
 func (l *Limiter) weight(alg ratelimit.Algorithm) ratelimit.Weight {
 	bucket, window := l.weights()
 	return weightFor(alg, bucket, window)
