@@ -14,7 +14,6 @@ package envoyrls
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
@@ -73,8 +72,6 @@ type Service struct {
 	instance string
 	trusted  []netip.Prefix
 	logger   *slog.Logger
-	idBase   string
-	seq      atomic.Uint64
 }
 
 // Option configures a Service.
@@ -109,9 +106,6 @@ func New(limiter ratelimit.Limiter, cfg *Config, opts ...Option) *Service {
 		o(s)
 	}
 	s.SetConfig(cfg)
-	var b [9]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
-	s.idBase = "rls-" + base64.RawURLEncoding.EncodeToString(b[:]) + "-"
 	return s
 }
 
@@ -368,7 +362,7 @@ func (s *Service) requestID(ctx context.Context) string {
 			}
 		}
 	}
-	return s.idBase + strconv.FormatUint(s.seq.Add(1), 36)
+	return httplimit.NewRequestID()
 }
 
 func (s *Service) isTrusted(a net.Addr) bool {

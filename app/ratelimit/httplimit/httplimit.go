@@ -72,7 +72,6 @@ import (
 	"net/netip"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 )
 
 // Header names read or written by the middleware.
@@ -319,7 +318,7 @@ func (m *Middleware) requestIDOf(r *http.Request, peerTrusted bool) (string, boo
 			return id, false
 		}
 	}
-	return reqid.Random(), false
+	return NewRequestID(), false
 }
 
 type requestIDKey struct{}

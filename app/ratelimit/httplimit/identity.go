@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 )
 
 // identities returns the default identities of r: key, under which the
@@ -156,6 +157,12 @@ func contains(prefixes []netip.Prefix, a netip.Addr) bool {
 	}
 	return false
 }
+
+// NewRequestID returns a new request id, as the middleware gives a request
+// that comes without one: 32 random hex digits, the shape of nginx's
+// $request_id. Other front doors (the gRPC rate limit service) mint theirs
+// with it, so that every id the fleet sees has one source.
+func NewRequestID() string { return reqid.Random() }
 
 // ValidRequestID reports whether id is usable as a request id: 1 to 128
 // bytes of [A-Za-z0-9._:-] (nginx's $request_id is 32 hex digits; UUIDs
