@@ -1,0 +1,194 @@
+// The replay of the journal: its batches folded into the store, at most
+// once each (recovery.go decides when).
+
+package resilient
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
+)
+
+// replayJournal folds the journal into the store: it starts a new epoch
+// (grants made meanwhile wait for the next pass), sends the older batches in
+// pipelines of ReplayBatchKeys and clears each batch the store
+// acknowledged. It stops at the first batch the store could not take, so a
+// store that fails again mid-replay leaves the rest for the next attempt; the
+// markers make resending a batch harmless.
+func (l *Limiter) replayJournal(ctx context.Context) error {
+	l.replay.Lock()
+	defer l.replay.Unlock()
+	through := l.journal.Rotate()
+	pending, snaps := l.journal.Pending(through)
+	if len(pending) == 0 {
+		return nil
+	}
+	// The store's clock now, at the earliest it can read (netOfRefill).
+	now := l.storeNow() - l.offset.load().errUS
+	// A token bucket or GCRA key goes as one charge: its grants net of the
+	// refill its share would have wasted (netOfRefill), over all of the
+	// key's batches of the same share. A key's grants can sit in several
+	// batches: the epochs of this process and of the one before it, killed
+	// during the outage, which left its grants in the file. Charged one
+	// batch at a time, each batch's share would see again the refill that
+	// the other batch's grants took, and the key would be charged less than
+	// its grants took (TestRestartDuringOutageChargesTheWholeShare). The whole
+	// charge goes with the key's first batch and a zero one with the others
+	// (a resent first batch is refused by its marker; were it acknowledged
+	// and a later one not, the later one is charged alone at the next pass:
+	// more, never less).
+	// Grouped by policy and identity (the key's snapshot is theirs), in
+	// the order of their first batch. Indices, not copies: grouping by value (a
+	// 370-byte map key and slice element per batch) would cost a recovering
+	// instance time and memory in proportion to its keys before its first
+	// pipeline (scripts/measure-drain.sh measures a drain).
+	type chargeKey struct {
+		policy   ratelimit.Policy
+		identity store.Identity
+	}
+	type chargeGroup struct {
+		first int   // the key's first batch, which holds its snapshot
+		more  []int // its other batches (rare: several epochs)
+	}
+	// The batches of one epoch (one marker) are of distinct keys: no map
+	// is needed then.
+	oneEpoch := true
+	for _, b := range pending {
+		if b.Marker != pending[0].Marker {
+			oneEpoch = false
+			break
+		}
+	}
+	var index map[chargeKey]int
+	if !oneEpoch {
+		index = make(map[chargeKey]int, len(pending))
+	}
+	groups := make([]chargeGroup, 0, len(pending))
+	grouped := 0
+	for i, b := range pending {
+		if a := b.Policy.Algorithm; (a == ratelimit.TokenBucket || a == ratelimit.GCRA) && snaps[i] != nil {
+			grouped++
+			if index != nil {
+				k := chargeKey{b.Policy, b.Identity}
+				if g, ok := index[k]; ok {
+					groups[g].more = append(groups[g].more, i)
+					continue
+				}
+				index[k] = len(groups)
+			}
+			groups = append(groups, chargeGroup{first: i})
+		}
+	}
+	// A share an earlier pass charged through its time (chargedThrough) is
+	// the store's to refill from then on: the grants made after it (while
+	// recovering, waiting for the others) owe every unit. Netted against
+	// the outage's share, which by then looks full again, a second pass
+	// would charge a fraction of them (TestGrantsAfterTheChargeAreChargedInFull).
+	charges := make([]store.Grant, grouped) // one charge per batch
+	free := make([]bool, len(pending))      // the batches charged nothing
+	var early []store.Grant
+	for _, grp := range groups {
+		policy, snap := pending[grp.first].Policy, *snaps[grp.first]
+		early = early[:0]
+		late := int64(0)
+		charged := l.chargedThrough > 0 && max(snap.State.Now, snap.Confirmed) <= l.chargedThrough
+		for j := -1; j < len(grp.more); j++ {
+			i := grp.first
+			if j >= 0 {
+				i = grp.more[j]
+			}
+			for _, g := range pending[i].Grants {
+				if charged && g.At > l.chargedThrough {
+					late += g.Cost
+				} else {
+					early = append(early, g)
+				}
+			}
+		}
+		at, units := now, 0.0
+		if len(early) > 0 {
+			var ok bool
+			if at, units, ok = netOfRefill(policy, snap, early, now); !ok {
+				continue
+			}
+		}
+		units += float64(late)
+		owed := int64(math.Ceil(units - 1e-9))
+		for j := -1; j < len(grp.more); j++ {
+			i, cost := grp.first, owed
+			if j >= 0 {
+				i, cost = grp.more[j], 0
+			}
+			charges[0] = store.Grant{At: at, Cost: cost}
+			pending[i].Grants, charges = charges[:1:1], charges[1:]
+			free[i] = owed == 0
+		}
+	}
+	// A key that owes nothing (its share's refill covered its grants)
+	// changes nothing in the store: its batches are acknowledged here,
+	// without a round trip. In an outage of many keys each used a little,
+	// most are such (a drain of 100 000 keys: about 60 % of the batches).
+	// The zero batches of a key that owes something still go, after its
+	// charge: acknowledged first, they would be lost were the charge not.
+	start := l.clock.now()
+	toSend, acked := pending[:0], make([]store.ReplayBatch, 0, grouped)
+	for i, b := range pending {
+		if free[i] {
+			acked = append(acked, b)
+		} else {
+			toSend = append(toSend, b)
+		}
+	}
+	if len(acked) > 0 {
+		l.journal.Ack(acked, make([]store.ReplayResult, len(acked)))
+	}
+	replayed, err := l.send(ctx, toSend, l.journal.Ack)
+	replayed += len(acked)
+	if len(groups) > 0 && replayed > 0 {
+		l.chargedThrough = now
+	}
+	if err != nil {
+		return fmt.Errorf("replayed %d batches, then: %w", replayed, err)
+	}
+	l.cfg.Logger.Info("journal replayed", "batches", replayed, "took", l.clock.now().Sub(start).String())
+	return nil
+}
+
+// send sends batches to the store in pipelines of ReplayBatchKeys, each within
+// ReplayTimeout, and hands each pipeline's acknowledged batches to ack, with
+// their results, as they come back, so progress is kept per batch. It stops
+// after the first pipeline with a failed batch (the store is failing again;
+// what is left waits for the next pass) and returns how many were
+// acknowledged.
+func (l *Limiter) send(ctx context.Context, batches []store.ReplayBatch, ack func([]store.ReplayBatch, []store.ReplayResult)) (int, error) {
+	var done int
+	for len(batches) > 0 {
+		chunk := batches[:min(len(batches), l.cfg.ReplayBatchKeys)]
+		batches = batches[len(chunk):]
+		callCtx, cancel := context.WithTimeout(ctx, l.cfg.ReplayTimeout)
+		results, errs := l.store.Replay(callCtx, chunk)
+		cancel()
+		var firstErr error
+		acked, ackedResults := chunk[:0:0], results[:0:0]
+		for i, b := range chunk {
+			if errs[i] != nil {
+				firstErr = cmp.Or(firstErr, errs[i])
+				continue
+			}
+			acked, ackedResults = append(acked, b), append(ackedResults, results[i])
+		}
+		ack(acked, ackedResults)
+		done += len(acked)
+		if len(acked) > 0 {
+			l.br.success() // the store answers: a timeout meanwhile is a busy store
+		}
+		if firstErr != nil {
+			return done, firstErr
+		}
+	}
+	return done, nil
+}
