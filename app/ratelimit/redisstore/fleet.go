@@ -21,14 +21,14 @@ var fleetScript = redis.NewScript(fleetLua)
 // own, so in a Cluster it lives on one slot.
 func (l *Store) FleetKey() string { return "{" + l.prefix + ":fleet}:instances" }
 
-// Ping checks that Redis answers, by the caller's deadline (without one,
-// within the store's timeout: probeContext). When it does, the decision
-// scripts are loaded too: a Redis that was restarted has an empty script cache, and without this every decision after the outage
+// Ping checks that Redis answers, within the limiter's timeout. When it
+// does, the decision scripts are loaded too: a Redis that was restarted has
+// an empty script cache, and without this every decision after the outage
 // would pay EVALSHA, NOSCRIPT and EVAL of the whole script at once, a burst
 // of latency right when the fleet comes back (TestPingLoadsScripts,
 // TestScriptsReloadAfterFlush).
 func (l *Store) Ping(ctx context.Context) error {
-	callCtx, cancel := l.probeContext(ctx)
+	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	var err error
 	if c, ok := l.client.(redis.Cmdable); ok {
@@ -96,13 +96,13 @@ func (l *Store) HeartbeatStage(ctx context.Context, instance string, ttl, grace 
 	if err != nil {
 		return f, err
 	}
-	return f, l.shardGeneration(ctx, &f.Generation, l.callContext)
+	return f, l.shardGeneration(ctx, &f.Generation)
 }
 
 // shardGeneration replaces *gen with the per-range generations on a Cluster
-// (shards.go), bounding the call with within.
-func (l *Store) shardGeneration(ctx context.Context, gen *string, within func(context.Context) (context.Context, context.CancelFunc)) error {
-	callCtx, cancel := within(ctx)
+// (shards.go).
+func (l *Store) shardGeneration(ctx context.Context, gen *string) error {
+	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	g, cluster, err := l.clusterGeneration(callCtx)
 	if err != nil {
@@ -125,7 +125,7 @@ func (l *Store) Generation(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	err = l.shardGeneration(ctx, &f.Generation, l.probeContext)
+	err = l.shardGeneration(ctx, &f.Generation)
 	return f.Generation, err
 }
 
@@ -159,11 +159,7 @@ func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.
 	if err := ratelimit.ValidateKey(instance); err != nil {
 		return store.Fleet{}, err
 	}
-	within := l.callContext
-	if op == "peek" {
-		within = l.probeContext
-	}
-	callCtx, cancel := within(ctx)
+	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	floors := l.seen.floors()
 	sent := time.Now()
@@ -231,15 +227,4 @@ func (l *Store) callContext(ctx context.Context) (context.Context, context.Cance
 		return context.WithTimeout(ctx, l.timeout)
 	}
 	return ctx, func() {}
-}
-
-// probeContext bounds Ping and Generation: by the caller's deadline when it
-// has one, else by the store's timeout. An open breaker's probe waits longer
-// than a decision (resilient.Config.SlowWindow: a store that answers within
-// it is slow, not dead), and the store's timeout must not cut it short.
-func (l *Store) probeContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.WithCancel(ctx)
-	}
-	return l.callContext(ctx)
 }

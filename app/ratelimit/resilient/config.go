@@ -28,9 +28,7 @@ type Config struct {
 	// time out open the breaker only if no call or heartbeat has succeeded
 	// for this long. Until then each timed-out call is decided locally and
 	// the breaker stays closed. It adds to the time an unanswering store
-	// takes to open the breaker, not to any request's latency. An open
-	// breaker's probe waits as long: a store that answers within it is
-	// slow, not dead, and the breaker moves on to recovering.
+	// takes to open the breaker, not to any request's latency.
 	SlowWindow time.Duration
 	// ProbeInterval is how often an open breaker pings the store (1 s)
 	// while the pings time out. A ping refused at once (Redis' process

@@ -322,16 +322,8 @@ func (l *Limiter) resync(ctx context.Context, gen string) bool {
 // Timeout, not a timeout): the store, or the host it runs on, refused; and
 // whether the ping was answered but the breaker is open again (answered: a
 // later step failed).
-//
-// The ping and the generation wait SlowWindow (at least Timeout), not
-// Timeout: a store that answers within it is slow, not dead, which is what
-// keeps a closed breaker closed (breaker.failure). A probe that waited only
-// Timeout left an instance that a stall had sent local deciding locally for
-// as long as the store stayed slow, while the instances still in the store
-// held its share back from every client (TestSlowStoreClosesAnOpenBreaker).
 func (l *Limiter) probe(ctx context.Context) (refused, answered bool) {
-	wait := max(l.cfg.Timeout, l.cfg.SlowWindow)
-	callCtx, cancel := context.WithTimeout(ctx, wait)
+	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	sent := l.clock.now()
 	err := l.store.Ping(callCtx)
 	cancel()
@@ -347,7 +339,7 @@ func (l *Limiter) probe(ctx context.Context) (refused, answered bool) {
 	// at once (the instances close within a few ms of each other, and each
 	// decision would pay a dial, AUTH and HELLO: TestRecoveryWarmsThePool).
 	l.warm(ctx)
-	callCtx, cancel = context.WithTimeout(ctx, wait)
+	callCtx, cancel = context.WithTimeout(ctx, l.cfg.Timeout)
 	gen, err := l.store.Generation(callCtx)
 	cancel()
 	if err != nil {
