@@ -14,7 +14,8 @@ import (
 type Config struct {
 	// Instance names this instance in heartbeats and logs. Required.
 	Instance string
-	// Timeout bounds each store call (50 ms).
+	// Timeout bounds each store call (50 ms), and so how long a decision
+	// waits for the store (but see LateGrace).
 	Timeout time.Duration
 	// FailureThreshold is the number of consecutive failed calls that
 	// opens the breaker (3): for failures the store or the network
@@ -90,9 +91,12 @@ type Config struct {
 	// call's local grant is replayed, and counted twice if the call ran.
 	LateWindow time.Duration
 	// LateGrace is how much longer than Timeout a request whose call timed
-	// out waits for the store's late answer before it is decided locally
-	// (Timeout / 4): behind a slow or briefly stalled store that answer
-	// usually comes, and is exact.
+	// out may wait for the store's late answer before it is decided
+	// locally (0: not at all). Behind a slow store that answer often
+	// comes, and is exact, but every request it holds waits past Timeout,
+	// which is the decision's latency bound that callers size for: the
+	// default keeps it (a late answer still settles the local decision,
+	// late.go).
 	LateGrace time.Duration
 	// RecoveryWait bounds how long a recovered instance keeps deciding
 	// locally while other instances are still missing (2 × ProbeInterval).
@@ -138,6 +142,6 @@ func (c *Config) setDefaults() error {
 	}
 	def(&c.RecoveryWait, 2*c.ProbeInterval)
 	def(&c.LateWindow, 5*time.Second)
-	def(&c.LateGrace, c.Timeout/4)
+	c.LateGrace = max(c.LateGrace, 0)
 	return nil
 }
