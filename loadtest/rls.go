@@ -13,8 +13,10 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // RLSPrefix starts a route served by Envoy's rate limit service (v3,
@@ -91,7 +93,13 @@ func rlsRequest(route, name string) (*pb.RateLimitRequest, error) {
 }
 
 // ShouldRateLimit makes one call of key name on route and returns the
-// answer with its header metadata.
+// answer with its header metadata. A call that fails UNAVAILABLE is made
+// once more, as a client of a fleet configures it (Envoy's
+// grpc_service.retry_policy, docs/DOORS.md): a proxy in front of the
+// instances (the stack's nginx) resends a call that found an instance
+// gone only until it has sent it, since it does not buffer a gRPC body,
+// so a call in flight to an instance that crashes fails with a 502, which
+// gRPC reads as UNAVAILABLE, and only the client can resend it.
 func (c *RLSClient) ShouldRateLimit(ctx context.Context, route, name string) (*pb.RateLimitResponse, metadata.MD, error) {
 	req, err := rlsRequest(route, name)
 	if err != nil {
@@ -99,10 +107,18 @@ func (c *RLSClient) ShouldRateLimit(ctx context.Context, route, name string) (*p
 	}
 	ctx, cancel := context.WithTimeout(ctx, rlsTimeout)
 	defer cancel()
-	var md metadata.MD
-	resp, err := c.client.ShouldRateLimit(ctx, req, grpc.Header(&md))
-	return resp, md, err
+	for attempt := 1; ; attempt++ {
+		var md metadata.MD
+		resp, err := c.client.ShouldRateLimit(ctx, req, grpc.Header(&md))
+		if attempt < rlsAttempts && status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+			continue
+		}
+		return resp, md, err
+	}
 }
+
+// rlsAttempts bounds the attempts of one call (see ShouldRateLimit).
+const rlsAttempts = 2
 
 // send makes one call of key k and records it, as send does a request.
 func (c *RLSClient) send(ctx context.Context, k Key, now func() time.Time) Record {

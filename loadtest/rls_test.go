@@ -13,7 +13,9 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // fakeRLS imitates the stack's rate limit service: a per-value fixed window
@@ -44,7 +46,7 @@ func (f *fakeRLS) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	return resp, nil
 }
 
-func startFakeRLS(t *testing.T, f *fakeRLS) string {
+func startFakeRLS(t *testing.T, f pb.RateLimitServiceServer) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -104,6 +106,47 @@ func TestRunThroughTheRateLimitService(t *testing.T) {
 	}
 	if res.ByStatus[200] == 0 || res.ByStatus[429] == 0 {
 		t.Fatalf("statuses %v: want both OK and OVER_LIMIT", res.ByStatus)
+	}
+}
+
+// failsOddCalls fails every other call with code: UNAVAILABLE is what
+// nginx's 502 reads as, for a call that was in flight to an instance that
+// died.
+type failsOddCalls struct {
+	pb.UnimplementedRateLimitServiceServer
+	code  codes.Code
+	calls atomic.Int64
+}
+
+func (f *failsOddCalls) ShouldRateLimit(context.Context, *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	if f.calls.Add(1)%2 == 1 {
+		return nil, status.Error(f.code, "failed")
+	}
+	return &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK}, nil
+}
+
+// TestRLSCallResentOnceWhenUnavailable: a call that fails UNAVAILABLE is
+// made once more (ShouldRateLimit), and recorded by its answer; a call
+// that fails otherwise is not resent.
+func TestRLSCallResentOnceWhenUnavailable(t *testing.T) {
+	for _, tt := range []struct {
+		code   codes.Code
+		calls  int64
+		status int
+	}{
+		{codes.Unavailable, 2, 200},
+		{codes.Internal, 1, 0},
+	} {
+		f := &failsOddCalls{code: tt.code}
+		rls, err := DialRLS(startFakeRLS(t, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := rls.send(context.Background(), Key{Route: "rls:chaos/gcra", Name: "k"}, time.Now)
+		_ = rls.Close()
+		if rec.Status != tt.status || f.calls.Load() != tt.calls {
+			t.Errorf("%v: record %+v after %d calls: want status %d after %d", tt.code, rec, f.calls.Load(), tt.status, tt.calls)
+		}
 	}
 }
 
