@@ -16,4 +16,12 @@
 //
 // All times inside the algorithms are integer microseconds since the Unix
 // epoch, so that Go and Lua compute bit-identical results.
+//
+// "Key" means one thing in this API: Request.Key, the client a policy
+// limits (an API key, an address, a descriptor value), as the caller
+// names it. What the backends make of it has names of its own: its
+// identity (store.Identity, the key's SHA-256: what journals and stores
+// keep, so no client bytes are stored), the Redis key of a policy and an
+// identity (redisstore's Store.Key), and in process memory a fixed-size
+// hash of both (memstore's and the fallback's state).
 package ratelimit
