@@ -109,35 +109,38 @@ func TestRunThroughTheRateLimitService(t *testing.T) {
 	}
 }
 
-// failsOddCalls fails every other call with code: UNAVAILABLE is what
-// nginx's 502 reads as, for a call that was in flight to an instance that
-// died.
-type failsOddCalls struct {
+// failingRLS fails every other call with code, or every call (always):
+// UNAVAILABLE is what nginx's 502 reads as, for a call that was in flight
+// to an instance that died.
+type failingRLS struct {
 	pb.UnimplementedRateLimitServiceServer
-	code  codes.Code
-	calls atomic.Int64
+	code   codes.Code
+	always bool
+	calls  atomic.Int64
 }
 
-func (f *failsOddCalls) ShouldRateLimit(context.Context, *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
-	if f.calls.Add(1)%2 == 1 {
+func (f *failingRLS) ShouldRateLimit(context.Context, *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	if f.calls.Add(1)%2 == 1 || f.always {
 		return nil, status.Error(f.code, "failed")
 	}
 	return &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK}, nil
 }
 
 // TestRLSCallResentOnceWhenUnavailable: a call that fails UNAVAILABLE is
-// made once more (ShouldRateLimit), and recorded by its answer; a call
-// that fails otherwise is not resent.
+// made once more (ShouldRateLimit), and recorded by its answer; not a
+// third time; a call that fails otherwise is not resent.
 func TestRLSCallResentOnceWhenUnavailable(t *testing.T) {
 	for _, tt := range []struct {
 		code   codes.Code
+		always bool
 		calls  int64
 		status int
 	}{
-		{codes.Unavailable, 2, 200},
-		{codes.Internal, 1, 0},
+		{codes.Unavailable, false, 2, 200},
+		{codes.Unavailable, true, 2, 0},
+		{codes.Internal, false, 1, 0},
 	} {
-		f := &failsOddCalls{code: tt.code}
+		f := &failingRLS{code: tt.code, always: tt.always}
 		rls, err := DialRLS(startFakeRLS(t, f))
 		if err != nil {
 			t.Fatal(err)
@@ -145,7 +148,7 @@ func TestRLSCallResentOnceWhenUnavailable(t *testing.T) {
 		rec := rls.send(context.Background(), Key{Route: "rls:chaos/gcra", Name: "k"}, time.Now)
 		_ = rls.Close()
 		if rec.Status != tt.status || f.calls.Load() != tt.calls {
-			t.Errorf("%v: record %+v after %d calls: want status %d after %d", tt.code, rec, f.calls.Load(), tt.status, tt.calls)
+			t.Errorf("%v (always %v): record %+v after %d calls: want status %d after %d", tt.code, tt.always, rec, f.calls.Load(), tt.status, tt.calls)
 		}
 	}
 }
