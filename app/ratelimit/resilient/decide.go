@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"slices"
 	"strconv"
 	"time"
 
@@ -24,113 +23,150 @@ import (
 // request runs without a counted decision (the store call is bounded by
 // Timeout, not by ctx).
 func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
-	if err := l.prepare(&req); err != nil {
-		return ratelimit.Decision{}, err
-	}
-	id := store.IdentityOf(req.Key)
-	k := l.keyOfIdentity(req.Policy, id)
-	var pending time.Time // the store still has the call: its late answer is awaited until then
-	if l.br.State() == Closed {
-		req = l.withID(req)
-		r := req
-		r.Weight = l.weight(req.Policy.Algorithm)
-		if d, ok := l.cachedRefusal(k, r, r.Weight); ok {
-			return d, nil
-		}
-		if ok, probe := l.br.admit(); ok {
-			callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.Timeout)
-			sent := l.clock.now()
-			d, err := l.store.Decide(callCtx, r)
-			cancel()
-			if probe {
-				l.br.done()
-			}
-			var local bool
-			if d, local, err = l.settle(k, r, id, d, err, sent, true); !local {
-				return d, err
-			}
-			if l.lateReplies && errors.Is(err, store.ErrPending) {
-				pending = sent.Add(l.cfg.Timeout + l.cfg.LateGrace)
-			}
-		}
-	}
-	return l.decideLocal(k, id, req, pending), nil
+	c := [1]call{{req: req}}
+	l.decide(ctx, c[:])
+	return c[0].d, c[0].err
 }
 
 // DecideBatch decides several requests as Decide does each, in one round
 // trip when the store is a ratelimit.BatchLimiter (redisstore is). A store
 // failure counts once against the breaker, however many requests it failed.
 func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
-	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
-	reqs = slices.Clone(reqs)
-	ids := make([]store.Identity, len(reqs))
-	keys := make([]key, len(reqs))
-	pending := make([]int, 0, len(reqs))
-	for i := range reqs {
-		if errs[i] = l.prepare(&reqs[i]); errs[i] == nil {
-			ids[i] = store.IdentityOf(reqs[i].Key)
-			keys[i] = l.keyOfIdentity(reqs[i].Policy, ids[i])
-			pending = append(pending, i)
-		}
+	cs := make([]call, len(reqs))
+	for i, r := range reqs {
+		cs[i].req = r
 	}
-	distinctIDs(reqs, pending)
-	ok, probe := false, false
-	bucketW, windowW := l.weights() // one fleet view for the whole batch
-	if len(pending) > 0 && l.br.State() == Closed {
-		asked := pending[:0]
-		for _, i := range pending {
-			reqs[i] = l.withID(reqs[i])
-			r := reqs[i]
-			w := weightFor(r.Policy.Algorithm, bucketW, windowW)
-			r.Weight = w
-			if d, cached := l.cachedRefusal(keys[i], r, w); cached {
-				ds[i] = d
-				continue
-			}
-			asked = append(asked, i)
-		}
-		pending = asked
-		if len(pending) > 0 {
-			ok, probe = l.br.admit()
-		}
-	}
-	late := make([]time.Time, len(reqs)) // decided locally while the store still has the call (see Decide)
-	if ok {
-		sent := make([]ratelimit.Request, len(pending))
-		for j, i := range pending {
-			sent[j] = reqs[i]
-			sent[j].Weight = weightFor(reqs[i].Policy.Algorithm, bucketW, windowW)
-		}
-		callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.Timeout)
-		at := l.clock.now()
-		sds, serrs := ratelimit.DecideAll(callCtx, l.store, sent)
-		cancel()
-		if probe {
-			l.br.done()
-		}
-		local := make([]int, 0, len(pending))
-		counted := false
-		for j, i := range pending {
-			d, fallback, err := l.settle(keys[i], sent[j], ids[i], sds[j], serrs[j], at, !counted)
-			if fallback {
-				counted = true
-				local = append(local, i)
-				if l.lateReplies && errors.Is(err, store.ErrPending) {
-					late[i] = at.Add(l.cfg.Timeout + l.cfg.LateGrace)
-				}
-				continue
-			}
-			ds[i], errs[i] = d, err
-		}
-		pending = local
-	}
-	for _, i := range pending {
-		ds[i] = l.decideLocal(keys[i], ids[i], reqs[i], late[i])
+	l.decide(ctx, cs)
+	ds, errs := make([]ratelimit.Decision, len(cs)), make([]error, len(cs))
+	for i := range cs {
+		ds[i], errs[i] = cs[i].d, cs[i].err
 	}
 	return ds, errs
 }
 
-// distinctIDs gives each of reqs[pending] that repeats an earlier one's id
+// call is one request on its way through decide.
+type call struct {
+	req ratelimit.Request // validated, and given an id before it goes to the store
+	id  store.Identity
+	k   key
+	w   ratelimit.Weight // what the store call holds back for the fleet (weight)
+	d   ratelimit.Decision
+	err error
+	// late (not zero): the call to the store timed out, and the store
+	// still has it; its late answer is awaited until then (decideLocal).
+	late  time.Time
+	asked bool // sent to the store
+	done  bool // d and err are the answer
+}
+
+// sent is the request as the store gets it.
+func (c *call) sent() ratelimit.Request {
+	r := c.req
+	r.Weight = c.w
+	return r
+}
+
+// decide is the one decision sequence of Decide and DecideBatch: validate
+// each request; while the breaker is closed, answer it from a cached
+// refusal or send it to the store (all of them in one call); decide
+// locally each that is left.
+func (l *Limiter) decide(ctx context.Context, cs []call) {
+	open := 0
+	for i := range cs {
+		c := &cs[i]
+		if c.err = c.req.Validate(); c.err != nil {
+			c.done = true
+			continue
+		}
+		c.id = store.IdentityOf(c.req.Key)
+		c.k = l.keyOfIdentity(c.req.Policy, c.id)
+		open++
+	}
+	if len(cs) > 1 {
+		distinctIDs(cs)
+	}
+	asked := 0
+	if open > 0 && l.br.State() == Closed {
+		bucketW, windowW := l.weights() // one fleet view for the whole batch
+		for i := range cs {
+			c := &cs[i]
+			if c.done {
+				continue
+			}
+			c.req = l.withID(c.req)
+			c.w = weightFor(c.req.Policy.Algorithm, bucketW, windowW)
+			if d, ok := l.cachedRefusal(c.k, c.sent(), c.w); ok {
+				c.d, c.done = d, true
+				continue
+			}
+			c.asked = true
+			asked++
+		}
+	}
+	if asked > 0 {
+		if ok, probe := l.br.admit(); ok {
+			l.ask(ctx, cs, asked, probe)
+		}
+	}
+	for i := range cs {
+		if c := &cs[i]; !c.done {
+			c.d = l.decideLocal(c.k, c.id, c.req, c.late)
+		}
+	}
+}
+
+// ask sends the n asked calls of cs to the store in one call, bounded by
+// Timeout, and settles each answer; a call the store did not answer is
+// left to be decided locally.
+func (l *Limiter) ask(ctx context.Context, cs []call, n int, probe bool) {
+	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.Timeout)
+	at := l.clock.now()
+	if n == 1 {
+		for i := range cs {
+			if c := &cs[i]; c.asked {
+				c.d, c.err = l.store.Decide(callCtx, c.sent())
+			}
+		}
+	} else {
+		sent := make([]ratelimit.Request, 0, n)
+		for i := range cs {
+			if cs[i].asked {
+				sent = append(sent, cs[i].sent())
+			}
+		}
+		ds, errs := ratelimit.DecideAll(callCtx, l.store, sent)
+		j := 0
+		for i := range cs {
+			if c := &cs[i]; c.asked {
+				c.d, c.err = ds[j], errs[j]
+				j++
+			}
+		}
+	}
+	cancel()
+	if probe {
+		l.br.done()
+	}
+	counted := false // a failed call counts once against the breaker
+	for i := range cs {
+		c := &cs[i]
+		if !c.asked {
+			continue
+		}
+		d, local, err := l.settle(c.k, c.sent(), c.id, c.d, c.err, at, !counted)
+		if !local {
+			c.d, c.err, c.done = d, err, true
+			continue
+		}
+		counted = true
+		c.d, c.err = ratelimit.Decision{}, nil
+		if l.lateReplies && errors.Is(err, store.ErrPending) {
+			c.late = at.Add(l.cfg.Timeout + l.cfg.LateGrace)
+		}
+	}
+}
+
+// distinctIDs gives each request of cs that repeats an earlier one's id
 // (one HTTP request's policies share its id) an id of its own: the id
 // with "/" and its index, the same for a resend of the same requests. A
 // timed-out call's late reply, its doubt in the journal and a refund are
@@ -138,27 +174,22 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 // another's local grant (a grant the store had refused dropped as counted,
 // or a second doubt of the same id refused by the journal, so never
 // replayed: TestBatchOfOneIDSettlesEachPolicy).
-func distinctIDs(reqs []ratelimit.Request, pending []int) {
+func distinctIDs(cs []call) {
 	// A batch is one request's few policies: a scan of the ones before
 	// costs less than a map.
-	for n, i := range pending {
-		id := reqs[i].ID
-		if id == "" {
+	for i := range cs {
+		id := cs[i].req.ID
+		if id == "" || cs[i].done {
 			continue
 		}
-		for _, j := range pending[:n] {
-			if reqs[j].ID == id {
+		for j := range cs[:i] {
+			if !cs[j].done && cs[j].req.ID == id {
 				suffix := "/" + strconv.Itoa(i)
-				reqs[i].ID = id[:min(len(id), ratelimit.MaxKeyBytes-len(suffix))] + suffix
+				cs[i].req.ID = id[:min(len(id), ratelimit.MaxKeyBytes-len(suffix))] + suffix
 				break
 			}
 		}
 	}
-}
-
-// prepare validates req.
-func (l *Limiter) prepare(req *ratelimit.Request) error {
-	return req.Validate()
 }
 
 // withID gives req an id when it has none, before it goes to the store: one
