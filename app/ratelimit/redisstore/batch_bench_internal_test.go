@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,5 +83,98 @@ func BenchmarkScriptCPU(b *testing.B) {
 				b.ReportMetric((processCPU(b, admin)-cpu0)/float64(b.N), "redis-cpu-µs/decision")
 			})
 		}
+	}
+}
+
+// scriptStats reads INFO commandstats: the calls and µs of EVALSHA, and the
+// µs of every other command (those the scripts called: TIME, HMGET, HSET...).
+func scriptStats(b *testing.B, c *redis.Client) (calls, scriptUS, innerUS float64) {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_config|resetstat" || name == "cmdstat_info" {
+			continue
+		}
+		var n, us float64
+		for field := range strings.SplitSeq(val, ",") {
+			k, v, _ := strings.Cut(field, "=")
+			switch k {
+			case "calls":
+				n, _ = strconv.ParseFloat(v, 64)
+			case "usec":
+				us, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		if name == "cmdstat_evalsha" {
+			calls, scriptUS = n, us
+		} else {
+			innerUS += us
+		}
+	}
+	return calls, scriptUS, innerUS
+}
+
+// BenchmarkScriptParts splits the time Redis spends running one decision
+// script call (INFO commandstats) into its parts, one script per decision
+// on distinct keys (pipelines of 16, one goroutine): calls=empty is a script
+// that returns at once with the same arguments (what any EVALSHA costs);
+// calls=prelude adds the GCRA script's helpers and the reading of its
+// arguments, and returns (each helper is a closure made per call); then the
+// whole decision script of each algorithm. script-µs/call is EVALSHA's time,
+// commands-µs/call the part of it the commands the script called took
+// themselves; the rest is Lua and the calls' crossing into Redis. Run it with
+//
+//	go test -run '^$' -bench ScriptParts -benchtime 96000x ./redisstore/
+func BenchmarkScriptParts(b *testing.B) {
+	srv := redistest.StartServer(b, redistest.ServerOptions{})
+	admin := srv.Client()
+	parts := []struct{ name, src string }{
+		{"empty", "return 1"},
+		{"prelude", arithLua + decideLua + onceLua + argsLua + "return 1"},
+	}
+	for _, alg := range ratelimit.Algorithms {
+		parts = append(parts, struct{ name, src string }{string(alg), decideSrc[alg]})
+	}
+	const depth = 16
+	for _, part := range parts {
+		b.Run("calls="+part.name, func(b *testing.B) {
+			ctx := context.Background()
+			c := redis.NewClient(srv.Options())
+			defer c.Close()
+			l := New(c)
+			script := redis.NewScript(part.src)
+			if err := script.Load(ctx, c).Err(); err != nil {
+				b.Fatal(err)
+			}
+			if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			p := ratelimit.Policy{Name: "parts", Algorithm: ratelimit.GCRA, Limit: 1_000_000, Window: time.Second}
+			if a := ratelimit.Algorithm(part.name); slices.Contains(ratelimit.Algorithms, a) {
+				p.Algorithm = a
+			}
+			b.ResetTimer()
+			for n := 0; n < b.N; n += depth {
+				pipe := c.Pipeline()
+				for i := range depth {
+					key := "k" + strconv.Itoa((n+i)%10_000)
+					script.EvalSha(ctx, pipe, []string{l.Key(p, key)},
+						0, p.Limit, p.WindowMicros(), p.Capacity(), 1, "r"+strconv.Itoa(n+i), 0, 0, l.resend)
+				}
+				if _, err := pipe.Exec(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			calls, scriptUS, innerUS := scriptStats(b, admin)
+			if calls == 0 {
+				b.Fatal("INFO commandstats counted no EVALSHA")
+			}
+			b.ReportMetric(scriptUS/calls, "script-µs/call")
+			b.ReportMetric(innerUS/calls, "commands-µs/call")
+		})
 	}
 }
