@@ -25,16 +25,21 @@ import (
 // decider is one decision against some limiter.
 type decider func(ctx context.Context, key string) error
 
-// httpDecider GETs url (a route of the stack) and expects a 200; the key is
-// not sent: the stack limits by client address, one key for the run, which
-// its policy never refuses. It counts in elsewhere the responses whose
-// X-RateLimit-Mode says their decision was not made in Redis.
-func httpDecider(url string, elsewhere *atomic.Int64) decider {
+// httpDecider GETs url (a route of the stack) and expects a 200, as the
+// client the key names: its X-API-Key is signed[key]. With signed nil no
+// key is sent, and the stack limits every request by the client address:
+// one hot key for the run. Either way the route's policy never refuses. It
+// counts in elsewhere the responses whose X-RateLimit-Mode says their
+// decision was not made in Redis.
+func httpDecider(url string, signed map[string]string, elsewhere *atomic.Int64) decider {
 	client := loadtest.NewClient()
-	return func(ctx context.Context, _ string) error {
+	return func(ctx context.Context, key string) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return err
+		}
+		if signed != nil {
+			req.Header.Set(loadtest.HeaderAPIKey, signed[key])
 		}
 		resp, err := client.Do(req)
 		if err != nil {

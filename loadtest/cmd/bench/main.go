@@ -11,8 +11,9 @@
 //     GCRA script by EVALSHA, one command per round trip and 16 deep;
 //   - fallback/decision and fallback/journal-append: the in-memory decision
 //     an instance makes while Redis is out, and the journaling of its grant;
-//   - stack/*: a native stack through nginx: a route with the limiter and
-//     without it, and the doors for other languages beside them (a static
+//   - stack/*: a native stack through nginx: a route with the limiter (on
+//     the keys, a signed API key each; and on one hot key, the client
+//     address) and without it, and the doors for other languages beside them (a static
 //     site behind auth_request, Envoy's rate limit service over gRPC);
 //   - cluster/*: ours/gcra on the single Redis and on a Redis Cluster
 //     (-cluster; scripts/bench.sh starts a native one of three masters),
@@ -34,6 +35,7 @@ package main
 // a loop, and report.go writes the results.
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -142,6 +144,7 @@ func run(ctx context.Context, args []string) error {
 	clusterAddrs := fs.String("cluster", "", "the nodes of a Redis Cluster (host:port,...): measure ours/gcra on it beside the single Redis, in turns (cluster/* rows)")
 	stackURL := fs.String("stack", "", "nginx of a native stack serving /api/bench-on (limited) and /api/bench-off (not): measure the stack with the limiter on and off")
 	stackRedis := fs.String("stack-redis", "", "with -stack: the stack's Redis (host:port; its password, if any, in $STACK_REDIS_PASSWORD), whose CPU the stack rows report")
+	apiKeySecret := fs.String("api-key-secret", cmp.Or(os.Getenv("RL_API_KEY_SECRET"), loadtest.DemoAPIKeySecret), "with -stack: the secret the stack checks API keys with (the stack rows send a signed key per client)")
 	rlsAddr := fs.String("rls", "", "with -stack: its rate limit service (domain bench, descriptor key), and /static/ behind auth_request: measure the doors beside the route")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	out := fs.String("out", "bench-out/results.json", "results file")
@@ -351,9 +354,18 @@ func run(ctx context.Context, args []string) error {
 		}
 		var elsewhere atomic.Int64
 		src.elsewhere = elsewhere.Load
-		deciders := map[string]decider{}
-		for _, route := range []string{"limiter-off", "limiter-on"} {
-			deciders[route] = httpDecider(*stackURL+"/api/bench-"+strings.TrimPrefix(route, "limiter-"), &elsewhere)
+		// Each of the keys a client of its own (a signed API key), but
+		// for limiter-on-hot: every request the one client address.
+		signed := make(map[string]string, len(names))
+		for _, n := range names {
+			if signed[n], err = loadtest.SignKey(*apiKeySecret, n); err != nil {
+				return err
+			}
+		}
+		deciders := map[string]decider{
+			"limiter-off":    httpDecider(*stackURL+"/api/bench-off", signed, &elsewhere),
+			"limiter-on":     httpDecider(*stackURL+"/api/bench-on", signed, &elsewhere),
+			"limiter-on-hot": httpDecider(*stackURL+"/api/bench-on", nil, &elsewhere),
 		}
 		if *rlsAddr != "" {
 			rls, err := loadtest.DialRLS(*rlsAddr)
@@ -361,10 +373,10 @@ func run(ctx context.Context, args []string) error {
 				return err
 			}
 			defer rls.Close()
-			deciders["auth-request"] = httpDecider(*stackURL+"/static/", &elsewhere)
+			deciders["auth-request"] = httpDecider(*stackURL+"/static/", signed, &elsewhere)
 			deciders["grpc"] = rlsDecider(rls, loadtest.RLSPrefix+"bench/key")
 		}
-		for _, route := range []string{"limiter-off", "limiter-on", "auth-request", "grpc"} {
+		for _, route := range []string{"limiter-off", "limiter-on", "limiter-on-hot", "auth-request", "grpc"} {
 			d, ok := deciders[route]
 			if !ok {
 				continue
