@@ -15,21 +15,59 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 )
 
+// redisInfo is what INFO cpu and commandstats say of a Redis server: its
+// process' CPU so far (user plus system, µs), and each command's calls and
+// µs by its name there ("evalsha", "script|load"; a script's own commands
+// counted apart from it).
+type redisInfo struct {
+	cpuUS    float64
+	commands map[string]commandStat
+}
+
+type commandStat struct{ calls, us float64 }
+
+func readRedisInfo(ctx context.Context, c *redis.Client) (redisInfo, error) {
+	info, err := c.Info(ctx, "cpu", "commandstats").Result()
+	if err != nil {
+		return redisInfo{}, err
+	}
+	ri := redisInfo{commands: map[string]commandStat{}}
+	for line := range strings.Lines(info) {
+		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		if name == "used_cpu_user" || name == "used_cpu_sys" {
+			f, _ := strconv.ParseFloat(val, 64)
+			ri.cpuUS += f * 1e6
+			continue
+		}
+		command, ok := strings.CutPrefix(name, "cmdstat_")
+		if !ok {
+			continue
+		}
+		var st commandStat
+		for field := range strings.SplitSeq(val, ",") {
+			k, v, _ := strings.Cut(field, "=")
+			switch k {
+			case "calls":
+				st.calls, _ = strconv.ParseFloat(v, 64)
+			case "usec":
+				st.us, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		ri.commands[command] = st
+	}
+	return ri, nil
+}
+
 // processCPU is the CPU time c's Redis process has used so far, µs.
 func processCPU(b *testing.B, c *redis.Client) float64 {
-	info, err := c.Info(context.Background(), "cpu").Result()
+	ri, err := readRedisInfo(context.Background(), c)
 	if err != nil {
 		b.Fatal(err)
 	}
-	var us float64
-	for line := range strings.Lines(info) {
-		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if ok && (name == "used_cpu_user" || name == "used_cpu_sys") {
-			f, _ := strconv.ParseFloat(val, 64)
-			us += f * 1e6
-		}
-	}
-	return us
+	return ri.cpuUS
 }
 
 // BenchmarkScriptCPU sends the same decisions (distinct keys, pipelines of
@@ -89,29 +127,17 @@ func BenchmarkScriptCPU(b *testing.B) {
 // scriptStats reads INFO commandstats: the calls and µs of EVALSHA, and the
 // µs of every other command (those the scripts called: TIME, HMGET, HSET...).
 func scriptStats(b *testing.B, c *redis.Client) (calls, scriptUS, innerUS float64) {
-	info, err := c.Info(context.Background(), "commandstats").Result()
+	ri, err := readRedisInfo(context.Background(), c)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for line := range strings.Lines(info) {
-		name, val, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !strings.HasPrefix(name, "cmdstat_") || name == "cmdstat_config|resetstat" || name == "cmdstat_info" {
-			continue
-		}
-		var n, us float64
-		for field := range strings.SplitSeq(val, ",") {
-			k, v, _ := strings.Cut(field, "=")
-			switch k {
-			case "calls":
-				n, _ = strconv.ParseFloat(v, 64)
-			case "usec":
-				us, _ = strconv.ParseFloat(v, 64)
-			}
-		}
-		if name == "cmdstat_evalsha" {
-			calls, scriptUS = n, us
-		} else {
-			innerUS += us
+	for name, st := range ri.commands {
+		switch name {
+		case "evalsha":
+			calls, scriptUS = st.calls, st.us
+		case "config|resetstat", "info":
+		default:
+			innerUS += st.us
 		}
 	}
 	return calls, scriptUS, innerUS

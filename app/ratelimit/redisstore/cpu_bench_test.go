@@ -2,8 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,34 +16,8 @@ import (
 // (INFO cpu, user plus system) and the time its script commands ran with
 // their number of calls (INFO commandstats, EVAL and EVALSHA), in µs.
 func redisCPU(ctx context.Context, c *redis.Client) (cpu, scripts float64, calls int64, err error) {
-	info, err := c.Info(ctx, "cpu", "commandstats").Result()
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		name, val, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		switch name {
-		case "used_cpu_user", "used_cpu_sys":
-			f, _ := strconv.ParseFloat(val, 64)
-			cpu += f * 1e6
-		case "cmdstat_evalsha", "cmdstat_eval":
-			for field := range strings.SplitSeq(val, ",") {
-				k, v, _ := strings.Cut(field, "=")
-				switch k {
-				case "calls":
-					n, _ := strconv.ParseInt(v, 10, 64)
-					calls += n
-				case "usec":
-					f, _ := strconv.ParseFloat(v, 64)
-					scripts += f
-				}
-			}
-		}
-	}
-	return cpu, scripts, calls, nil
+	cpu, n, scripts, err := redisstore.RedisInfo(ctx, c, "evalsha", "eval")
+	return cpu, scripts, int64(n), err
 }
 
 // BenchmarkRedisCPU is 64 goroutines deciding GCRA on distinct keys through

@@ -1,7 +1,25 @@
 package redisstore
 
-import "github.com/fleetlimit/fleetlimit/app/ratelimit/store"
+import (
+	"context"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
+)
 
 // MarkerKey returns the idempotency marker of a batch (markerKey), for the
 // tests that read it in Redis.
 func (l *Store) MarkerKey(b store.ReplayBatch) string { return l.markerKey(b) }
+
+// RedisInfo reads INFO cpu and commandstats (readRedisInfo): the process'
+// CPU so far in µs, and the calls and µs of commands, summed (as
+// commandstats names them: "evalsha", "script|load").
+func RedisInfo(ctx context.Context, c *redis.Client, commands ...string) (cpuUS, calls, us float64, err error) {
+	ri, err := readRedisInfo(ctx, c)
+	for _, command := range commands {
+		st := ri.commands[command]
+		calls, us = calls+st.calls, us+st.us
+	}
+	return ri.cpuUS, calls, us, err
+}

@@ -3,8 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -247,15 +245,9 @@ func second[A, B any](_ A, b B) B { return b }
 // commandstats names it: "evalsha", "script|load").
 func commandCalls(t *testing.T, c *redis.Client, command string) int64 {
 	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
+	_, calls, _, err := redisstore.RedisInfo(context.Background(), c, command)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(line, "cmdstat_"+command+":calls="); ok {
-			n, _ := strconv.ParseInt(v[:strings.IndexByte(v, ',')], 10, 64)
-			return n
-		}
-	}
-	return 0
+	return int64(calls)
 }

@@ -82,9 +82,7 @@ func (l *Limiter) decide(ctx context.Context, cs []call) {
 		c.k = l.keyOfIdentity(c.req.Policy, c.id)
 		open++
 	}
-	if len(cs) > 1 {
-		distinctIDs(cs)
-	}
+	distinctIDs(cs)
 	asked := 0
 	if open > 0 && l.br.State() == Closed {
 		bucketW, windowW := l.weights() // one fleet view for the whole batch
