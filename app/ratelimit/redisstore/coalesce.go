@@ -49,11 +49,14 @@ func WithCoalescing(n int) Option {
 // A decision that times out on the client has often run in Redis all the
 // same (a slow Redis applies every call and answers late): with OnLate the
 // caller learns that it did, and what Redis answered, instead of guessing.
+// The store's own calls (heartbeats, pings) read their late replies within
+// the window too, and drop them: their connections stay open.
 func (l *Store) OnLate(window time.Duration, fn func(store.LateReply)) bool {
 	if l.co == nil || fn == nil {
 		return false
 	}
 	l.co.late, l.co.window = fn, max(window, 0)
+	l.linger = l.co.window
 	return true
 }
 

@@ -30,12 +30,12 @@ func (l *Store) FleetKey() string { return "{" + l.prefix + ":fleet}:instances" 
 func (l *Store) Ping(ctx context.Context) error {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
-	var err error
-	if c, ok := l.client.(redis.Cmdable); ok {
-		err = c.Ping(callCtx).Err()
-	} else {
-		err = l.client.Eval(callCtx, "return 1", nil).Err()
-	}
+	_, err := lingering(l, callCtx, func(ctx context.Context) (struct{}, error) {
+		if c, ok := l.client.(redis.Cmdable); ok {
+			return struct{}{}, c.Ping(ctx).Err()
+		}
+		return struct{}{}, l.client.Eval(ctx, "return 1", nil).Err()
+	})
 	if err != nil {
 		return classify(ctx, err)
 	}
@@ -163,8 +163,11 @@ func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.
 	defer cancel()
 	floors := l.seen.floors()
 	sent := time.Now()
-	res, err := fleetScript.Run(callCtx, l.client, []string{l.FleetKey(), l.generationKey(), l.writesKey(), l.SyncKey()},
-		instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op), stage).Slice()
+	keys := []string{l.FleetKey(), l.generationKey(), l.writesKey(), l.SyncKey()}
+	args := []any{instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op), stage}
+	res, err := lingering(l, callCtx, func(ctx context.Context) ([]any, error) {
+		return fleetScript.Run(ctx, l.client, keys, args...).Slice()
+	})
 	if err != nil {
 		return store.Fleet{}, classify(ctx, err)
 	}

@@ -26,7 +26,10 @@ var algorithmArg = map[ratelimit.Algorithm]string{
 // refilled, aged or expired since). It is for a request Redis admitted
 // after its caller had stopped waiting and answered it otherwise (the
 // resilient limiter's late replies): send it once, never again, for a
-// refund that timed out may have been applied.
+// refund that timed out may have been applied. Nobody waits on a refund:
+// ctx's deadline bounds it, when it has one, instead of the store's
+// timeout, so that behind a slow Redis it is applied and known to be (give
+// a deadline the client's read timeout allows: ClientConfig.LateReplies).
 func (l *Store) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
 	if err := req.Validate(); err != nil {
 		return 0, err
@@ -36,7 +39,10 @@ func (l *Store) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.D
 	if l.now != nil {
 		now = l.now().UnixMicro()
 	}
-	callCtx, cancel := l.callContext(ctx)
+	callCtx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		callCtx, cancel = l.callContext(ctx)
+	}
 	defer cancel()
 	n, err := refundScript.Run(callCtx, l.client, []string{l.Key(p, req.Key)}, now, algorithmArg[p.Algorithm],
 		p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, d.State.Now).Int64()

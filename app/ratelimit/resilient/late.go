@@ -225,14 +225,23 @@ func (q *refunds) add(r store.LateReply) {
 // refund queues r's refund (see refunds). The late book's lock is held.
 func (l *Limiter) refund(r store.LateReply) { l.late.refunds.add(r) }
 
-// sendRefunds sends the queued refunds until ctx ends.
+// refundSenders is how many refunds are out at once. A refund is sent
+// when the store is slow (its reply came after the caller's deadline), and
+// one at a time, each a slow round trip, they fall behind the tens a second
+// an instance under load queues behind such a store.
+const refundSenders = 4
+
+// sendRefunds sends the queued refunds until ctx ends. Each may take
+// the late window past Timeout: nobody waits on it, and one cut off at
+// Timeout behind a slow store is lost (it may have been applied, so it is
+// not sent again) and the client stays charged (TestSlowStoreRefunds).
 func (l *Limiter) sendRefunds(ctx context.Context, s store.Refunder) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case r := <-l.late.refunds.queue:
-			callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+			callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout+l.cfg.LateWindow)
 			n, err := s.Refund(callCtx, r.Request, r.Decision)
 			cancel()
 			if err == nil && n > 0 {

@@ -1063,7 +1063,7 @@ func TestNoInstanceClosesBeforeEveryOneReplayed(t *testing.T) {
 // lateReplyLimiter starts a limiter with a 50 ms timeout and the given
 // LateGrace on a store that reads late replies, behind a proxy whose
 // latency the test sets, after one decision in Redis.
-func lateReplyLimiter(t *testing.T, grace time.Duration) (*resilient.Limiter, *redistest.Proxy) {
+func lateReplyLimiter(t *testing.T, grace time.Duration) (*resilient.Limiter, *redistest.Proxy, *redistest.Server) {
 	t.Helper()
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	px := redistest.StartProxy(t, srv.Addr())
@@ -1085,7 +1085,7 @@ func lateReplyLimiter(t *testing.T, grace time.Duration) (*resilient.Limiter, *r
 	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: warm, Key: "warm"}); err != nil {
 		t.Fatal(err)
 	}
-	return l, px
+	return l, px, srv
 }
 
 // TestLateAnswerWithinGraceIsTaken: every reply comes 60 ms after its call,
@@ -1094,7 +1094,7 @@ func lateReplyLimiter(t *testing.T, grace time.Duration) (*resilient.Limiter, *r
 func TestLateAnswerWithinGraceIsTaken(t *testing.T) {
 	// Replies take 60 ms against the 50 ms timeout; the grace is ample, so
 	// that a slow test machine does not push them past it.
-	l, px := lateReplyLimiter(t, time.Second)
+	l, px, _ := lateReplyLimiter(t, time.Second)
 	p := ratelimit.Policy{Name: "grace", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Hour}
 	px.Latency(60 * time.Millisecond)
 	admitted := 0
@@ -1121,7 +1121,7 @@ func TestLateAnswerWithinGraceIsTaken(t *testing.T) {
 // bound (the chaos suite's is the timeout plus 25 ms): each is decided
 // locally, none by the late answer.
 func TestDecisionWaitsNoLongerThanTimeout(t *testing.T) {
-	l, px := lateReplyLimiter(t, 0)
+	l, px, _ := lateReplyLimiter(t, 0)
 	p := ratelimit.Policy{Name: "bound", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Hour}
 	px.Latency(55 * time.Millisecond)
 	for i := range 10 {
@@ -1135,6 +1135,46 @@ func TestDecisionWaitsNoLongerThanTimeout(t *testing.T) {
 	}
 	if st := l.Status(); st.Late.Awaited != 0 {
 		t.Fatalf("late %+v: want no request answered by a late reply", st.Late)
+	}
+}
+
+// TestSlowStoreRefunds: behind a Redis whose replies come 60 ms after
+// their calls, past the 50 ms timeout, requests are refused locally (the
+// last snapshot said their keys were spent) while Redis, whose keys were
+// emptied meanwhile, admits them. Each such admission is refunded: applied
+// in Redis, which ends holding none of them, and counted as refunded. A
+// refund bounded by the 50 ms timeout timed out behind the same latency,
+// and the clients stayed charged for requests they were refused.
+func TestSlowStoreRefunds(t *testing.T) {
+	l, px, srv := lateReplyLimiter(t, 0)
+	ctx := context.Background()
+	p := ratelimit.Policy{Name: "refunds", Algorithm: ratelimit.SlidingWindowLog, Limit: 1, Window: time.Hour}
+	const keys = 5
+	rs := redisstore.New(srv.Client())
+	for i := range keys {
+		k := fmt.Sprint("k", i)
+		if d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: k}); err != nil || !d.Allowed || d.Mode != ratelimit.ModeRedis {
+			t.Fatalf("%s: %+v %v: want admitted in Redis", k, d, err)
+		}
+		if err := srv.Client().Del(ctx, rs.Key(p, k)).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	px.Latency(60 * time.Millisecond)
+	for i := range keys {
+		d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: fmt.Sprint("k", i)})
+		if err != nil || d.Allowed || d.Mode == ratelimit.ModeRedis {
+			t.Fatalf("k%d: %+v %v: want refused locally, from the spent snapshot", i, d, err)
+		}
+	}
+	waitFor(t, "every admission refunded", 5*time.Second, func() bool {
+		st := l.Status().Late
+		return st.Overcounted == keys && st.Refunded == keys
+	})
+	for i := range keys {
+		if n, err := srv.Client().ZCard(ctx, rs.Key(p, fmt.Sprint("k", i))).Result(); err != nil || n != 0 {
+			t.Fatalf("k%d: Redis holds %d admissions (%v), want none: each was refunded", i, n, err)
+		}
 	}
 }
 

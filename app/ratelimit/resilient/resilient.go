@@ -186,7 +186,9 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
 	if s, ok := backend.(store.Refunder); ok && l.late.refunds.queue != nil {
-		go l.sendRefunds(ctx, s)
+		for range refundSenders {
+			go l.sendRefunds(ctx, s)
+		}
 	}
 	go l.loop(ctx)
 	return l, nil
