@@ -26,6 +26,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/chaos/report"
 	"github.com/fleetlimit/fleetlimit/chaos/stack"
 	"github.com/fleetlimit/fleetlimit/chaos/suite"
+	"github.com/fleetlimit/fleetlimit/loadtest"
 	"github.com/fleetlimit/fleetlimit/loadtest/progress"
 )
 
@@ -96,6 +97,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		seed      = fs.Uint64("seed", 1, "seed of the load's send schedule")
 		reanalyze = fs.Bool("reanalyze", false, "recompute report.json, report.html and summary.json from the logs under -out (and the results page given by -doc); runs no stack")
 		doc       = fs.String("doc", "", "the results page whose section for this stack the run rewrites (default: docs/CHAOS.md under -root; \"-\": none)")
+		cpuprof   = fs.String("cpuprofile", "", "write the suite's own CPU profile (its load generator and analysis) to this file")
 	)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -103,6 +105,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
+	stopProfile, err := loadtest.StartCPUProfile(*cpuprof)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
 	list := *scenarios
 	if list == "" {
 		list = getenv("SCENARIOS")
