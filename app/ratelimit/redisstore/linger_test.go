@@ -14,8 +14,8 @@ import (
 )
 
 // slowStore returns a store that reads late replies (OnLate, the service's
-// setup) with a 20 ms timeout, behind a proxy whose replies come 60 ms
-// late, and the server's count of connections so far.
+// setup) with a 20 ms timeout, its server, and the proxy in between, whose
+// replies it has already made come 60 ms late.
 func slowStore(t *testing.T) (*redisstore.Store, *redistest.Server, *redistest.Proxy) {
 	t.Helper()
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
