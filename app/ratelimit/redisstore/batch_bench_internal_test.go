@@ -15,19 +15,21 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 )
 
-// redisInfo is what INFO cpu and commandstats say of a Redis server: its
-// process' CPU so far (user plus system, µs), and each command's calls and
-// µs by its name there ("evalsha", "script|load"; a script's own commands
-// counted apart from it).
+// redisInfo is what INFO cpu, stats and commandstats say of a Redis
+// server: its process' CPU so far (user plus system, µs), the connections
+// it has accepted, and each command's calls and µs by its name there
+// ("evalsha", "script|load"; a script's own commands counted apart from
+// it).
 type redisInfo struct {
-	cpuUS    float64
-	commands map[string]commandStat
+	cpuUS       float64
+	connections int64
+	commands    map[string]commandStat
 }
 
 type commandStat struct{ calls, us float64 }
 
 func readRedisInfo(ctx context.Context, c *redis.Client) (redisInfo, error) {
-	info, err := c.Info(ctx, "cpu", "commandstats").Result()
+	info, err := c.Info(ctx, "cpu", "stats", "commandstats").Result()
 	if err != nil {
 		return redisInfo{}, err
 	}
@@ -40,6 +42,10 @@ func readRedisInfo(ctx context.Context, c *redis.Client) (redisInfo, error) {
 		if name == "used_cpu_user" || name == "used_cpu_sys" {
 			f, _ := strconv.ParseFloat(val, 64)
 			ri.cpuUS += f * 1e6
+			continue
+		}
+		if name == "total_connections_received" {
+			ri.connections, _ = strconv.ParseInt(val, 10, 64)
 			continue
 		}
 		command, ok := strings.CutPrefix(name, "cmdstat_")

@@ -56,7 +56,6 @@ func (l *Store) OnLate(window time.Duration, fn func(store.LateReply)) bool {
 		return false
 	}
 	l.co.late, l.co.window = fn, max(window, 0)
-	l.linger = l.co.window
 	return true
 }
 

@@ -23,3 +23,10 @@ func RedisInfo(ctx context.Context, c *redis.Client, commands ...string) (cpuUS,
 	}
 	return ri.cpuUS, calls, us, err
 }
+
+// RedisConnections reads how many connections the server has accepted
+// (INFO stats, through readRedisInfo).
+func RedisConnections(ctx context.Context, c *redis.Client) (int64, error) {
+	ri, err := readRedisInfo(ctx, c)
+	return ri.connections, err
+}

@@ -21,14 +21,14 @@ const maxLingering = 8
 // for a reply in time.
 func lingering[T any](l *Store, callCtx context.Context, call func(context.Context) (T, error)) (T, error) {
 	deadline, ok := callCtx.Deadline()
-	if l.linger <= 0 || !ok {
+	if !ok || l.co == nil || l.co.late == nil || l.co.window <= 0 {
 		return call(callCtx)
 	}
 	if l.lingering.Add(1) > maxLingering {
 		l.lingering.Add(-1)
 		return call(callCtx)
 	}
-	ctx, cancel := context.WithDeadline(context.WithoutCancel(callCtx), deadline.Add(l.linger))
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(callCtx), deadline.Add(l.co.window))
 	type result struct {
 		v   T
 		err error

@@ -2,8 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -38,23 +36,13 @@ func slowStore(t *testing.T) (*redisstore.Store, *redistest.Server, *redistest.P
 }
 
 // connections returns how many connections the server has accepted.
-func connections(t *testing.T, srv *redistest.Server) int {
+func connections(t *testing.T, srv *redistest.Server) int64 {
 	t.Helper()
-	info, err := srv.Client().Info(context.Background(), "stats").Result()
+	n, err := redisstore.RedisConnections(context.Background(), srv.Client())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "total_connections_received:"); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	t.Fatal("no total_connections_received in INFO stats")
-	return 0
+	return n
 }
 
 // TestLateHousekeepingKeepsConnections: behind a Redis slower than the

@@ -154,10 +154,8 @@ type Store struct {
 	beatOffset      atomic.Int64
 	beatOffsetKnown atomic.Bool
 	co              *coalescer // nil: every call its own round trip
-	// linger is how long past its caller's deadline a heartbeat's or
-	// ping's reply is still read (OnLate's window; 0: not at all), and
-	// lingering how many such calls are out (linger.go).
-	linger    time.Duration
+	// lingering is how many heartbeats and pings are reading their
+	// replies past their callers' deadlines (linger.go).
 	lingering atomic.Int32
 	// batchLoaded: a batch script call succeeded, or Ping loaded it
 	// (batch.go).
