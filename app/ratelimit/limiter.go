@@ -58,6 +58,15 @@ type Request struct {
 	// Weight holds back part of the policy for instances deciding
 	// elsewhere; the zero value decides with the whole policy.
 	Weight Weight
+	// Hold asks for units that will be used at any time within Hold of
+	// the decision (a lease, package lease), and so are counted as used at
+	// its end: GCRA's theoretical arrival time moves to at least the
+	// decision's time plus Hold before the cost is added. Admitted so, no
+	// use of the units within Hold can exceed what GCRA admits over any
+	// interval. The Redis store honours it for GCRA; other backends decide
+	// as if it were 0, and the lease layer takes no lease from them. At
+	// most the policy's window; 0 for other algorithms.
+	Hold time.Duration
 }
 
 // Units returns the cost with the default filled in: 0 for a read-only
@@ -89,6 +98,9 @@ func (r Request) Validate() error {
 	}
 	if c > r.Policy.Capacity() {
 		return fmt.Errorf("%w: cost %d exceeds the capacity %d of policy %q", ErrInvalidRequest, c, r.Policy.Capacity(), r.Policy.Name)
+	}
+	if r.Hold < 0 || r.Hold > r.Policy.Window || r.Hold > 0 && (r.Policy.Algorithm != GCRA || r.ReadOnly) {
+		return fmt.Errorf("%w: hold %v: at most the window, and only for a gcra request that counts", ErrInvalidRequest, r.Hold)
 	}
 	if !r.Weight.Valid() {
 		return fmt.Errorf("%w: invalid weight %d/%d", ErrInvalidRequest, r.Weight.Num, r.Weight.Den)

@@ -65,7 +65,7 @@ var (
 const maxBatch = 64
 
 // batchArgs is the number of batch script arguments per request.
-const batchArgs = 8
+const batchArgs = 9
 
 // scriptCall is one script call of a pipeline: the requests it decides
 // (indices into the pipeline's requests), and its command once sent.
@@ -141,7 +141,7 @@ func (l *Store) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []
 				r := reqs[at[0]]
 				p := r.Policy
 				calls = append(calls, &scriptCall{at: at, script: scripts[p.Algorithm], keys: []string{keys[at[0]]},
-					args: []any{now, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), scriptID(r), r.Weight.Num, r.Weight.Den, l.resend}})
+					args: scriptArgs(r, now, l.resend)})
 				continue
 			}
 			c := &scriptCall{at: at, script: batchScript, keys: make([]string, 0, len(at)), args: make([]any, 0, 2+batchArgs*len(at))}
@@ -150,7 +150,7 @@ func (l *Store) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []
 				r := reqs[i]
 				p := r.Policy
 				c.keys = append(c.keys, keys[i])
-				c.args = append(c.args, batchCodes[p.Algorithm], p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), scriptID(r), r.Weight.Num, r.Weight.Den)
+				c.args = append(c.args, batchCodes[p.Algorithm], p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), scriptID(r), r.Weight.Num, r.Weight.Den, r.Hold.Microseconds())
 			}
 			calls = append(calls, c)
 		}

@@ -290,8 +290,7 @@ func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit
 	}
 	p := req.Policy
 	start := time.Now()
-	res, err := scripts[p.Algorithm].Run(callCtx, l.client, []string{l.Key(p, req.Key)},
-		now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, l.resend).Slice()
+	res, err := scripts[p.Algorithm].Run(callCtx, l.client, []string{l.Key(p, req.Key)}, scriptArgs(req, now, l.resend)...).Slice()
 	latency := time.Since(start)
 	var d ratelimit.Decision
 	if err == nil {
@@ -310,6 +309,17 @@ func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit
 		l.hooks.OnDecision(req, d, latency)
 	}
 	return d, nil
+}
+
+// scriptArgs are the ARGV of req's decision script (lua/decide.lua); the
+// hold only when there is one.
+func scriptArgs(req ratelimit.Request, now, resend int64) []any {
+	p := req.Policy
+	args := []any{now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, resend}
+	if req.Hold > 0 {
+		args = append(args, req.Hold.Microseconds())
+	}
+	return args
 }
 
 // scriptID is the request id a decision script gets: none for a read-only

@@ -10,9 +10,13 @@ if st[1] then
   local t0, r0 = num(st[1], 't'), num(st[2], 'r')
   if t0 > now or (t0 == now and r0 > 0) then tat, rem = t0, r0 end
 end
+-- A held request's units count from now + hold (ratelimit.Request.Hold);
+-- a refusal leaves the key as it was.
+local bt, br = tat, rem
+if hold > 0 and bt < now + hold then bt, br = now + hold, 0 end
 local inc = wscale(cost * window)
 local q = fdiv(inc, limit)
-local nt, nr = tat + q, rem + (inc - q * limit)
+local nt, nr = bt + q, br + (inc - q * limit)
 if nr >= limit then nt, nr = nt + 1, nr - limit end
 local allowed, retry = 0, 0
 local ahead = (nt - now) * limit + nr
