@@ -118,8 +118,10 @@ for _ in range(200):
         for s in socks: s.close()
 ')
     cat >"$dir/policies.json" <<'JSON'
-{"policies": [{"name": "bench", "algorithm": "gcra", "limit": 100000000, "window": "1s"}],
+{"policies": [{"name": "bench", "algorithm": "gcra", "limit": 100000000, "window": "1s"},
+              {"name": "bench-lease", "algorithm": "gcra", "limit": 100000000, "window": "1s", "lease": "50ms"}],
  "routes": [{"pattern": "/api/bench-on", "policies": ["bench"]},
+            {"pattern": "/api/bench-lease", "policies": ["bench-lease"]},
             {"pattern": "/api/bench-off", "policies": []},
             {"pattern": "/api/*", "policies": ["bench"]}],
  "checks": [{"pattern": "/static/*", "policies": ["bench"]}]}

@@ -99,6 +99,23 @@ type Policy struct {
 	// Shadow marks a dry-run policy: decided and reported, never enforced.
 	// The middleware honours it; limiters decide as usual.
 	Shadow bool
+	// Lease opts a GCRA policy into lease mode (package lease): an
+	// instance takes a hot key's units from the store several at a time
+	// and answers from them for at most Lease. 0: every request is decided
+	// in the store. At most a quarter of the time the policy takes to
+	// refill its capacity (LeaseMax).
+	Lease time.Duration
+}
+
+// LeaseMax is the longest lease the policy allows: a quarter of the time
+// it takes to refill its capacity (Capacity × Window / Limit). A lease of
+// L units held for d costs the key up to L units plus d of refill (see
+// Request.Hold), so d must stay well short of that time.
+func (p Policy) LeaseMax() time.Duration {
+	if p.Limit <= 0 {
+		return 0
+	}
+	return time.Duration(float64(p.Window) * float64(p.Capacity()) / float64(p.Limit) / 4)
 }
 
 // Capacity is the most units the policy admits at once: Burst for
@@ -182,6 +199,14 @@ func (p Policy) Validate() error {
 	}
 	if !(p.FallbackFactor >= 0 && p.FallbackFactor <= 1) { // NaN fails both
 		return bad("fallback_factor", "must be in (0, 1], got %v", p.FallbackFactor)
+	}
+	if p.Lease != 0 {
+		switch {
+		case p.Algorithm != GCRA:
+			return bad("lease", "applies only to gcra")
+		case p.Lease < time.Millisecond || p.Lease > p.LeaseMax():
+			return bad("lease", "must be between 1ms and a quarter of the time the capacity takes to refill (%v), got %v", p.LeaseMax(), p.Lease)
+		}
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -64,7 +65,7 @@ type Config struct {
 	Scenarios []Scenario
 	// Out is the output directory (chaos-out).
 	Out string
-	// Routes are loaded and judged (loadtest.DefaultRoutes).
+	// Routes are loaded and judged (loadtest.DefaultRoutes and LeaseRoute).
 	Routes []string
 	// Mix is the load's keys per route, in the prime and in the measured
 	// run (loadtest.DefaultMix, the contract's load). The suite's own tests
@@ -74,7 +75,9 @@ type Config struct {
 	// DoorMix is the load's keys on each door route (DoorMix): the doors
 	// are judged as the routes are, at a lighter load, so that the
 	// machine's CPU goes to the service's own routes.
-	DoorMix   []loadtest.KeySpec
+	DoorMix []loadtest.KeySpec
+	// LeaseMix is the load's keys on LeaseRoute (LeaseMix).
+	LeaseMix  []loadtest.KeySpec
 	Durations Durations
 	// RedisTimeout is the apps' Redis call timeout, unless their /status
 	// reports one (redis_timeout_ms or redis_timeout).
@@ -99,10 +102,13 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if len(c.Routes) == 0 {
-		c.Routes = loadtest.DefaultRoutes
+		c.Routes = append(slices.Clone(loadtest.DefaultRoutes), LeaseRoute)
 	}
 	if c.DoorMix == nil {
 		c.DoorMix = DoorMix
+	}
+	if c.LeaseMix == nil {
+		c.LeaseMix = LeaseMix
 	}
 	if c.Log == nil {
 		c.Log = io.Discard

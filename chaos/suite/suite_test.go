@@ -242,10 +242,12 @@ func TestRunScenarioEndToEnd(t *testing.T) {
 	if d := fault.EndMS - fault.StartMS; d < 500 || d > 1500 {
 		t.Errorf("fault phase lasted %v ms, want about 500", d)
 	}
-	if len(rep.Policies) != 4 || rep.Policies["/api/gcra"].Capacity == nil || *rep.Policies["/api/gcra"].Capacity != 10 {
+	if len(rep.Policies) != 5 || rep.Policies["/api/gcra"].Capacity == nil || *rep.Policies["/api/gcra"].Capacity != 10 {
 		t.Errorf("policies %+v", rep.Policies)
 	}
-	if n := len(rep.Invariants); n != 4*(4+4+4+4+4)+1+4+2 {
+	// Five routes (the four algorithms' and the lease route), five
+	// invariants a phase each.
+	if n := len(rep.Invariants); n != 5*(4+4+4+4+4)+1+4+2 {
 		t.Errorf("%d invariant rows", n)
 	}
 	for _, row := range rep.Invariants {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
@@ -43,6 +44,8 @@ type Status struct {
 	// fleet view, and the journal's reconciliation (granted locally =
 	// replayed + present + dropped + duplicate units + pending).
 	Limiter *resilient.Status `json:"limiter,omitempty"`
+	// Lease is what lease mode did (absent in memory mode).
+	Lease *lease.Stats `json:"lease,omitempty"`
 	PolicyStatus
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
@@ -115,20 +116,24 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 		_ = replayClient.Close()
 		return nil, &ConfigError{Var: "RL_JOURNAL_DIR", Err: err}
 	}
+	// Lease mode for the policies that opt in (ratelimit.Policy.Lease);
+	// every other request goes straight to rl.
+	leased := lease.New(rl, lease.Config{Instance: cfg.Instance, MaxKeys: cfg.KeyCapacity, RefundTimeout: cfg.RedisTimeout + cfg.LateWindow})
 	log.Info("limiter ready", slog.String("mode", string(ratelimit.ModeRedis)),
 		slog.Duration("redis_timeout", cfg.RedisTimeout), slog.Int("redis_pool_size", cfg.RedisPoolSize), slog.Int("redis_pipelines", cfg.RedisPipelines),
 		slog.String("journal_dir", cfg.JournalDir))
 	return &backend{
-		limiter: rl,
+		limiter: leased,
 		status: func() Status {
 			st := rl.Status()
+			ls := leased.Stats()
 			mode := ratelimit.ModeRedis
 			if st.Breaker != resilient.Closed.String() {
 				mode = ratelimit.ModeLocal
 			}
 			out := Status{
 				Mode: string(mode), Breaker: st.Breaker, LiveInstances: int(st.FleetSize),
-				JournalSize: int64(st.Journal.Pending), Limiter: &st,
+				JournalSize: int64(st.Journal.Pending), Limiter: &st, Lease: &ls,
 			}
 			if st.LastRecovery != nil {
 				t := st.LastRecovery.UTC()
@@ -137,7 +142,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 			return out
 		},
 		close: func(ctx context.Context) error {
-			return errors.Join(rl.Close(ctx), client.Close(), replayClient.Close())
+			return errors.Join(leased.Close(ctx), rl.Close(ctx), client.Close(), replayClient.Close())
 		},
 		reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error) {
 			return rl.Reset(ctx, identity, policies...)

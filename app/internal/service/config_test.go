@@ -218,12 +218,15 @@ func TestDefaultPolicies(t *testing.T) {
 	want := map[string]struct {
 		alg    ratelimit.Algorithm
 		policy string
+		limit  int64
+		lease  time.Duration
 	}{
-		"/api/token-bucket":           {ratelimit.TokenBucket, "token-bucket"},
-		"/api/sliding-window-log":     {ratelimit.SlidingWindowLog, "sliding-window-log"},
-		"/api/sliding-window-counter": {ratelimit.SlidingWindowCounter, "sliding-window-counter"},
-		"/api/gcra":                   {ratelimit.GCRA, "gcra"},
-		"/api/*":                      {ratelimit.SlidingWindowCounter, "default"},
+		"/api/token-bucket":           {ratelimit.TokenBucket, "token-bucket", 100, 0},
+		"/api/sliding-window-log":     {ratelimit.SlidingWindowLog, "sliding-window-log", 100, 0},
+		"/api/sliding-window-counter": {ratelimit.SlidingWindowCounter, "sliding-window-counter", 100, 0},
+		"/api/gcra":                   {ratelimit.GCRA, "gcra", 100, 0},
+		"/api/lease-gcra":             {ratelimit.GCRA, "lease-gcra", 300, 2 * time.Second},
+		"/api/*":                      {ratelimit.SlidingWindowCounter, "default", 100, 0},
 	}
 	if len(set.Routes) != len(want) {
 		t.Fatalf("%d routes, want %d", len(set.Routes), len(want))
@@ -238,7 +241,7 @@ func TestDefaultPolicies(t *testing.T) {
 			continue
 		}
 		p := r.Policies[0]
-		if p.Name != w.policy || p.Algorithm != w.alg || p.Limit != 100 || p.Window != 10*time.Second || p.Capacity() != 100 {
+		if p.Name != w.policy || p.Algorithm != w.alg || p.Limit != w.limit || p.Window != 10*time.Second || p.Capacity() != w.limit || p.Lease != w.lease {
 			t.Errorf("route %s: policy %+v", r.Pattern, p)
 		}
 		// The documented ceiling: every route, at most 10× a key's quota.
@@ -253,7 +256,7 @@ func TestParsePoliciesFull(t *testing.T) {
 	  "policies": [
 	    {"name": "login", "algorithm": "token-bucket", "limit": 5, "window": "1m", "burst": 10,
 	     "failure_mode": "closed", "fallback_factor": 0.5, "shadow": true},
-	    {"name": "per-ip", "algorithm": "gcra", "limit": 1000, "window": "1h"}
+	    {"name": "per-ip", "algorithm": "gcra", "limit": 1000, "window": "1h", "lease": "250ms"}
 	  ],
 	  "routes": [{"pattern": "/api/login", "policies": ["login", "per-ip"]}]
 	}`))
@@ -262,8 +265,24 @@ func TestParsePoliciesFull(t *testing.T) {
 	}
 	want := ratelimit.Policy{Name: "login", Algorithm: ratelimit.TokenBucket, Limit: 5, Window: time.Minute, Burst: 10,
 		FailureMode: ratelimit.FailClosed, FallbackFactor: 0.5, Shadow: true}
-	if got := set.Routes[0].Policies; len(got) != 2 || got[0] != want || got[1].Name != "per-ip" {
+	if got := set.Routes[0].Policies; len(got) != 2 || got[0] != want || got[1].Name != "per-ip" || got[1].Lease != 250*time.Millisecond {
 		t.Errorf("route policies = %+v", got)
+	}
+}
+
+// TestBadLeaseNamesTheField: a lease on another algorithm than gcra, one
+// longer than a quarter of the refill time, or not a duration fails the
+// load with the policy and the field named.
+func TestBadLeaseNamesTheField(t *testing.T) {
+	for _, c := range []struct{ policy, want string }{
+		{`{"name": "p", "algorithm": "token_bucket", "limit": 100, "window": "10s", "lease": "1s"}`, "lease applies only to gcra"},
+		{`{"name": "p", "algorithm": "gcra", "limit": 100, "window": "10s", "lease": "3s"}`, "lease must be between 1ms and a quarter"},
+		{`{"name": "p", "algorithm": "gcra", "limit": 100, "window": "10s", "lease": "soon"}`, "lease must be a duration"},
+	} {
+		_, err := ParsePolicies([]byte(`{"policies": [` + c.policy + `], "routes": [{"pattern": "/a", "policies": ["p"]}]}`))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), `"p"`) {
+			t.Errorf("%s: %v; want an error naming policy \"p\" and %q", c.policy, err, c.want)
+		}
 	}
 }
 

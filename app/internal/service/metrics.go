@@ -173,6 +173,8 @@ func (c *statusCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- suspectDesc
 	ch <- cachedRefusalsDesc
 	ch <- journalDamageDesc
+	ch <- leaseDesc
+	ch <- leaseUnitsDesc
 }
 
 func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
@@ -200,9 +202,25 @@ func (c *statusCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(journalDamageDesc, prometheus.CounterValue, float64(j.Corrupt), "corrupt_line")
 		ch <- prometheus.MustNewConstMetric(journalDamageDesc, prometheus.CounterValue, float64(j.WriteErrors), "write_error")
 	}
+	if ls := st.Lease; ls != nil {
+		for _, c := range []struct {
+			what string
+			v    uint64
+		}{
+			{"served", ls.Served}, {"draws", ls.Draws}, {"refused_draws", ls.Refused},
+			{"refunded_units", ls.Refunded}, {"unrefunded_units", ls.Lost},
+		} {
+			ch <- prometheus.MustNewConstMetric(leaseDesc, prometheus.CounterValue, float64(c.v), c.what)
+		}
+		ch <- prometheus.MustNewConstMetric(leaseUnitsDesc, prometheus.GaugeValue, float64(ls.Units))
+	}
 }
 
 var (
+	leaseDesc = prometheus.NewDesc("ratelimit_lease_total",
+		"Lease mode: requests served from a lease (served), leases taken (draws), draws Redis refused (refused_draws), unused units given back (refunded_units) and not given back (unrefunded_units).", []string{"what"}, nil)
+	leaseUnitsDesc = prometheus.NewDesc("ratelimit_lease_units",
+		"Units this instance holds on lease now (counted in Redis, not yet used).", nil, nil)
 	journalUnitsDesc = prometheus.NewDesc("ratelimit_journal_units_total",
 		"Units granted locally and what became of them: granted (journaled), reloaded (found at start), replayed, present (already in Redis), dropped (expired), duplicate (refused by a replay marker), overflow (journal full).", []string{"what"}, nil)
 	duplicateBatchesDesc = prometheus.NewDesc("ratelimit_replay_duplicate_batches_total",

@@ -70,6 +70,9 @@ type policyJSON struct {
 	FailureMode    string  `json:"failure_mode"`
 	FallbackFactor float64 `json:"fallback_factor"`
 	Shadow         bool    `json:"shadow"`
+	// Lease opts a gcra policy into lease mode: the longest a lease is
+	// held, a duration such as "500ms" ("" or absent: off).
+	Lease string `json:"lease"`
 	// Per is what the policy counts per: "key" (the default: the API key
 	// when one is sent, else the client address) or "address" (always the
 	// client address).
@@ -210,6 +213,12 @@ func (pj policyJSON) policy() (ratelimit.Policy, error) {
 	if err != nil {
 		return ratelimit.Policy{}, fmt.Errorf(`window must be a duration such as "10s": %w`, err)
 	}
+	var lease time.Duration
+	if pj.Lease != "" {
+		if lease, err = time.ParseDuration(pj.Lease); err != nil {
+			return ratelimit.Policy{}, fmt.Errorf(`lease must be a duration such as "500ms": %w`, err)
+		}
+	}
 	p := ratelimit.Policy{
 		Name:           pj.Name,
 		Algorithm:      alg,
@@ -219,6 +228,7 @@ func (pj policyJSON) policy() (ratelimit.Policy, error) {
 		FailureMode:    ratelimit.FailureMode(pj.FailureMode),
 		FallbackFactor: pj.FallbackFactor,
 		Shadow:         pj.Shadow,
+		Lease:          lease,
 	}
 	if err := p.Validate(); err != nil {
 		var fe *ratelimit.FieldError

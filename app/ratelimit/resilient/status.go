@@ -102,3 +102,7 @@ func (l *Limiter) Status() Status {
 
 // Breaker returns the circuit breaker's state.
 func (l *Limiter) Breaker() BreakerState { return l.br.State() }
+
+// InStore reports whether decisions go to the store now (the breaker is
+// closed). The lease layer takes leases only then.
+func (l *Limiter) InStore() bool { return l.br.State() == Closed }

@@ -55,6 +55,7 @@ import (
 	ululeredis "github.com/ulule/limiter/v3/drivers/store/redis"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 	"github.com/fleetlimit/fleetlimit/loadtest"
@@ -256,6 +257,26 @@ func run(ctx context.Context, args []string) error {
 			add("ours/"+string(alg), g, d, ours)
 		}
 	}
+	// One hot key, decided in Redis every time (ours/gcra-hot) and in lease
+	// mode (ours/gcra-lease-hot: the lease layer over the same limiter, as
+	// the service deploys it). A lease's units are counted in Redis when it
+	// is taken, so its answers count as Redis' decisions.
+	leased := lease.New(lim, lease.Config{Instance: "bench"})
+	defer leased.Close(ctx)
+	{
+		p := ratelimit.Policy{Name: "bench-hot", Algorithm: ratelimit.GCRA, Limit: limit, Window: time.Second}
+		lp := ratelimit.Policy{Name: "bench-lease", Algorithm: ratelimit.GCRA, Limit: limit, Window: time.Second, Lease: 50 * time.Millisecond}
+		for _, g := range gs {
+			add("ours/gcra-hot", g, func(ctx context.Context, _ string) error {
+				_, err := lim.Decide(ctx, ratelimit.Request{Policy: p, Key: "hot"})
+				return err
+			}, ours)
+			add("ours/gcra-lease-hot", g, func(ctx context.Context, _ string) error {
+				_, err := leased.Decide(ctx, ratelimit.Request{Policy: lp, Key: "hot"})
+				return err
+			}, ours)
+		}
+	}
 	// Our GCRA on redisstore alone, without the fault-tolerance layer: what
 	// that layer costs.
 	{
@@ -366,6 +387,7 @@ func run(ctx context.Context, args []string) error {
 			"limiter-off":    httpDecider(*stackURL+"/api/bench-off", signed, &elsewhere),
 			"limiter-on":     httpDecider(*stackURL+"/api/bench-on", signed, &elsewhere),
 			"limiter-on-hot": httpDecider(*stackURL+"/api/bench-on", nil, &elsewhere),
+			"lease-hot":      httpDecider(*stackURL+"/api/bench-lease", nil, &elsewhere),
 		}
 		if *rlsAddr != "" {
 			rls, err := loadtest.DialRLS(*rlsAddr)
@@ -376,7 +398,7 @@ func run(ctx context.Context, args []string) error {
 			deciders["auth-request"] = httpDecider(*stackURL+"/static/", signed, &elsewhere)
 			deciders["grpc"] = rlsDecider(rls, loadtest.RLSPrefix+"bench/key")
 		}
-		for _, route := range []string{"limiter-off", "limiter-on", "limiter-on-hot", "auth-request", "grpc"} {
+		for _, route := range []string{"limiter-off", "limiter-on", "limiter-on-hot", "lease-hot", "auth-request", "grpc"} {
 			d, ok := deciders[route]
 			if !ok {
 				continue

@@ -1,0 +1,77 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/mocks"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
+)
+
+// TestRefusedDrawDecidesTheRequestAlone: the first requests of a key go to
+// the wrapped limiter as they are; once the key is hot a draw goes instead,
+// held for the lease's lifetime and with an id of its own; when the store
+// refuses the draw, the request is decided alone, as it came, and that
+// decision is its answer; a draw admitted answers the next requests with
+// no call.
+func TestRefusedDrawDecidesTheRequestAlone(t *testing.T) {
+	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Second, Lease: 200 * time.Millisecond}
+	refuse := true
+	var calls []ratelimit.Request
+	next := &mocks.Limiter{DecideFunc: func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+		calls = append(calls, req)
+		d := ratelimit.Decision{Allowed: true, Remaining: 900, Limit: 1000, Mode: ratelimit.ModeRedis}
+		if req.Cost > 1 && refuse {
+			d.Allowed, d.RetryAfter = false, time.Millisecond
+		}
+		return d, nil
+	}}
+	l := lease.New(next, lease.Config{})
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	decide := func(n int) ratelimit.Decision {
+		t.Helper()
+		d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint("r", n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for n := range lease.MinUnits - 1 {
+		decide(n)
+	}
+	for i, c := range calls {
+		if c.Cost != 0 || c.Hold != 0 || c.ID != fmt.Sprint("r", i) {
+			t.Fatalf("cold call %d: %+v, want the request as it came", i, c)
+		}
+	}
+	calls = nil
+	if d := decide(10); !d.Allowed || len(calls) != 2 {
+		t.Fatalf("hot, the draw refused: %+v after %d calls, want admitted after a draw and the request alone", d, len(calls))
+	}
+	if draw, alone := calls[0], calls[1]; draw.Cost <= 1 || draw.Hold != p.Lease || draw.ID == "r10" ||
+		alone.Cost != 0 || alone.Hold != 0 || alone.ID != "r10" {
+		t.Fatalf("draw %+v, then %+v", draw, alone)
+	}
+	refuse = false
+	calls = nil
+	decide(11)
+	if len(calls) != 1 || calls[0].Cost <= 1 {
+		t.Fatalf("calls %+v, want one draw", calls)
+	}
+	size := calls[0].Cost
+	for n := range size - 1 {
+		if d := decide(100 + int(n)); !d.Allowed || d.Mode != ratelimit.ModeRedis {
+			t.Fatalf("from the lease: %+v", d)
+		}
+	}
+	if len(calls) != 1 {
+		t.Fatalf("%d calls while the lease of %d lasted", len(calls), size)
+	}
+	if st := l.Stats(); st.Draws != 1 || st.Refused != 1 || st.Served != uint64(size-1) {
+		t.Fatalf("stats %+v", st)
+	}
+}

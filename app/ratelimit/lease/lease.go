@@ -1,0 +1,470 @@
+// Package lease is lease mode, for hot keys: an instance takes a lease of
+// L units of a key's quota in one store call, answers the key's requests
+// from it until it is spent or expires, and gives back what it did not use.
+//
+// A policy opts in with ratelimit.Policy.Lease (GCRA only), the longest a
+// lease is held. The bounds:
+//
+//   - Over-admission 0 by construction. A lease's units are counted in the
+//     store when it is taken, as a ratelimit.Request.Hold of the lease's
+//     lifetime: counted as used at its end, so that no use of them within
+//     it lets the fleet exceed what GCRA admits over any interval.
+//   - Under-admission at most the units on lease, plus the refill of a
+//     lifetime while the key's bucket is nearly full (the hold).
+//   - The lease size follows the key's demand at this instance: the units
+//     asked in the last lifetime, at most an eighth of the capacity and a
+//     quarter of what the store last said was left. A key asked fewer than
+//     MinUnits units in a lifetime is cold: it gets no lease and is decided
+//     in the store as without lease mode.
+//
+// Wrap the limiter the service decides with (resilient.Limiter): a lease is
+// taken only from a decision the store made (ratelimit.ModeRedis) while the
+// limiter decides in the store (InStore), so the breaker, the fallback
+// budget, the journal and the replay see the draws as any other request and
+// decide every request as without lease mode while the store is out. A
+// lease already held is spent through an outage: its units were counted.
+package lease
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
+)
+
+// MinUnits is the demand, in units asked at this instance in a lease's
+// lifetime, below which a key gets no lease.
+const MinUnits = 4
+
+// Refunder gives back units a decision admitted (resilient.Limiter,
+// redisstore.Store). Without one, the unused units of a lease stay counted.
+type Refunder interface {
+	Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error)
+}
+
+// Config tunes a Limiter. The zero value is usable.
+type Config struct {
+	// Instance prefixes the ids of the draws (unique across the fleet
+	// anyway).
+	Instance string
+	// MaxKeys bounds the keys followed at once (default 10 000). A key
+	// that finds the table full is decided without a lease.
+	MaxKeys int
+	// RefundTimeout bounds each refund call (default 1 s). A refund cut
+	// off is not sent again: it may have been applied.
+	RefundTimeout time.Duration
+	// Tick is how often expired leases are given back and idle keys
+	// dropped (default 50 ms).
+	Tick time.Duration
+	// Now is the clock (time.Now).
+	Now func() time.Time
+}
+
+// Limiter is a ratelimit.BatchLimiter that answers hot keys of lease
+// policies from leases and passes every other request to the limiter it
+// wraps. Create it with New; Close gives the leases back.
+type Limiter struct {
+	next     ratelimit.Limiter
+	refunder Refunder
+	inStore  func() bool
+	cfg      Config
+	ids      *reqid.Minter
+
+	mu   sync.Mutex
+	keys map[string]*entry
+
+	refunds chan refund
+	stop    chan struct{}
+	done    chan struct{}
+	closed  atomic.Bool
+
+	stats struct {
+		served, draws, refused, refunded, lost atomic.Uint64
+	}
+}
+
+// entry is one key of a lease policy at this instance.
+type entry struct {
+	policy ratelimit.Policy
+	key    string
+	// Demand: units asked in the current period (one lifetime long) and
+	// in the one before.
+	period     time.Time
+	seen, last int64
+	lastSeen   time.Time
+	// remaining is what the store said was left at its last decision of
+	// the key (-1: none seen yet).
+	remaining int64
+	drawing   bool
+	// The lease: units left, the store's decision of the draw and the
+	// request it decided, and when the lease ends (local clock, from when
+	// the draw was sent: no later than the store's time of the draw plus
+	// the hold).
+	units int64
+	until time.Time
+	draw  ratelimit.Decision
+	req   ratelimit.Request
+}
+
+type refund struct {
+	req ratelimit.Request
+	d   ratelimit.Decision
+}
+
+// New wraps next. If next is a Refunder, unused units are given back
+// through it; if it has an InStore() bool method, leases are taken only
+// while it reports true.
+func New(next ratelimit.Limiter, cfg Config) *Limiter {
+	if cfg.MaxKeys <= 0 {
+		cfg.MaxKeys = 10_000
+	}
+	if cfg.RefundTimeout <= 0 {
+		cfg.RefundTimeout = time.Second
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = 50 * time.Millisecond
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	l := &Limiter{
+		next: next, cfg: cfg, ids: reqid.New(cfg.Instance + "-lease-"),
+		keys:    map[string]*entry{},
+		refunds: make(chan refund, 4096),
+		stop:    make(chan struct{}), done: make(chan struct{}),
+		inStore: func() bool { return true },
+	}
+	if r, ok := next.(Refunder); ok {
+		l.refunder = r
+	}
+	if s, ok := next.(interface{ InStore() bool }); ok {
+		l.inStore = s.InStore
+	}
+	go l.loop()
+	return l
+}
+
+// Stats counts what the leases did.
+type Stats struct {
+	// Served: requests answered from a lease.
+	Served uint64 `json:"served"`
+	// Draws: leases taken; Refused: draws the store refused (the request
+	// was then decided alone).
+	Draws   uint64 `json:"draws"`
+	Refused uint64 `json:"refused"`
+	// Refunded: unused units given back; Lost: unused units not given
+	// back (the store was out, or the refund failed).
+	Refunded uint64 `json:"refunded_units"`
+	Lost     uint64 `json:"unrefunded_units"`
+	// Keys: keys followed; Held: leases held now, and Units their units.
+	Keys  int   `json:"keys"`
+	Held  int   `json:"held"`
+	Units int64 `json:"units"`
+}
+
+// Stats returns the counters and what is held now.
+func (l *Limiter) Stats() Stats {
+	s := Stats{
+		Served: l.stats.served.Load(), Draws: l.stats.draws.Load(), Refused: l.stats.refused.Load(),
+		Refunded: l.stats.refunded.Load(), Lost: l.stats.lost.Load(),
+	}
+	l.mu.Lock()
+	s.Keys = len(l.keys)
+	for _, e := range l.keys {
+		if e.units > 0 {
+			s.Held++
+			s.Units += e.units
+		}
+	}
+	l.mu.Unlock()
+	return s
+}
+
+// Decide decides req: from a lease of its key, or by the wrapped limiter.
+func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	if req.Policy.Lease <= 0 {
+		return l.next.Decide(ctx, req)
+	}
+	ds, errs := l.DecideBatch(ctx, []ratelimit.Request{req})
+	return ds[0], errs[0]
+}
+
+// pending is a request of a batch sent to the wrapped limiter.
+type pending struct {
+	at    int    // its index in the batch
+	e     *entry // the key's entry when the request is a draw
+	units int64  // the request's own units
+}
+
+// DecideBatch decides reqs, each as Decide would: those a lease answers
+// here, the rest in one batch of the wrapped limiter (a draw in place of
+// its request).
+func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+	if !slices.ContainsFunc(reqs, func(r ratelimit.Request) bool { return r.Policy.Lease > 0 }) {
+		return ratelimit.DecideAll(ctx, l.next, reqs)
+	}
+	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
+	var (
+		sent []ratelimit.Request
+		pend []pending
+	)
+	now := l.cfg.Now()
+	for i, r := range reqs {
+		if r.Policy.Lease > 0 && !r.ReadOnly && r.Hold == 0 && !l.closed.Load() && r.Validate() == nil {
+			units := r.Units()
+			l.mu.Lock()
+			e := l.entry(r, now)
+			if e != nil {
+				e.observe(now, units)
+				if e.units >= units && now.Before(e.until) {
+					e.units -= units
+					ds[i] = e.answer(now)
+					l.mu.Unlock()
+					l.stats.served.Add(1)
+					continue
+				}
+				if size := e.size(units); size > units && !e.drawing && l.inStore() {
+					l.end(e)
+					e.drawing = true
+					l.mu.Unlock()
+					dr := r
+					dr.Cost, dr.Hold, dr.ID = size, r.Policy.Lease, l.ids.Next()
+					sent = append(sent, dr)
+					pend = append(pend, pending{at: i, e: e, units: units})
+					continue
+				}
+			}
+			l.mu.Unlock()
+		}
+		sent = append(sent, r)
+		pend = append(pend, pending{at: i})
+	}
+	if len(sent) == 0 {
+		return ds, errs
+	}
+	sentAt := now
+	gotDs, gotErrs := ratelimit.DecideAll(ctx, l.next, sent)
+	for j, p := range pend {
+		d, err := gotDs[j], gotErrs[j]
+		if p.e == nil {
+			if err == nil && reqs[p.at].Policy.Lease > 0 && d.Mode == ratelimit.ModeRedis {
+				l.mu.Lock()
+				if e := l.keys[keyOf(reqs[p.at])]; e != nil && !e.drawing {
+					e.remaining = d.Remaining
+				}
+				l.mu.Unlock()
+			}
+			ds[p.at], errs[p.at] = d, err
+			continue
+		}
+		leased := err == nil && d.Allowed && d.Mode == ratelimit.ModeRedis
+		l.mu.Lock()
+		e := p.e
+		e.drawing = false
+		if err == nil && d.Mode == ratelimit.ModeRedis {
+			e.remaining = d.Remaining
+		}
+		if leased {
+			e.units, e.until = sent[j].Cost-p.units, sentAt.Add(sent[j].Policy.Lease)
+			e.draw, e.req = d, sent[j]
+			d = e.answer(l.cfg.Now())
+			if l.closed.Load() {
+				l.end(e)
+			}
+		}
+		l.mu.Unlock()
+		switch {
+		case leased:
+			l.stats.draws.Add(1)
+		case err == nil && !d.Allowed:
+			// The store had not the lease's units: decide the request
+			// alone.
+			l.stats.refused.Add(1)
+			d, err = l.next.Decide(ctx, reqs[p.at])
+		}
+		// Else admitted without the store (the breaker opened meanwhile;
+		// the rest of the units stay with the local budget that granted
+		// them), or failed.
+		ds[p.at], errs[p.at] = d, err
+	}
+	return ds, errs
+}
+
+// keyOf names a request's key in the table: the policy's name and the
+// client's key. (A policy reloaded with other parameters meets the entry
+// of the old one: entry ends its lease and starts over.)
+func keyOf(r ratelimit.Request) string {
+	return r.Policy.Name + "\x00" + r.Key
+}
+
+// entry returns r's entry, made if there is room; nil when the table is
+// full. l.mu is held.
+func (l *Limiter) entry(r ratelimit.Request, now time.Time) *entry {
+	k := keyOf(r)
+	e := l.keys[k]
+	if e != nil {
+		if e.policy != r.Policy { // reloaded with other parameters
+			l.end(e)
+			*e = entry{policy: r.Policy, key: r.Key, period: now, remaining: -1, drawing: e.drawing}
+		}
+		return e
+	}
+	if len(l.keys) >= l.cfg.MaxKeys {
+		return nil
+	}
+	e = &entry{policy: r.Policy, key: r.Key, period: now, remaining: -1}
+	l.keys[k] = e
+	return e
+}
+
+// observe counts units asked at now, in periods of one lifetime.
+func (e *entry) observe(now time.Time, units int64) {
+	life := e.policy.Lease
+	if el := now.Sub(e.period); el >= life {
+		e.last = e.seen
+		if el >= 2*life {
+			e.last = 0
+		}
+		e.seen, e.period = 0, now
+	}
+	e.seen += units
+	e.lastSeen = now
+}
+
+// size is the lease to take for a request of units: the demand of a
+// lifetime, at most an eighth of the capacity and a quarter of what the
+// store last said was left; 0 for a cold key.
+func (e *entry) size(units int64) int64 {
+	demand := max(e.last, e.seen)
+	if demand < MinUnits || e.remaining < 0 {
+		return 0
+	}
+	return max(0, min(demand, e.policy.Capacity()/8, e.remaining/4))
+}
+
+// answer is the decision of a request served from the lease: admitted, in
+// the store's mode, with what the store had left at the draw plus the
+// lease's units.
+func (e *entry) answer(now time.Time) ratelimit.Decision {
+	d := e.draw
+	d.Allowed, d.RetryAfter = true, 0
+	d.Remaining += e.units
+	d.ResetAfter = max(0, d.ResetAfter-now.Sub(e.until.Add(-e.policy.Lease)))
+	d.ResendID, d.ResendUntil = "", 0
+	return d
+}
+
+// end ends e's lease, queueing the refund of its unused units. l.mu is
+// held.
+func (l *Limiter) end(e *entry) {
+	if e.units <= 0 {
+		e.units = 0
+		return
+	}
+	r := e.req
+	r.Cost, r.Hold = e.units, 0
+	e.units = 0
+	if l.refunder == nil {
+		l.stats.lost.Add(uint64(r.Cost))
+		return
+	}
+	select {
+	case l.refunds <- refund{req: r, d: e.draw}:
+	default:
+		l.stats.lost.Add(uint64(r.Cost))
+	}
+}
+
+// loop ends expired leases and drops idle keys every Tick, and sends the
+// refunds, until Close.
+func (l *Limiter) loop() {
+	defer close(l.done)
+	t := time.NewTicker(l.cfg.Tick)
+	defer t.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		l.sendRefunds(ctx)
+	}()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+			l.sweep(l.cfg.Now())
+		}
+	}
+}
+
+// sweep ends the leases expired at now and drops the keys idle for two
+// lifetimes with nothing held.
+func (l *Limiter) sweep(now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, e := range l.keys {
+		if e.units > 0 && !now.Before(e.until) {
+			l.end(e)
+		}
+		if e.units == 0 && !e.drawing && now.Sub(e.lastSeen) >= 2*e.policy.Lease {
+			delete(l.keys, k)
+		}
+	}
+}
+
+// sendRefunds sends the queued refunds until ctx ends.
+func (l *Limiter) sendRefunds(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case r := <-l.refunds:
+			l.send(ctx, r)
+		}
+	}
+}
+
+func (l *Limiter) send(ctx context.Context, r refund) {
+	callCtx, cancel := context.WithTimeout(ctx, l.cfg.RefundTimeout)
+	n, err := l.refunder.Refund(callCtx, r.req, r.d)
+	cancel()
+	if err != nil {
+		n = 0
+	}
+	l.stats.refunded.Add(uint64(n))
+	l.stats.lost.Add(uint64(r.req.Cost - n))
+}
+
+// Close stops taking leases and gives back the unused units of those held,
+// within ctx. It does not close the wrapped limiter.
+func (l *Limiter) Close(ctx context.Context) error {
+	if l.closed.Swap(true) {
+		return nil
+	}
+	close(l.stop)
+	<-l.done
+	l.mu.Lock()
+	for _, e := range l.keys {
+		l.end(e)
+	}
+	l.mu.Unlock()
+	for {
+		select {
+		case r := <-l.refunds:
+			if err := ctx.Err(); err != nil {
+				l.stats.lost.Add(uint64(r.req.Cost))
+				continue
+			}
+			l.send(ctx, r)
+		default:
+			return ctx.Err()
+		}
+	}
+}

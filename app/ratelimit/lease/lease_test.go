@@ -1,0 +1,290 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
+)
+
+const instances = 4
+
+// instance is one limiter as the service builds it in lease mode: its own
+// Redis clients, store, resilient limiter and lease layer. Instances share
+// nothing but Redis.
+type instance struct {
+	res   *resilient.Limiter
+	lease *lease.Limiter
+}
+
+func startInstance(t *testing.T, addr, name string) *instance {
+	t.Helper()
+	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{addr}, Timeout: 200 * time.Millisecond, PoolSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{addr}, Timeout: 2 * time.Second, PoolSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := resilient.New(redisstore.New(c, redisstore.WithReplayClient(rc)), resilient.Config{
+		Instance: name, Timeout: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 500 * time.Millisecond,
+		LeaseGrace: 10 * time.Second, ExpectedInstances: instances,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &instance{res: res, lease: lease.New(res, lease.Config{Instance: name})}
+	t.Cleanup(func() {
+		_ = in.lease.Close(context.Background())
+		_ = res.Close(context.Background())
+		_ = c.Close()
+		_ = rc.Close()
+	})
+	return in
+}
+
+func startFleet(t *testing.T, addr string) []*instance {
+	t.Helper()
+	var fleet []*instance
+	for i := range instances {
+		fleet = append(fleet, startInstance(t, addr, fmt.Sprint("app", i+1)))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for fleet[0].res.Status().Live != instances {
+		if time.Now().After(deadline) {
+			t.Fatal("the instances' heartbeats did not meet")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fleet
+}
+
+// admission is an admitted request's decision interval, as the chaos
+// suite's over-admission check reads it.
+type admission struct{ send, recv time.Time }
+
+// overAdmitted returns the largest excess over what GCRA admits of the
+// admissions, in units: over every run i..j (in send order) n - capacity -
+// rate × (latest recv - send_i), the run's decisions having certainly been
+// made within that span (chaos/invariant.KeyOverAdmission).
+func overAdmitted(p ratelimit.Policy, adm []admission) float64 {
+	slices.SortFunc(adm, func(a, b admission) int { return a.send.Compare(b.send) })
+	rate := float64(p.Limit) / float64(p.Window)
+	worst := -float64(p.Capacity())
+	for i := range adm {
+		last := adm[i].recv
+		for j := i; j < len(adm); j++ {
+			if adm[j].recv.After(last) {
+				last = adm[j].recv
+			}
+			if v := float64(j-i+1) - float64(p.Capacity()) - rate*float64(last.Sub(adm[i].send)); v > worst {
+				worst = v
+			}
+		}
+	}
+	return worst
+}
+
+// TestLeasesNeverAdmitMoreThanGCRA: four instances sharing one Redis answer
+// a hot key under its limit from leases, admitting every request, and then
+// flooded past it never admit more than one GCRA limiter would over any
+// interval; the flood's leftover leases are given back.
+func TestLeasesNeverAdmitMoreThanGCRA(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	fleet := startFleet(t, srv.Addr())
+	p := ratelimit.Policy{Name: "hot", Algorithm: ratelimit.GCRA, Limit: 2000, Window: time.Second, Lease: 50 * time.Millisecond}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var (
+		mu       sync.Mutex
+		adm      []admission
+		refused  [2]int
+		decided  [2]int
+		failures []error
+	)
+	// run has 4 goroutines per instance decide for d, each pausing pause
+	// between requests (phase 0: about 1200 a second in all, under the
+	// limit; phase 1: as fast as they can).
+	run := func(phase int, d, pause time.Duration) {
+		var wg sync.WaitGroup
+		end := time.Now().Add(d)
+		for i, in := range fleet {
+			for g := range 4 {
+				wg.Go(func() {
+					for n := 0; time.Now().Before(end); n++ {
+						send := time.Now()
+						dec, err := in.lease.Decide(ctx, ratelimit.Request{Policy: p, Key: "hot", ID: fmt.Sprintf("p%d-i%d-g%d-%d", phase, i, g, n)})
+						recv := time.Now()
+						mu.Lock()
+						switch {
+						case err != nil:
+							failures = append(failures, err)
+						case dec.Allowed:
+							adm = append(adm, admission{send, recv})
+						default:
+							refused[phase]++
+						}
+						decided[phase]++
+						mu.Unlock()
+						time.Sleep(pause)
+					}
+				})
+			}
+		}
+		wg.Wait()
+	}
+	run(0, 1500*time.Millisecond, 13*time.Millisecond)
+	var served uint64
+	for _, in := range fleet {
+		served += in.lease.Stats().Served
+	}
+	if len(failures) > 0 {
+		t.Fatalf("%d failed decisions, the first: %v", len(failures), failures[0])
+	}
+	if refused[0] > 0 || served < uint64(decided[0])/2 {
+		t.Fatalf("under the limit: %d of %d refused, %d answered from leases; want none refused, at least half from leases",
+			refused[0], decided[0], served)
+	}
+	run(1, time.Second, 0)
+	if over := overAdmitted(p, adm); over > 0 {
+		t.Fatalf("%d admitted; over some interval %.1f more than GCRA admits", len(adm), over)
+	}
+	if refused[1] == 0 {
+		t.Fatalf("the flood was never refused (%d decided)", decided[1])
+	}
+	var draws uint64
+	for _, in := range fleet {
+		st := in.lease.Stats()
+		draws += st.Draws
+		if err := in.lease.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if st := in.lease.Stats(); st.Held != 0 || st.Units != 0 {
+			t.Fatalf("closed with %d leases of %d units held", st.Held, st.Units)
+		}
+	}
+	t.Logf("%d decided, %d admitted, %d from leases in phase 0, %d draws", decided[0]+decided[1], len(adm), served, draws)
+}
+
+// TestColdKeyIsDecidedInTheStore: a key asked fewer than lease.MinUnits
+// units in a lifetime gets no lease: Redis holds for it exactly what it
+// holds for a key decided without the lease layer.
+func TestColdKeyIsDecidedInTheStore(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	in := startInstance(t, srv.Addr(), "app1")
+	p := ratelimit.Policy{Name: "cold", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second, Lease: 100 * time.Millisecond}
+	ctx := context.Background()
+	for n := range 6 {
+		for _, key := range []string{"leased", "plain"} {
+			var l ratelimit.Limiter = in.lease
+			if key == "plain" {
+				l = in.res
+			}
+			d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: key, ID: fmt.Sprint(key, n)})
+			if err != nil || !d.Allowed || d.Mode != ratelimit.ModeRedis {
+				t.Fatalf("%s %d: %+v %v", key, n, d, err)
+			}
+		}
+		time.Sleep(2 * p.Lease) // two requests a lifetime at most: cold
+	}
+	if st := in.lease.Stats(); st.Draws != 0 || st.Served != 0 {
+		t.Fatalf("a cold key took leases: %+v", st)
+	}
+	a, _ := in.res.Decide(ctx, ratelimit.Request{Policy: p, Key: "leased", ReadOnly: true})
+	b, _ := in.res.Decide(ctx, ratelimit.Request{Policy: p, Key: "plain", ReadOnly: true})
+	if a.Remaining != b.Remaining {
+		t.Fatalf("remaining %d through the lease layer, %d without", a.Remaining, b.Remaining)
+	}
+}
+
+// TestUnusedUnitsAreGivenBack: a lease's units not used by the end of its
+// lifetime go back to Redis, which then holds only the units used (and the
+// hold's refill of a lifetime at most).
+func TestUnusedUnitsAreGivenBack(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	in := startInstance(t, srv.Addr(), "app1")
+	p := ratelimit.Policy{Name: "back", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Hour, Lease: 200 * time.Millisecond}
+	ctx := context.Background()
+	used := 0
+	for n := range 12 {
+		d, err := in.lease.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint(n)})
+		if err != nil || !d.Allowed {
+			t.Fatalf("%d: %+v %v", n, d, err)
+		}
+		used++
+	}
+	st := in.lease.Stats()
+	if st.Draws == 0 || st.Units == 0 {
+		t.Fatalf("no lease held after %d requests: %+v", used, st)
+	}
+	held := st.Units
+	deadline := time.Now().Add(5 * time.Second)
+	for in.lease.Stats().Refunded < uint64(held) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d units on lease, %d given back", held, in.lease.Stats().Refunded)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	d, err := in.res.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The refill of one lifetime at 1000 an hour is less than a unit.
+	if want := p.Capacity() - int64(used); d.Remaining < want-1 || d.Remaining > want {
+		t.Fatalf("Redis has %d left after %d used; want %d", d.Remaining, used, want)
+	}
+}
+
+// TestNoLeaseWhileTheStoreIsOut: with Redis down, a lease held is spent
+// until it expires, no lease is taken, and every request is decided as
+// without lease mode (by the fallback).
+func TestNoLeaseWhileTheStoreIsOut(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	in := startInstance(t, srv.Addr(), "app1")
+	p := ratelimit.Policy{Name: "out", Algorithm: ratelimit.GCRA, Limit: 1000, Window: 10 * time.Second, Lease: 100 * time.Millisecond}
+	ctx := context.Background()
+	decide := func(n int) ratelimit.Decision {
+		d, err := in.lease.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint(n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for n := range 12 {
+		decide(n)
+	}
+	if in.lease.Stats().Draws == 0 {
+		t.Fatal("no lease taken")
+	}
+	srv.Kill()
+	deadline := time.Now().Add(5 * time.Second)
+	for in.res.InStore() {
+		if time.Now().After(deadline) {
+			t.Fatal("the breaker did not open")
+		}
+		decide(100)
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(2 * p.Lease)
+	draws := in.lease.Stats().Draws
+	for n := range 50 {
+		if d := decide(200 + n); d.Mode != ratelimit.ModeLocal {
+			t.Fatalf("request %d with Redis out: mode %s", n, d.Mode)
+		}
+	}
+	if got := in.lease.Stats().Draws; got != draws {
+		t.Fatalf("%d leases taken with Redis out", got-draws)
+	}
+}
