@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -73,5 +74,85 @@ func TestRefusedDrawDecidesTheRequestAlone(t *testing.T) {
 	}
 	if st := l.Stats(); st.Draws != 1 || st.Refused != 1 || st.Served != uint64(size-1) {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestKeysAreBounded: the table follows at most MaxKeys keys; a key that
+// finds it full is decided as it came, and keys idle for two lifetimes
+// leave it.
+func TestKeysAreBounded(t *testing.T) {
+	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Second, Lease: 10 * time.Millisecond}
+	var calls int
+	next := &mocks.Limiter{DecideFunc: func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+		calls++
+		if req.Cost != 0 || req.Hold != 0 {
+			t.Errorf("a cold key's request changed: %+v", req)
+		}
+		return ratelimit.Decision{Allowed: true, Remaining: 900, Mode: ratelimit.ModeRedis}, nil
+	}}
+	l := lease.New(next, lease.Config{MaxKeys: 10, Tick: time.Millisecond})
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	for n := range 50 {
+		if d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: fmt.Sprint("k", n)}); err != nil || !d.Allowed {
+			t.Fatalf("%d: %+v %v", n, d, err)
+		}
+	}
+	if st := l.Stats(); st.Keys != 10 || calls != 50 {
+		t.Fatalf("%d keys followed, %d calls; want 10 and 50", st.Keys, calls)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for l.Stats().Keys != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle keys still followed", l.Stats().Keys)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRequestsWaitForTheDrawOut: requests of a hot key that find its lease
+// spent while a draw is out wait for the draw and are answered from it,
+// instead of each asking the store.
+func TestRequestsWaitForTheDrawOut(t *testing.T) {
+	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Second, Lease: 200 * time.Millisecond}
+	release := make(chan struct{})
+	var (
+		mu           sync.Mutex
+		draws, alone int
+	)
+	next := &mocks.Limiter{DecideFunc: func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+		if req.Cost > 1 {
+			<-release
+		}
+		mu.Lock()
+		if req.Cost > 1 {
+			draws++
+		} else {
+			alone++
+		}
+		mu.Unlock()
+		return ratelimit.Decision{Allowed: true, Remaining: 900, Mode: ratelimit.ModeRedis}, nil
+	}}
+	l := lease.New(next, lease.Config{})
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx := context.Background()
+	decide := func() {
+		if d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"}); err != nil || !d.Allowed {
+			t.Errorf("%+v %v", d, err)
+		}
+	}
+	for range lease.MinUnits - 1 {
+		decide()
+	}
+	var wg sync.WaitGroup
+	wg.Go(decide)                     // the draw, held up in the store
+	time.Sleep(20 * time.Millisecond) // the draw is out
+	for range 3 {
+		wg.Go(decide)
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	if alone != lease.MinUnits-1 || draws < 1 {
+		t.Fatalf("%d requests asked the store alone, %d draws; want only the %d cold ones alone", alone, draws, lease.MinUnits-1)
 	}
 }

@@ -75,7 +75,10 @@ type Limiter struct {
 	ids      *reqid.Minter
 
 	mu   sync.Mutex
-	keys map[string]*entry
+	keys map[leaseKey]*entry
+	// held are the entries that hold a lease, which each tick looks at;
+	// the whole table is swept for idle keys every idleSweep ticks only.
+	held map[*entry]struct{}
 
 	refunds chan refund
 	stop    chan struct{}
@@ -99,7 +102,10 @@ type entry struct {
 	// remaining is what the store said was left at its last decision of
 	// the key (-1: none seen yet).
 	remaining int64
-	drawing   bool
+	// drawing: a draw is out; done is closed when it is back (requests
+	// that find no lease wait for it rather than each ask the store).
+	drawing bool
+	done    chan struct{}
 	// The lease: units left, the store's decision of the draw and the
 	// request it decided, and when the lease ends (local clock, from when
 	// the draw was sent: no later than the store's time of the draw plus
@@ -133,7 +139,7 @@ func New(next ratelimit.Limiter, cfg Config) *Limiter {
 	}
 	l := &Limiter{
 		next: next, cfg: cfg, ids: reqid.New(cfg.Instance + "-lease-"),
-		keys:    map[string]*entry{},
+		keys: map[leaseKey]*entry{}, held: map[*entry]struct{}{},
 		refunds: make(chan refund, 4096),
 		stop:    make(chan struct{}), done: make(chan struct{}),
 		inStore: func() bool { return true },
@@ -174,7 +180,7 @@ func (l *Limiter) Stats() Stats {
 	}
 	l.mu.Lock()
 	s.Keys = len(l.keys)
-	for _, e := range l.keys {
+	for e := range l.held {
 		if e.units > 0 {
 			s.Held++
 			s.Units += e.units
@@ -215,30 +221,18 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	now := l.cfg.Now()
 	for i, r := range reqs {
 		if r.Policy.Lease > 0 && !r.ReadOnly && r.Hold == 0 && !l.closed.Load() && r.Validate() == nil {
-			units := r.Units()
-			l.mu.Lock()
-			e := l.entry(r, now)
-			if e != nil {
-				e.observe(now, units)
-				if e.units >= units && now.Before(e.until) {
-					e.units -= units
-					ds[i] = e.answer(now)
-					l.mu.Unlock()
-					l.stats.served.Add(1)
-					continue
-				}
-				if size := e.size(units); size > units && !e.drawing && l.inStore() {
-					l.end(e)
-					e.drawing = true
-					l.mu.Unlock()
-					dr := r
-					dr.Cost, dr.Hold, dr.ID = size, r.Policy.Lease, l.ids.Next()
-					sent = append(sent, dr)
-					pend = append(pend, pending{at: i, e: e, units: units})
-					continue
-				}
+			d, answered, e, size := l.try(ctx, r)
+			if answered {
+				ds[i] = d
+				continue
 			}
-			l.mu.Unlock()
+			if e != nil {
+				dr := r
+				dr.Cost, dr.Hold, dr.ID = size, r.Policy.Lease, l.ids.Next()
+				sent = append(sent, dr)
+				pend = append(pend, pending{at: i, e: e, units: r.Units()})
+				continue
+			}
 		}
 		sent = append(sent, r)
 		pend = append(pend, pending{at: i})
@@ -265,12 +259,14 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		l.mu.Lock()
 		e := p.e
 		e.drawing = false
+		close(e.done)
 		if err == nil && d.Mode == ratelimit.ModeRedis {
 			e.remaining = d.Remaining
 		}
 		if leased {
 			e.units, e.until = sent[j].Cost-p.units, sentAt.Add(sent[j].Policy.Lease)
 			e.draw, e.req = d, sent[j]
+			l.held[e] = struct{}{}
 			d = e.answer(l.cfg.Now())
 			if l.closed.Load() {
 				l.end(e)
@@ -294,11 +290,50 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	return ds, errs
 }
 
-// keyOf names a request's key in the table: the policy's name and the
+// leaseKey names a request's key in the table: the policy's name and the
 // client's key. (A policy reloaded with other parameters meets the entry
 // of the old one: entry ends its lease and starts over.)
-func keyOf(r ratelimit.Request) string {
-	return r.Policy.Name + "\x00" + r.Key
+type leaseKey struct{ policy, key string }
+
+func keyOf(r ratelimit.Request) leaseKey { return leaseKey{r.Policy.Name, r.Key} }
+
+// try answers r from its key's lease when it can, waiting once for a draw
+// that is out; else it returns the entry and the size of a draw to send in
+// r's place, or no entry: r goes to the wrapped limiter as it came.
+func (l *Limiter) try(ctx context.Context, r ratelimit.Request) (_ ratelimit.Decision, answered bool, _ *entry, size int64) {
+	units := r.Units()
+	now := l.cfg.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.entry(r, now)
+	if e == nil {
+		return ratelimit.Decision{}, false, nil, 0
+	}
+	e.observe(now, units)
+	for waited := false; ; waited = true {
+		if e.units >= units && now.Before(e.until) {
+			e.units -= units
+			l.stats.served.Add(1)
+			return e.answer(now), true, nil, 0
+		}
+		if !e.drawing || waited {
+			break
+		}
+		done := e.done
+		l.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		now = l.cfg.Now()
+		l.mu.Lock()
+	}
+	if size = e.size(units); size <= units || e.drawing || !l.inStore() {
+		return ratelimit.Decision{}, false, nil, 0
+	}
+	l.end(e)
+	e.drawing, e.done = true, make(chan struct{})
+	return ratelimit.Decision{}, false, e, size
 }
 
 // entry returns r's entry, made if there is room; nil when the table is
@@ -309,7 +344,7 @@ func (l *Limiter) entry(r ratelimit.Request, now time.Time) *entry {
 	if e != nil {
 		if e.policy != r.Policy { // reloaded with other parameters
 			l.end(e)
-			*e = entry{policy: r.Policy, key: r.Key, period: now, remaining: -1, drawing: e.drawing}
+			*e = entry{policy: r.Policy, key: r.Key, period: now, remaining: -1, drawing: e.drawing, done: e.done}
 		}
 		return e
 	}
@@ -361,6 +396,7 @@ func (e *entry) answer(now time.Time) ratelimit.Decision {
 // end ends e's lease, queueing the refund of its unused units. l.mu is
 // held.
 func (l *Limiter) end(e *entry) {
+	delete(l.held, e)
 	if e.units <= 0 {
 		e.units = 0
 		return
@@ -394,25 +430,34 @@ func (l *Limiter) loop() {
 		defer wg.Done()
 		l.sendRefunds(ctx)
 	}()
-	for {
+	for n := 1; ; n++ {
 		select {
 		case <-l.stop:
 			return
 		case <-t.C:
-			l.sweep(l.cfg.Now())
+			l.sweep(l.cfg.Now(), n%idleSweep == 0)
 		}
 	}
 }
 
-// sweep ends the leases expired at now and drops the keys idle for two
-// lifetimes with nothing held.
-func (l *Limiter) sweep(now time.Time) {
+// idleSweep is how many ticks apart the whole table is swept for idle
+// keys: a sweep holds the table's lock for a walk of every key.
+const idleSweep = 20
+
+// sweep ends the leases spent or expired at now and, with idle, drops the
+// keys idle for two lifetimes with nothing held.
+func (l *Limiter) sweep(now time.Time, idle bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for k, e := range l.keys {
-		if e.units > 0 && !now.Before(e.until) {
+	for e := range l.held {
+		if e.units <= 0 || !now.Before(e.until) {
 			l.end(e)
 		}
+	}
+	if !idle {
+		return
+	}
+	for k, e := range l.keys {
 		if e.units == 0 && !e.drawing && now.Sub(e.lastSeen) >= 2*e.policy.Lease {
 			delete(l.keys, k)
 		}
@@ -451,7 +496,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	close(l.stop)
 	<-l.done
 	l.mu.Lock()
-	for _, e := range l.keys {
+	for e := range l.held {
 		l.end(e)
 	}
 	l.mu.Unlock()
