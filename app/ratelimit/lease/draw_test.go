@@ -156,3 +156,28 @@ func TestRequestsWaitForTheDrawOut(t *testing.T) {
 		t.Fatalf("%d requests asked the store alone, %d draws; want only the %d cold ones alone", alone, draws, lease.MinUnits-1)
 	}
 }
+
+// TestOneBatchTwiceTheKey: a batch that asks for one key twice does not
+// wait for its own draw.
+func TestOneBatchTwiceTheKey(t *testing.T) {
+	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Second, Lease: 200 * time.Millisecond}
+	next := &mocks.Limiter{DecideFunc: func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+		return ratelimit.Decision{Allowed: true, Remaining: 900, Mode: ratelimit.ModeRedis}, nil
+	}}
+	l := lease.New(next, lease.Config{})
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	r := ratelimit.Request{Policy: p, Key: "k"}
+	for n := range 4 {
+		ds, errs := l.DecideBatch(ctx, []ratelimit.Request{r, r, r})
+		for i := range ds {
+			if errs[i] != nil || !ds[i].Allowed {
+				t.Fatalf("batch %d: %+v %v", n, ds, errs)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		t.Fatal("a batch waited for its own draw")
+	}
+}

@@ -221,7 +221,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	now := l.cfg.Now()
 	for i, r := range reqs {
 		if r.Policy.Lease > 0 && !r.ReadOnly && r.Hold == 0 && !l.closed.Load() && r.Validate() == nil {
-			d, answered, e, size := l.try(ctx, r)
+			d, answered, e, size := l.try(ctx, r, pend)
 			if answered {
 				ds[i] = d
 				continue
@@ -298,9 +298,10 @@ type leaseKey struct{ policy, key string }
 func keyOf(r ratelimit.Request) leaseKey { return leaseKey{r.Policy.Name, r.Key} }
 
 // try answers r from its key's lease when it can, waiting once for a draw
-// that is out; else it returns the entry and the size of a draw to send in
-// r's place, or no entry: r goes to the wrapped limiter as it came.
-func (l *Limiter) try(ctx context.Context, r ratelimit.Request) (_ ratelimit.Decision, answered bool, _ *entry, size int64) {
+// that is out (unless the batch carries it: pend); else it returns the
+// entry and the size of a draw to send in r's place, or no entry: r goes to
+// the wrapped limiter as it came.
+func (l *Limiter) try(ctx context.Context, r ratelimit.Request, pend []pending) (_ ratelimit.Decision, answered bool, _ *entry, size int64) {
 	units := r.Units()
 	now := l.cfg.Now()
 	l.mu.Lock()
@@ -316,7 +317,7 @@ func (l *Limiter) try(ctx context.Context, r ratelimit.Request) (_ ratelimit.Dec
 			l.stats.served.Add(1)
 			return e.answer(now), true, nil, 0
 		}
-		if !e.drawing || waited {
+		if !e.drawing || waited || slices.ContainsFunc(pend, func(p pending) bool { return p.e == e }) {
 			break
 		}
 		done := e.done
