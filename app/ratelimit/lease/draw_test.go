@@ -97,8 +97,9 @@ func TestKeysAreBounded(t *testing.T) {
 			t.Fatalf("%d: %+v %v", n, d, err)
 		}
 	}
-	if st := l.Stats(); st.Keys != 10 || calls != 50 {
-		t.Fatalf("%d keys followed, %d calls; want 10 and 50", st.Keys, calls)
+	// At most 10 (fewer when a stall let the sweep drop idle ones).
+	if st := l.Stats(); st.Keys > 10 || st.Keys == 0 || calls != 50 {
+		t.Fatalf("%d keys followed, %d calls; want 1 to 10 and 50", st.Keys, calls)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for l.Stats().Keys != 0 {

@@ -215,7 +215,7 @@ func TestColdKeyIsDecidedInTheStore(t *testing.T) {
 func TestUnusedUnitsAreGivenBack(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	in := startInstance(t, srv.Addr(), "app1")
-	p := ratelimit.Policy{Name: "back", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Hour, Lease: 200 * time.Millisecond}
+	p := ratelimit.Policy{Name: "back", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Hour, Lease: time.Second}
 	ctx := context.Background()
 	used := 0
 	for n := range 12 {
@@ -253,7 +253,7 @@ func TestUnusedUnitsAreGivenBack(t *testing.T) {
 func TestNoLeaseWhileTheStoreIsOut(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	in := startInstance(t, srv.Addr(), "app1")
-	p := ratelimit.Policy{Name: "out", Algorithm: ratelimit.GCRA, Limit: 1000, Window: 10 * time.Second, Lease: 100 * time.Millisecond}
+	p := ratelimit.Policy{Name: "out", Algorithm: ratelimit.GCRA, Limit: 1000, Window: 10 * time.Second, Lease: 500 * time.Millisecond}
 	ctx := context.Background()
 	decide := func(n int) ratelimit.Decision {
 		d, err := in.lease.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint(n)})
