@@ -7,6 +7,7 @@ package suite
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 
@@ -50,31 +51,19 @@ var DoorMix = []loadtest.KeySpec{
 	{Class: loadtest.Abusive, Factor: 2, Count: 2},
 }
 
-// LeaseRoute is the route of the suite's lease policy (chaos/policies.json:
-// GCRA, 300 per 10 s, leases of up to 2 s).
-const LeaseRoute = "/api/lease-gcra"
-
-// LeaseMix is the load on LeaseRoute: 2 polite keys at 40% of the quota,
-// hot enough for leases (12 requests/s each, 6 a lease's lifetime at each
-// of four instances), and 1 abusive key at 2x (84 requests/s in all).
-var LeaseMix = []loadtest.KeySpec{
-	{Class: loadtest.Polite, Factor: 0.4, Count: 2},
-	{Class: loadtest.Abusive, Factor: 2, Count: 1},
-}
-
 // withDoors returns cfg with the stack's door routes added to its routes,
 // each with cfg.DoorMix, and the client of its rate limit service (nil:
 // none; the caller closes it).
 func withDoors(cfg Config, info stack.Info) (Config, *loadtest.RLSClient, error) {
-	cfg.routeMix = map[string][]loadtest.KeySpec{}
-	if slices.Contains(cfg.Routes, LeaseRoute) {
-		cfg.routeMix[LeaseRoute] = cfg.LeaseMix
-	}
 	doors, err := DoorRoutes(info)
 	if err != nil || len(doors) == 0 {
 		return cfg, nil, err
 	}
 	cfg.Routes = append(slices.Clone(cfg.Routes), doors...)
+	cfg.routeMix = maps.Clone(cfg.routeMix)
+	if cfg.routeMix == nil {
+		cfg.routeMix = make(map[string][]loadtest.KeySpec, len(doors))
+	}
 	for _, r := range doors {
 		cfg.routeMix[r] = cfg.DoorMix
 	}

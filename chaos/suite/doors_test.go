@@ -45,3 +45,28 @@ func TestDoorPoliciesNameTheirAlgorithm(t *testing.T) {
 		}
 	}
 }
+
+// TestRouteMixes: the lease route is loaded with LeaseMix and each door
+// with DoorMix, with or without doors; the other routes take Mix.
+func TestRouteMixes(t *testing.T) {
+	for _, info := range []stack.Info{
+		{NginxURL: "http://127.0.0.1:8080"},
+		{NginxURL: "http://127.0.0.1:8080", UpstreamURL: "http://127.0.0.1:8080/static/"},
+	} {
+		cfg := Config{}
+		cfg.setDefaults()
+		cfg, _, err := withDoors(cfg, info)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(cfg.Routes, LeaseRoute) || !slices.Equal(cfg.routeMix[LeaseRoute], LeaseMix) {
+			t.Errorf("%+v: routes %v, lease route's mix %v", info, cfg.Routes, cfg.routeMix[LeaseRoute])
+		}
+		if info.UpstreamURL != "" && !slices.Equal(cfg.routeMix["/static/"], DoorMix) {
+			t.Errorf("%+v: the door's mix %v", info, cfg.routeMix["/static/"])
+		}
+		if _, ok := cfg.routeMix["/api/gcra"]; ok {
+			t.Errorf("%+v: /api/gcra has a mix of its own", info)
+		}
+	}
+}

@@ -94,10 +94,23 @@ type Config struct {
 	// status block).
 	Progress *progress.Reporter
 
-	// rls calls the stack's rate limit service, and routeMix gives the
-	// door routes their mix (withDoors).
+	// rls calls the stack's rate limit service, and routeMix gives
+	// LeaseRoute its mix (setDefaults) and the door routes theirs
+	// (withDoors).
 	rls      *loadtest.RLSClient
 	routeMix map[string][]loadtest.KeySpec
+}
+
+// LeaseRoute is the route of the suite's lease policy (chaos/policies.json:
+// GCRA, 300 per 10 s, leases of up to 2 s).
+const LeaseRoute = "/api/lease-gcra"
+
+// LeaseMix is the load on LeaseRoute: 2 polite keys at 40% of the quota,
+// hot enough for leases (12 requests/s each, 6 a lease's lifetime at each
+// of four instances), and 1 abusive key at 2x (84 requests/s in all).
+var LeaseMix = []loadtest.KeySpec{
+	{Class: loadtest.Polite, Factor: 0.4, Count: 2},
+	{Class: loadtest.Abusive, Factor: 2, Count: 1},
 }
 
 func (c *Config) setDefaults() {
@@ -109,6 +122,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.LeaseMix == nil {
 		c.LeaseMix = LeaseMix
+	}
+	if slices.Contains(c.Routes, LeaseRoute) {
+		c.routeMix = map[string][]loadtest.KeySpec{LeaseRoute: c.LeaseMix}
 	}
 	if c.Log == nil {
 		c.Log = io.Discard

@@ -34,17 +34,12 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // MinUnits is the demand, in units asked at this instance in a lease's
 // lifetime, below which a key gets no lease.
 const MinUnits = 4
-
-// Refunder gives back units a decision admitted (resilient.Limiter,
-// redisstore.Store). Without one, the unused units of a lease stay counted.
-type Refunder interface {
-	Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error)
-}
 
 // Config tunes a Limiter. The zero value is usable.
 type Config struct {
@@ -69,7 +64,7 @@ type Config struct {
 // wraps. Create it with New; Close gives the leases back.
 type Limiter struct {
 	next     ratelimit.Limiter
-	refunder Refunder
+	refunder store.Refunder
 	inStore  func() bool
 	cfg      Config
 	ids      *reqid.Minter
@@ -93,7 +88,6 @@ type Limiter struct {
 // entry is one key of a lease policy at this instance.
 type entry struct {
 	policy ratelimit.Policy
-	key    string
 	// Demand: units asked in the current period (one lifetime long) and
 	// in the one before.
 	period     time.Time
@@ -121,9 +115,9 @@ type refund struct {
 	d   ratelimit.Decision
 }
 
-// New wraps next. If next is a Refunder, unused units are given back
-// through it; if it has an InStore() bool method, leases are taken only
-// while it reports true.
+// New wraps next. If next is a store.Refunder (resilient.Limiter is),
+// unused units are given back through it; if it has an InStore() bool
+// method, leases are taken only while it reports true.
 func New(next ratelimit.Limiter, cfg Config) *Limiter {
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = 10_000
@@ -144,7 +138,7 @@ func New(next ratelimit.Limiter, cfg Config) *Limiter {
 		stop:    make(chan struct{}), done: make(chan struct{}),
 		inStore: func() bool { return true },
 	}
-	if r, ok := next.(Refunder); ok {
+	if r, ok := next.(store.Refunder); ok {
 		l.refunder = r
 	}
 	if s, ok := next.(interface{ InStore() bool }); ok {
@@ -240,7 +234,6 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	if len(sent) == 0 {
 		return ds, errs
 	}
-	sentAt := now
 	gotDs, gotErrs := ratelimit.DecideAll(ctx, l.next, sent)
 	for j, p := range pend {
 		d, err := gotDs[j], gotErrs[j]
@@ -264,7 +257,9 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			e.remaining = d.Remaining
 		}
 		if leased {
-			e.units, e.until = sent[j].Cost-p.units, sentAt.Add(sent[j].Policy.Lease)
+			// now was read before the draw was sent: the lease ends no
+			// later than the store's time of the draw plus the hold.
+			e.units, e.until = sent[j].Cost-p.units, now.Add(sent[j].Policy.Lease)
 			e.draw, e.req = d, sent[j]
 			l.held[e] = struct{}{}
 			d = e.answer(l.cfg.Now())
@@ -345,14 +340,14 @@ func (l *Limiter) entry(r ratelimit.Request, now time.Time) *entry {
 	if e != nil {
 		if e.policy != r.Policy { // reloaded with other parameters
 			l.end(e)
-			*e = entry{policy: r.Policy, key: r.Key, period: now, remaining: -1, drawing: e.drawing, done: e.done}
+			*e = entry{policy: r.Policy, period: now, remaining: -1, drawing: e.drawing, done: e.done}
 		}
 		return e
 	}
 	if len(l.keys) >= l.cfg.MaxKeys {
 		return nil
 	}
-	e = &entry{policy: r.Policy, key: r.Key, period: now, remaining: -1}
+	e = &entry{policy: r.Policy, period: now, remaining: -1}
 	l.keys[k] = e
 	return e
 }

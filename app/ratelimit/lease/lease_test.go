@@ -249,7 +249,8 @@ func TestUnusedUnitsAreGivenBack(t *testing.T) {
 
 // TestNoLeaseWhileTheStoreIsOut: with Redis down, a lease held is spent
 // until it expires, no lease is taken, and every request is decided as
-// without lease mode (by the fallback).
+// without lease mode (by the fallback): the local share is charged the
+// requests' own units, not a draw's.
 func TestNoLeaseWhileTheStoreIsOut(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	in := startInstance(t, srv.Addr(), "app1")
@@ -278,13 +279,16 @@ func TestNoLeaseWhileTheStoreIsOut(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	time.Sleep(2 * p.Lease)
-	draws := in.lease.Stats().Draws
+	draws, granted := in.lease.Stats().Draws, in.res.Status().Journal.Granted
 	for n := range 50 {
-		if d := decide(200 + n); d.Mode != ratelimit.ModeLocal {
-			t.Fatalf("request %d with Redis out: mode %s", n, d.Mode)
+		if d := decide(200 + n); d.Mode != ratelimit.ModeLocal || !d.Allowed {
+			t.Fatalf("request %d with Redis out: %+v", n, d)
 		}
 	}
 	if got := in.lease.Stats().Draws; got != draws {
 		t.Fatalf("%d leases taken with Redis out", got-draws)
+	}
+	if got := in.res.Status().Journal.Granted - granted; got != 50 {
+		t.Fatalf("50 requests of one unit granted locally charged %d units", got)
 	}
 }
