@@ -80,7 +80,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 		_ = client.Close()
 		return nil, fmt.Errorf("redis client: %w", err)
 	}
-	store := redisstore.New(client,
+	opts := []redisstore.Option{
 		redisstore.WithReplayClient(replayClient),
 		redisstore.WithTimeout(cfg.RedisTimeout),
 		redisstore.WithResendWindow(cfg.ResendWindow),
@@ -92,7 +92,12 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 			OnError: func(_ ratelimit.Request, err error, latency time.Duration) {
 				m.observeRedis(err, latency)
 			},
-		}))
+		}),
+	}
+	if cfg.GCRAHashes {
+		opts = append(opts, redisstore.WithGCRAHashes())
+	}
+	store := redisstore.New(client, opts...)
 	rl, err := resilient.New(store, resilient.Config{
 		Instance:          cfg.Instance,
 		Now:               now,

@@ -221,7 +221,7 @@ func (l *Store) Raise(ctx context.Context, floors []store.Floor) ([]int64, []err
 			args = append(args, s.Tokens, s.Now)
 		case ratelimit.GCRA:
 			args[1] = "gcra"
-			args = append(args, s.TAT, s.TATRem)
+			args = append(args, s.TAT, s.TATRem, hashFlag(l.gcraHashes))
 		case ratelimit.SlidingWindowCounter:
 			args[1] = "swc"
 			args = append(args, s.WindowStart, s.Current, s.Previous)

@@ -52,6 +52,8 @@ var (
 	tokenBucketLua string
 	//go:embed lua/gcra.lua
 	gcraLua string
+	//go:embed lua/gcra_state.lua
+	gcraStateLua string
 	//go:embed lua/sliding_window_counter.lua
 	windowCounterLua string
 	//go:embed lua/sliding_window_log.lua
@@ -75,11 +77,11 @@ var (
 	}
 	decideSrc = map[ratelimit.Algorithm]string{
 		ratelimit.TokenBucket:          arithLua + fillLua + decideLua + onceLua + argsLua + tokenBucketLua,
-		ratelimit.GCRA:                 arithLua + decideLua + onceLua + argsLua + gcraLua,
+		ratelimit.GCRA:                 arithLua + gcraStateLua + decideLua + onceLua + argsLua + gcraLua,
 		ratelimit.SlidingWindowCounter: arithLua + counterLua + decideLua + onceLua + argsLua + windowCounterLua,
 		ratelimit.SlidingWindowLog:     arithLua + decideLua + argsLua + windowLogLua,
 	}
-	helpersLua = arithLua + fillLua + counterLua + commonLua
+	helpersLua = arithLua + fillLua + counterLua + commonLua + gcraStateLua
 	scripts    = newScripts(decideSrc)
 )
 
@@ -146,6 +148,7 @@ type Store struct {
 	prefix       string
 	timeout      time.Duration
 	resend       int64 // the resend window, µs (WithResendWindow)
+	gcraHashes   bool  // WithGCRAHashes
 	hooks        Hooks
 	now          func() time.Time // tests only; nil: Redis TIME
 	ids          *reqid.Minter    // for requests without an id
@@ -213,6 +216,14 @@ func WithResendWindow(d time.Duration) Option {
 		}
 	}
 }
+
+// WithGCRAHashes keeps GCRA's state in a hash of fields, as releases before
+// this one did, instead of one string (lua/gcra_state.lua). Either is read
+// whichever is written, so a key keeps its usage across the change; only
+// the earlier releases cannot read the string. Set it while an upgrade
+// from such a release rolls out (instances of both share Redis), and
+// remove it once none of them is left.
+func WithGCRAHashes() Option { return func(l *Store) { l.gcraHashes = true } }
 
 // WithHooks installs observation hooks.
 func WithHooks(h Hooks) Option { return func(l *Store) { l.hooks = h } }
@@ -290,7 +301,7 @@ func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit
 	}
 	p := req.Policy
 	start := time.Now()
-	res, err := scripts[p.Algorithm].Run(callCtx, l.client, []string{l.Key(p, req.Key)}, scriptArgs(req, now, l.resend)...).Slice()
+	res, err := scripts[p.Algorithm].Run(callCtx, l.client, []string{l.Key(p, req.Key)}, l.scriptArgs(req, now)...).Slice()
 	latency := time.Since(start)
 	var d ratelimit.Decision
 	if err == nil {
@@ -312,14 +323,25 @@ func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit
 }
 
 // scriptArgs are the ARGV of req's decision script (lua/decide.lua); the
-// hold only when there is one.
-func scriptArgs(req ratelimit.Request, now, resend int64) []any {
+// hold and the state's form only when they are not the defaults.
+func (l *Store) scriptArgs(req ratelimit.Request, now int64) []any {
 	p := req.Policy
-	args := []any{now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, resend}
-	if req.Hold > 0 {
+	args := []any{now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, l.resend}
+	if req.Hold > 0 || l.gcraHashes {
 		args = append(args, req.Hold.Microseconds())
 	}
+	if l.gcraHashes {
+		args = append(args, hashFlag(true))
+	}
 	return args
+}
+
+// hashFlag is the scripts' argument for WithGCRAHashes.
+func hashFlag(on bool) string {
+	if on {
+		return "1"
+	}
+	return "0"
 }
 
 // scriptID is the request id a decision script gets: none for a read-only

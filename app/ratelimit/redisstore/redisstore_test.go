@@ -61,8 +61,8 @@ func withoutHint(d ratelimit.Decision) ratelimit.Decision {
 }
 
 // TestResendVectors runs the resend table against the Lua scripts, and
-// checks that the hash's field i is the twin's encoding of the last
-// admission (algorithm.Admission).
+// checks that the state keeps the twin's encoding of the last admission
+// (algorithm.Admission).
 func TestResendVectors(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
@@ -92,12 +92,34 @@ func TestResendVectors(t *testing.T) {
 				if d.Allowed && !last.Resend(s.ID, now, rc.Window) {
 					last = algorithm.Admission{ID: s.ID, At: now}
 				}
-				if f, err := c.HGet(context.Background(), l.Key(rc.Policy, key), "i").Result(); err != nil || f != last.String() {
-					t.Errorf("step %d: field i = %q (%v), want %q", j, f, err, last.String())
+				f, err := storedAdmission(c, rc.Policy.Algorithm, l.Key(rc.Policy, key))
+				// GCRA's string drops an admission past the resend window
+				// when it is next written.
+				dropped := rc.Policy.Algorithm == ratelimit.GCRA && f == "" && !last.Resend(last.ID, now, rc.Window)
+				if err != nil || f != last.String() && !dropped {
+					t.Errorf("step %d: admission %q (%v), want %q", j, f, err, last.String())
 				}
 			}
 		})
 	}
+}
+
+// storedAdmission is the last admission a key's state keeps (lua/once.lua):
+// field i of a hash, the part after the arrival time of GCRA's string.
+func storedAdmission(c redis.Cmdable, a ratelimit.Algorithm, key string) (string, error) {
+	ctx := context.Background()
+	if a != ratelimit.GCRA {
+		return c.HGet(ctx, key, "i").Result()
+	}
+	v, err := c.Get(ctx, key).Result()
+	if err != nil {
+		return "", err
+	}
+	parts := strings.SplitN(v, ":", 3)
+	if len(parts) < 3 {
+		return "", nil
+	}
+	return parts[2], nil
 }
 
 func TestConformance(t *testing.T) {
@@ -311,6 +333,9 @@ func TestUnexpectedStateIsAnErrorNotAPanic(t *testing.T) {
 					return c.Set(ctx, key, "x", 0).Err()
 				}
 				return c.RPush(ctx, key, "x").Err()
+			},
+			"garbage string": func(key string) error {
+				return c.Set(ctx, key, "abc:?:1:x", 0).Err()
 			},
 			"garbage fields": func(key string) error {
 				if alg == ratelimit.SlidingWindowLog {

@@ -156,10 +156,10 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 			if parts > 1 {
 				marked.Marker = b.Marker + "/" + strconv.Itoa(p)
 			}
-			// Only the sliding window log keeps its marker in a key of its
-			// own; the others' is a field of the state's hash.
+			// The sliding window log and GCRA keep their marker in a key
+			// of its own; the others' is a field of the state's hash.
 			mark := state
-			if b.Policy.Algorithm == ratelimit.SlidingWindowLog {
+			if b.Policy.Algorithm == ratelimit.SlidingWindowLog || b.Policy.Algorithm == ratelimit.GCRA {
 				mark = l.markerKey(marked)
 			}
 			part := replayPart{batch: i, state: state, mark: mark, marker: marked.Marker, policy: b.Policy, grants: grants}
@@ -178,8 +178,8 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 	}
 	for _, c := range calls {
 		keys := make([]string, 0, 2*len(c.parts))
-		args := make([]any, 0, 3+4*len(c.parts)+3*c.grants)
-		args = append(args, now, MarkerTTL.Milliseconds(), len(c.parts))
+		args := make([]any, 0, 4+6*len(c.parts)+3*c.grants)
+		args = append(args, now, MarkerTTL.Milliseconds(), len(c.parts), hashFlag(l.gcraHashes))
 		for _, p := range c.parts {
 			keys = append(keys, p.state, p.mark)
 			field, token := markerField(p.marker)

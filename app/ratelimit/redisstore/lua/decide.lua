@@ -4,6 +4,7 @@
 --       [7], [8] weight num, den (ratelimit.Weight)
 --       [9] resend window in µs (lua/once.lua; absent: 3 s)
 --       [10] hold in µs (GCRA only; ratelimit.Request.Hold; absent: 0)
+--       [11] '1': write GCRA's state as a hash (lua/gcra_state.lua)
 -- Reply: {allowed, remaining, reset_us, retry_us, now_us, state...}, the
 --   state being what the fallback continues from, and only that:
 --   token bucket {tokens}, GCRA {tat, tat_rem}, sliding window counter
@@ -13,7 +14,7 @@
 -- The decision being made: set by args from its key and arguments (one
 -- script call, or one request of a batch, lua/batch.lua), read by the
 -- helpers below and the algorithm.
-local limit, window, cost, capacity, wnum, wden, elimit, key, resend_us, req_id, hold
+local limit, window, cost, capacity, wnum, wden, elimit, key, resend_us, req_id, hold, hashes
 local function args(k, a)
   limit, window, cost = tonumber(a[2]), tonumber(a[3]), tonumber(a[5])
   capacity = tonumber(a[4])
@@ -25,6 +26,7 @@ local function args(k, a)
   resend_us = tonumber(a[9]) or 3000000
   req_id = a[6] or ''
   hold = tonumber(a[10]) or 0
+  hashes = a[11] == '1'
 end
 local function wscale(x) return cdiv(x * wnum, wden) end
 local function wunits(room, unit)

@@ -1,13 +1,13 @@
--- GCRA. KEYS[1]: hash {t = theoretical arrival time in µs, r = the
--- remainder in 1/limit µs}. Twin of algorithm.GCRADecide.
+-- GCRA. KEYS[1]: its state (lua/gcra_state.lua). Twin of
+-- algorithm.GCRADecide.
 local now = now_us()
 local tolerance = capacity * window
-local st = redis.call('HMGET', key, 't', 'r', 'i')
-local again = seen(st[3], now)
+local t0, r0, last = gcra_get(key)
+local again = seen(last, now)
 if again then cost = 0 end
 local tat, rem = now, 0
-if st[1] then
-  local t0, r0 = num(st[1], 't'), num(st[2], 'r')
+if t0 then
+  t0, r0 = num(t0, 't'), num(r0, 'r')
   if t0 > now or (t0 == now and r0 > 0) then tat, rem = t0, r0 end
 end
 -- A held request's units count from now + hold (ratelimit.Request.Hold);
@@ -18,10 +18,10 @@ local inc = wscale(cost * window)
 local q = fdiv(inc, limit)
 local nt, nr = bt + q, br + (inc - q * limit)
 if nr >= limit then nt, nr = nt + 1, nr - limit end
-local allowed, retry = 0, 0
+local allowed, retry, moved = 0, 0, false
 local ahead = (nt - now) * limit + nr
 if ahead <= tolerance then
-  allowed = 1
+  allowed, moved = 1, nt ~= tat or nr ~= rem
   tat, rem = nt, nr
 else
   retry = cdiv(ahead - tolerance, limit)
@@ -29,13 +29,21 @@ end
 ahead = (tat - now) * limit + rem
 local remaining = wunits(tolerance - ahead, window)
 local reset = cdiv(ahead, limit)
-if reset > 0 then
-  save(allowed, again, now, 't', str(tat), 'r', str(rem))
-  redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
-else
-  redis.call('DEL', key)
+-- Written only when the arrival time moved: a refusal, a resend and a
+-- request of no units leave the key as it is (its TTL covers its state).
+-- The admission kept (lua/once.lua): this request's, unless it is a
+-- resend, else the key's last while a resend of it is still recognised.
+if moved then
+  local adm
+  if not again and req_id ~= '' then
+    adm = str(now) .. ':' .. req_id
+  else
+    local at = admission(last)
+    if at and resent(at, now) then adm = last end
+  end
+  gcra_put(key, tat, rem, adm, cdiv(reset, 1000) + margin_ms, hashes)
 end
 if again then allowed, retry = 1, 0 end
 local r = reply(allowed, remaining, reset, retry, now, tat, rem)
-if allowed == 0 then refusal_hint(r, st[3], now) end
+if allowed == 0 then refusal_hint(r, last, now) end
 return r

@@ -9,7 +9,7 @@
 -- ARGV: [1] now override  [2] algorithm ('tb', 'gcra', 'swc', 'swl')
 --       [3] limit  [4] window µs  [5] capacity, then the floor:
 --       tb: tokens (× window), its time
---       gcra: TAT µs, TAT remainder
+--       gcra: TAT µs, TAT remainder, '1' for a hash (lua/gcra_state.lua)
 --       swc: window start, current count, previous count
 --       swl: its time, the 8 age buckets' counts, a member id prefix
 -- Reply: the units put back (0 if the key already held the floor).
@@ -36,15 +36,14 @@ end
 if alg == 'gcra' then
   local tat, rem = num(ARGV[6], 'tat'), num(ARGV[7], 'rem')
   if tat <= now then return 0 end
-  local st = redis.call('HMGET', key, 't', 'r')
+  local t0, r0, last = gcra_get(key)
   local ctat, crem = now, 0
-  if st[1] then
-    ctat, crem = num(st[1], 't'), num(st[2], 'r')
+  if t0 then
+    ctat, crem = num(t0, 't'), num(r0, 'r')
     if ctat < now then ctat, crem = now, 0 end
   end
   if tat < ctat or (tat == ctat and rem <= crem) then return 0 end
-  redis.call('HSET', key, 't', str(tat), 'r', str(rem))
-  redis.call('PEXPIRE', key, cdiv(tat - now + 1, 1000) + margin_ms)
+  gcra_put(key, tat, rem, last, cdiv(tat - now + 1, 1000) + margin_ms, ARGV[8] == '1')
   return cdiv((tat - ctat) * limit + rem - crem, window)
 end
 

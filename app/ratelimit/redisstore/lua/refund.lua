@@ -9,6 +9,7 @@
 --       [3] limit  [4] window µs  [5] capacity  [6] cost  [7] request id
 --       [8], [9] weight num, den (the request's: what the admission charged)
 --       [10] the admission's Redis time, µs (the counter's window)
+--       [11] '1': GCRA's state as a hash (lua/gcra_state.lua)
 -- Reply: the units given back (0: nothing left to give back, the state having
 -- refilled, aged or expired past the admission).
 local now = now_us()
@@ -51,18 +52,21 @@ if alg == 'tb' then
 end
 
 if alg == 'gcra' then
-  local st = redis.call('HMGET', key, 't', 'r')
-  if not st[1] then return 0 end
-  local tat, rem = num(st[1], 't'), num(st[2], 'r')
+  local t0, r0, last = gcra_get(key)
+  if not t0 then return 0 end
+  local tat, rem = num(t0, 't'), num(r0, 'r')
   local ahead = (tat - now) * limit + rem
   if ahead <= 0 then return 0 end
   local back = math.min(charged, ahead)
   ahead = ahead - back
   tat = now + fdiv(ahead, limit)
   rem = ahead - (tat - now) * limit
-  redis.call('HSET', key, 't', str(tat), 'r', str(rem))
-  forget_admission()
-  redis.call('PEXPIRE', key, cdiv(cdiv(ahead, limit), 1000) + margin_ms)
+  -- The admission is this request's: forgotten (see forget_admission).
+  local forget = last and string.sub(last, -(string.len(id) + 1)) == ':' .. id
+  if forget then last = nil end
+  local hash = ARGV[11] == '1'
+  gcra_put(key, tat, rem, last, cdiv(cdiv(ahead, limit), 1000) + margin_ms, hash)
+  if forget and hash then redis.call('HDEL', key, 'i') end
   return units(back)
 end
 

@@ -3,8 +3,9 @@
 -- hash tag, so one Cluster slot, unless Redis is a single node), so a
 -- replay of many keys costs one script call per hundred keys or so.
 -- KEYS: per batch, [2i-1] the key's state and [2i] the batch's marker key
---       (same slot; only the sliding window log's replay uses it)
--- ARGV: [1] now override  [2] marker TTL in ms  [3] batch count, then per
+--       (same slot; the sliding window log's and GCRA's replays use it)
+-- ARGV: [1] now override  [2] marker TTL in ms  [3] batch count
+--       [4] '1': GCRA's state as a hash (lua/gcra_state.lua), then per
 --       batch: limit, window in µs, capacity, marker field, marker token,
 --       grant count, and per grant (sorted by time): at µs, cost, request id
 -- Reply: per batch {replayed, dropped, present, duplicate}, flattened
@@ -14,7 +15,7 @@
 local now = now_us()
 local ttl = tonumber(ARGV[2])
 local reply = {}
-local a = 4
+local a = 5
 -- One set of arrays for every batch: a batch's grants are at[1..n] (the
 -- entries past n are a longer earlier batch's, never read).
 local at, cost, id = {}, {}, {}

@@ -1,9 +1,12 @@
--- GCRA replay of one key. Twin of algorithm.GCRAReplay.
+-- GCRA replay of one key. Twin of algorithm.GCRAReplay. The state is a
+-- string (lua/gcra_state.lua): the batch's marker is a key of its own, and
+-- a marker an earlier release left in the hash's field mfield counts too.
 local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, mtoken, mkey, ttl)
-  local st = redis.call('HMGET', key, 't', 'r', mfield)
-  if marked(st[3], mtoken) then return 0, 0, 0, 1 end
+  local t0, r0, last, marks = gcra_get(key, mfield)
+  if marked(marks, mtoken) then return 0, 0, 0, 1 end
+  if not redis.call('SET', mkey, '1', 'PX', ttl, 'NX') then return 0, 0, 0, 1 end
   local tat, rem = 0, 0
-  if st[1] then tat, rem = num(st[1], 't'), num(st[2], 'r') end
+  if t0 then tat, rem = num(t0, 't'), num(r0, 'r') end
   local replayed = 0
   for i = 1, n do
     if tat < at[i] then tat, rem = at[i], 0 end
@@ -17,8 +20,7 @@ local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, 
   -- another instance's grants must build on it (a past time is a full
   -- bucket for decisions, which take max(tat, now)).
   if replayed > 0 then
-    redis.call('HSET', key, 't', str(tat), 'r', str(rem), mfield, mark(st[3], mtoken))
-    redis.call('PEXPIRE', key, cdiv(math.max(0, tat - now) + 1, 1000) + margin_ms)
+    gcra_put(key, tat, rem, last, cdiv(math.max(0, tat - now) + 1, 1000) + margin_ms, ARGV[4] == '1')
   end
   return replayed, 0, 0, 0
 end
