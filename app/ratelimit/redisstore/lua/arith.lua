@@ -6,7 +6,7 @@
 local margin_ms = 1000
 
 local function now_us()
-  local n = tonumber(ARGV[1])
+  local n = ARGV[1] ~= '0' and tonumber(ARGV[1])
   if n and n > 0 then return n end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])

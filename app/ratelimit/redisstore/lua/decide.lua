@@ -14,18 +14,25 @@
 -- The decision being made: set by args from its key and arguments (one
 -- script call, or one request of a batch, lua/batch.lua), read by the
 -- helpers below and the algorithm.
-local limit, window, cost, capacity, wnum, wden, elimit, key, resend_us, req_id, hold, hashes
+local limit, window, cost, capacity, wnum, wden, elimit, key, resend_arg, req_id, hold, hashes
+-- A number argument costs a string conversion (tonumber): the ones that
+-- are mostly their default are compared as strings first.
 local function args(k, a)
   limit, window, cost = tonumber(a[2]), tonumber(a[3]), tonumber(a[5])
   capacity = tonumber(a[4])
-  wnum, wden = tonumber(a[7]) or 1, tonumber(a[8]) or 1
-  if wnum < 1 then wnum, wden = 1, 1 end
-  -- ratelimit.Weight: cost × num/den, and limit × den/num.
-  elimit = fdiv(limit * wden, wnum)
+  if a[7] == '1' and a[8] == '1' then
+    wnum, wden, elimit = 1, 1, limit
+  else
+    wnum, wden = tonumber(a[7]) or 1, tonumber(a[8]) or 1
+    if wnum < 1 then wnum, wden = 1, 1 end
+    -- ratelimit.Weight: cost × num/den, and limit × den/num.
+    elimit = fdiv(limit * wden, wnum)
+  end
   key = k
-  resend_us = tonumber(a[9]) or 3000000
   req_id = a[6] or ''
-  hold = tonumber(a[10]) or 0
+  resend_arg = a[9]
+  hold = 0
+  if a[10] and a[10] ~= '0' then hold = tonumber(a[10]) or 0 end
   hashes = a[11] == '1'
 end
 local function wscale(x) return cdiv(x * wnum, wden) end
@@ -38,11 +45,15 @@ local function reply(allowed, remaining, reset, retry, now, ...)
   return {allowed, remaining, reset, retry, now, ...}
 end
 
+-- The resend window in µs (ARGV[9]), read only by the decisions that need
+-- it: a resend, or an admission to keep or hint at.
+local function resend_us() return tonumber(resend_arg) or 3000000 end
+
 -- Whether a request at now is within the resend window of an admission at
 -- at (either side: a clock that stepped back less than the window still
 -- recognises a resend). Twin of algorithm.Admission.Resend.
 local function resent(at, now)
-  return math.abs(now - at) < resend_us
+  return math.abs(now - at) < resend_us()
 end
 
 -- Appends to the reply r of a refusal the key's last admission (request id,
@@ -52,6 +63,6 @@ end
 local function resend_hint(r, id, at, now)
   if id ~= '' and resent(at, now) then
     r[#r + 1] = id
-    r[#r + 1] = at + resend_us
+    r[#r + 1] = at + resend_us()
   end
 end
