@@ -94,8 +94,8 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 			},
 		}),
 	}
-	if cfg.GCRAHashes {
-		opts = append(opts, redisstore.WithGCRAHashes())
+	if cfg.HashState {
+		opts = append(opts, redisstore.WithHashState())
 	}
 	store := redisstore.New(client, opts...)
 	rl, err := resilient.New(store, resilient.Config{

@@ -49,9 +49,10 @@ type Config struct {
 	// of which stops waiting at its own. 0: one round trip per decision.
 	// At most RedisPoolSize are in flight (one connection each).
 	RedisPipelines int `env:"RL_REDIS_PIPELINES" envDefault:"4"`
-	// GCRAHashes keeps GCRA's state in Redis as releases before the string
-	// form did (redisstore.WithGCRAHashes), for a rolling upgrade from one.
-	GCRAHashes bool `env:"RL_GCRA_HASHES" envDefault:"false"`
+	// HashState keeps the token bucket's and GCRA's state in Redis as
+	// releases before the string form did (redisstore.WithHashState), for
+	// a rolling upgrade from one.
+	HashState bool `env:"RL_HASH_STATE" envDefault:"false"`
 	// ReplayTimeout bounds one replay or restore pipeline, on a client of
 	// its own (the decisions' timeout would cut a pipeline of 1000 keys).
 	ReplayTimeout time.Duration `env:"RL_REPLAY_TIMEOUT" envDefault:"2s"`

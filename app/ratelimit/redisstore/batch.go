@@ -37,7 +37,7 @@ var batchCodes = map[ratelimit.Algorithm]int{
 // once per decision.
 var batchSrc = func() string {
 	var b strings.Builder
-	b.WriteString(arithLua + fillLua + counterLua + gcraStateLua + decideLua + onceLua)
+	b.WriteString(arithLua + fillLua + counterLua + stateLua + decideLua + onceLua)
 	for _, a := range ratelimit.Algorithms {
 		fmt.Fprintf(&b, "local function decide_%d()\n%s\nend\n", batchCodes[a], algorithmLua[a])
 	}
@@ -145,7 +145,7 @@ func (l *Store) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []
 				continue
 			}
 			c := &scriptCall{at: at, script: batchScript, keys: make([]string, 0, len(at)), args: make([]any, 0, 3+batchArgs*len(at))}
-			c.args = append(c.args, now, l.resend, hashFlag(l.gcraHashes))
+			c.args = append(c.args, now, l.resend, hashFlag(l.hashState))
 			for _, i := range at {
 				r := reqs[i]
 				p := r.Policy

@@ -52,8 +52,8 @@ var (
 	tokenBucketLua string
 	//go:embed lua/gcra.lua
 	gcraLua string
-	//go:embed lua/gcra_state.lua
-	gcraStateLua string
+	//go:embed lua/state.lua
+	stateLua string
 	//go:embed lua/sliding_window_counter.lua
 	windowCounterLua string
 	//go:embed lua/sliding_window_log.lua
@@ -76,12 +76,12 @@ var (
 		ratelimit.SlidingWindowLog:     windowLogLua,
 	}
 	decideSrc = map[ratelimit.Algorithm]string{
-		ratelimit.TokenBucket:          arithLua + fillLua + decideLua + onceLua + argsLua + tokenBucketLua,
-		ratelimit.GCRA:                 arithLua + gcraStateLua + decideLua + onceLua + argsLua + gcraLua,
+		ratelimit.TokenBucket:          arithLua + fillLua + stateLua + decideLua + onceLua + argsLua + tokenBucketLua,
+		ratelimit.GCRA:                 arithLua + stateLua + decideLua + onceLua + argsLua + gcraLua,
 		ratelimit.SlidingWindowCounter: arithLua + counterLua + decideLua + onceLua + argsLua + windowCounterLua,
 		ratelimit.SlidingWindowLog:     arithLua + decideLua + argsLua + windowLogLua,
 	}
-	helpersLua = arithLua + fillLua + counterLua + commonLua + gcraStateLua
+	helpersLua = arithLua + fillLua + counterLua + commonLua + stateLua
 	scripts    = newScripts(decideSrc)
 )
 
@@ -148,7 +148,7 @@ type Store struct {
 	prefix       string
 	timeout      time.Duration
 	resend       int64 // the resend window, µs (WithResendWindow)
-	gcraHashes   bool  // WithGCRAHashes
+	hashState    bool  // WithHashState
 	hooks        Hooks
 	now          func() time.Time // tests only; nil: Redis TIME
 	ids          *reqid.Minter    // for requests without an id
@@ -217,13 +217,13 @@ func WithResendWindow(d time.Duration) Option {
 	}
 }
 
-// WithGCRAHashes keeps GCRA's state in a hash of fields, as releases before
-// this one did, instead of one string (lua/gcra_state.lua). Either is read
-// whichever is written, so a key keeps its usage across the change; only
-// the earlier releases cannot read the string. Set it while an upgrade
-// from such a release rolls out (instances of both share Redis), and
-// remove it once none of them is left.
-func WithGCRAHashes() Option { return func(l *Store) { l.gcraHashes = true } }
+// WithHashState keeps the token bucket's and GCRA's state in a hash of
+// fields, as releases before this one did, instead of one string
+// (lua/state.lua). Either is read whichever is written, so a key keeps its
+// usage across the change; only the earlier releases cannot read the
+// string. Set it while an upgrade from such a release rolls out (instances
+// of both share Redis), and remove it once none of them is left.
+func WithHashState() Option { return func(l *Store) { l.hashState = true } }
 
 // WithHooks installs observation hooks.
 func WithHooks(h Hooks) Option { return func(l *Store) { l.hooks = h } }
@@ -327,16 +327,16 @@ func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit
 func (l *Store) scriptArgs(req ratelimit.Request, now int64) []any {
 	p := req.Policy
 	args := []any{now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, l.resend}
-	if req.Hold > 0 || l.gcraHashes {
+	if req.Hold > 0 || l.hashState {
 		args = append(args, req.Hold.Microseconds())
 	}
-	if l.gcraHashes {
+	if l.hashState {
 		args = append(args, hashFlag(true))
 	}
 	return args
 }
 
-// hashFlag is the scripts' argument for WithGCRAHashes.
+// hashFlag is the scripts' argument for WithHashState.
 func hashFlag(on bool) string {
 	if on {
 		return "1"

@@ -93,9 +93,9 @@ func TestResendVectors(t *testing.T) {
 					last = algorithm.Admission{ID: s.ID, At: now}
 				}
 				f, err := storedAdmission(c, rc.Policy.Algorithm, l.Key(rc.Policy, key))
-				// GCRA's string drops an admission past the resend window
-				// when it is next written.
-				dropped := rc.Policy.Algorithm == ratelimit.GCRA && f == "" && !last.Resend(last.ID, now, rc.Window)
+				// A string state drops an admission past the resend window
+				// when it is next written (lua/state.lua).
+				dropped := rc.Policy.Algorithm != ratelimit.SlidingWindowCounter && f == "" && !last.Resend(last.ID, now, rc.Window)
 				if err != nil || f != last.String() && !dropped {
 					t.Errorf("step %d: admission %q (%v), want %q", j, f, err, last.String())
 				}
@@ -105,10 +105,11 @@ func TestResendVectors(t *testing.T) {
 }
 
 // storedAdmission is the last admission a key's state keeps (lua/once.lua):
-// field i of a hash, the part after the arrival time of GCRA's string.
+// field i of the window counter's hash, the part after the two integers of
+// the token bucket's and GCRA's string (lua/state.lua).
 func storedAdmission(c redis.Cmdable, a ratelimit.Algorithm, key string) (string, error) {
 	ctx := context.Background()
-	if a != ratelimit.GCRA {
+	if a == ratelimit.SlidingWindowCounter {
 		return c.HGet(ctx, key, "i").Result()
 	}
 	v, err := c.Get(ctx, key).Result()

@@ -156,11 +156,11 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 			if parts > 1 {
 				marked.Marker = b.Marker + "/" + strconv.Itoa(p)
 			}
-			// The sliding window log and GCRA keep their marker in a key
-			// of its own; the others' is a field of the state's hash.
-			mark := state
-			if b.Policy.Algorithm == ratelimit.SlidingWindowLog || b.Policy.Algorithm == ratelimit.GCRA {
-				mark = l.markerKey(marked)
+			// The window counter keeps its marker in a field of its hash;
+			// the others', in a key of its own.
+			mark := l.markerKey(marked)
+			if b.Policy.Algorithm == ratelimit.SlidingWindowCounter {
+				mark = state
 			}
 			part := replayPart{batch: i, state: state, mark: mark, marker: marked.Marker, policy: b.Policy, grants: grants}
 			for _, g := range grants {
@@ -179,7 +179,7 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 	for _, c := range calls {
 		keys := make([]string, 0, 2*len(c.parts))
 		args := make([]any, 0, 4+6*len(c.parts)+3*c.grants)
-		args = append(args, now, MarkerTTL.Milliseconds(), len(c.parts), hashFlag(l.gcraHashes))
+		args = append(args, now, MarkerTTL.Milliseconds(), len(c.parts), hashFlag(l.hashState))
 		for _, p := range c.parts {
 			keys = append(keys, p.state, p.mark)
 			field, token := markerField(p.marker)

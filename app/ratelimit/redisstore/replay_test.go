@@ -178,11 +178,11 @@ func TestReplayBoundsWorkPerCall(t *testing.T) {
 		t.Errorf("%d script calls for %d grants, want %d (at most %d grants each)", got, n, want, redisstore.MaxReplayGrants)
 	}
 	twin, _ := algorithm.TokenBucketReplay(p, algorithm.TokenBucketState{}, now, grants)
-	st, err := c.HMGet(ctx, l.Key(p, "hot"), "t", "l").Result()
+	tokens, last, err := redistest.PairState(ctx, c, l.Key(p, "hot"), "t", "l")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := fmt.Sprintln(st...), fmt.Sprintln(twin.Tokens, twin.Last); got != want {
+	if got, want := fmt.Sprintln(tokens, last), fmt.Sprintln(twin.Tokens, twin.Last); got != want {
 		t.Errorf("state (tokens, last) %q, want the twin's %q", got, want)
 	}
 	res, errs = l.Replay(ctx, []store.ReplayBatch{batch})

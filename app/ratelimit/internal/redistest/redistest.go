@@ -28,6 +28,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // installHint is how to get the binaries that Require looks for.
@@ -172,4 +174,30 @@ func infoField(info, field string) string {
 		}
 	}
 	return ""
+}
+
+// PairState reads the state redisstore keeps for a token bucket or GCRA
+// key (its lua/state.lua): the two integers a and b of its string, or
+// fields fa and fb of the hash earlier releases kept. No state: "", "".
+func PairState(ctx context.Context, c redis.Cmdable, key, fa, fb string) (a, b string, err error) {
+	v, err := c.Get(ctx, key).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return "", "", nil
+	case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
+		h, err := c.HMGet(ctx, key, fa, fb).Result()
+		if err != nil {
+			return "", "", err
+		}
+		a, _ = h[0].(string)
+		b, _ = h[1].(string)
+		return a, b, nil
+	case err != nil:
+		return "", "", err
+	}
+	parts := strings.SplitN(v, ":", 3)
+	if len(parts) < 2 {
+		return "", "", fmt.Errorf("state %q: want <a>:<b>[:<admission>]", v)
+	}
+	return parts[0], parts[1], nil
 }

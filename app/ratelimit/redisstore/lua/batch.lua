@@ -5,7 +5,7 @@
 -- made at the same instant, which one atomic script may do.
 -- KEYS[i]: request i's key (on a Cluster, all of one hash slot).
 -- ARGV: [1] now override  [2] resend window in µs (lua/once.lua)
---       [3] '1': GCRA's state as a hash (lua/decide.lua, ARGV[11])
+--       [3] '1': state as a hash (lua/decide.lua, ARGV[11])
 --       then 9 per request, from 4 + 9 × (i - 1): algorithm (1 token
 --       bucket, 2 GCRA, 3 sliding window counter, 4 sliding window log),
 --       then the decision script's ARGV[2..8] and ARGV[10] (the hold,

@@ -4,7 +4,8 @@
 --       [7], [8] weight num, den (ratelimit.Weight)
 --       [9] resend window in µs (lua/once.lua; absent: 3 s)
 --       [10] hold in µs (GCRA only; ratelimit.Request.Hold; absent: 0)
---       [11] '1': write GCRA's state as a hash (lua/gcra_state.lua)
+--       [11] '1': write the token bucket's and GCRA's state as a hash
+--            (lua/state.lua)
 -- Reply: {allowed, remaining, reset_us, retry_us, now_us, state...}, the
 --   state being what the fallback continues from, and only that:
 --   token bucket {tokens}, GCRA {tat, tat_rem}, sliding window counter

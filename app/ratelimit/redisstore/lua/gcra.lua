@@ -1,8 +1,8 @@
--- GCRA. KEYS[1]: its state (lua/gcra_state.lua). Twin of
+-- GCRA. KEYS[1]: its state (lua/state.lua). Twin of
 -- algorithm.GCRADecide.
 local now = now_us()
 local tolerance = capacity * window
-local t0, r0, last = gcra_get(key)
+local t0, r0, last = pair_get(key, 't', 'r')
 local again = seen(last, now)
 if again then cost = 0 end
 local tat, rem = now, 0
@@ -31,17 +31,8 @@ local remaining = wunits(tolerance - ahead, window)
 local reset = cdiv(ahead, limit)
 -- Written only when the arrival time moved: a refusal, a resend and a
 -- request of no units leave the key as it is (its TTL covers its state).
--- The admission kept (lua/once.lua): this request's, unless it is a
--- resend, else the key's last while a resend of it is still recognised.
 if moved then
-  local adm
-  if not again and req_id ~= '' then
-    adm = str(now) .. ':' .. req_id
-  else
-    local at = admission(last)
-    if at and resent(at, now) then adm = last end
-  end
-  gcra_put(key, tat, rem, adm, cdiv(reset, 1000) + margin_ms, hashes)
+  pair_put(key, 't', tat, 'r', rem, kept_admission(again, last, now), cdiv(reset, 1000) + margin_ms, hashes)
 end
 if again then allowed, retry = 1, 0 end
 local r = reply(allowed, remaining, reset, retry, now, tat, rem)

@@ -49,3 +49,14 @@ local function refusal_hint(r, last, now)
   if at then resend_hint(r, id, at, now) end
   return r
 end
+
+-- The admission the state of the token bucket or GCRA (lua/state.lua)
+-- keeps when it is written after an admission at now: this request's,
+-- unless it is a resend (again), else the key's last (last) while a resend
+-- of it is still recognised, as a hash keeps field i.
+local function kept_admission(again, last, now)
+  if not again and req_id ~= '' then return str(now) .. ':' .. req_id end
+  local at = admission(last)
+  if at and resent(at, now) then return last end
+  return nil
+end

@@ -3,9 +3,10 @@
 -- hash tag, so one Cluster slot, unless Redis is a single node), so a
 -- replay of many keys costs one script call per hundred keys or so.
 -- KEYS: per batch, [2i-1] the key's state and [2i] the batch's marker key
---       (same slot; the sliding window log's and GCRA's replays use it)
+--       (same slot; the window counter's replay does not use it)
 -- ARGV: [1] now override  [2] marker TTL in ms  [3] batch count
---       [4] '1': GCRA's state as a hash (lua/gcra_state.lua), then per
+--       [4] '1': the token bucket's and GCRA's state as a hash
+--       (lua/state.lua), then per
 --       batch: limit, window in µs, capacity, marker field, marker token,
 --       grant count, and per grant (sorted by time): at µs, cost, request id
 -- Reply: per batch {replayed, dropped, present, duplicate}, flattened

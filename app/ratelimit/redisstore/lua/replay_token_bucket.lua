@@ -1,10 +1,14 @@
--- Token bucket replay of one key. Twin of algorithm.TokenBucketReplay.
+-- Token bucket replay of one key. Twin of algorithm.TokenBucketReplay. The
+-- state is a string (lua/state.lua): the batch's marker is a key of its
+-- own, and a marker an earlier release left in the hash's field mfield
+-- counts too.
 local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, mtoken, mkey, ttl)
   local cap = capacity * window
-  local st = redis.call('HMGET', key, 't', 'l', mfield)
-  if marked(st[3], mtoken) then return 0, 0, 0, 1 end
+  local t0, l0, adm, marks = pair_get(key, 't', 'l', mfield)
+  if marked(marks, mtoken) then return 0, 0, 0, 1 end
+  if not redis.call('SET', mkey, '1', 'PX', ttl, 'NX') then return 0, 0, 0, 1 end
   local tokens, last = nil, 0
-  if st[2] then tokens, last = num(st[1], 't'), num(st[2], 'l') end
+  if l0 then tokens, last = num(t0, 't'), num(l0, 'l') end
   local replayed = 0
   for i = 1, n do
     if last == 0 then tokens, last = cap, at[i] end
@@ -15,9 +19,8 @@ local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, 
     replayed = replayed + cost[i]
   end
   if last ~= 0 then
-    redis.call('HSET', key, 't', str(tokens), 'l', str(last), mfield, mark(st[3], mtoken))
     local full = last + cdiv(cap - tokens, limit)
-    redis.call('PEXPIRE', key, cdiv(math.max(0, full - now), 1000) + margin_ms)
+    pair_put(key, 't', tokens, 'l', last, adm, cdiv(math.max(0, full - now), 1000) + margin_ms, ARGV[4] == '1')
   end
   return replayed, 0, 0, 0
 end

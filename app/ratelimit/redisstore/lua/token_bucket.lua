@@ -1,13 +1,13 @@
--- Token bucket. KEYS[1]: hash {t = tokens × window µs, l = last update µs}.
--- Twin of algorithm.TokenBucketDecide.
+-- Token bucket. KEYS[1]: its state (lua/state.lua): tokens × window µs,
+-- and the last update in µs. Twin of algorithm.TokenBucketDecide.
 local now = now_us()
 local cap = capacity * window
-local st = redis.call('HMGET', key, 't', 'l', 'i')
-local again = seen(st[3], now)
+local t0, l0, last = pair_get(key, 't', 'l')
+local again = seen(last, now)
 if again then cost = 0 end
 local tokens = cap
-if st[2] then
-  tokens = refill(num(st[1], 't'), num(st[2], 'l'), now, cap, limit)
+if l0 then
+  tokens = refill(num(t0, 't'), num(l0, 'l'), now, cap, limit)
 end
 local allowed, retry = 0, 0
 local need = wscale(cost * window)
@@ -18,9 +18,13 @@ else
   retry = cdiv(need - tokens, limit)
 end
 local reset = cdiv(cap - tokens, limit)
-save(allowed, again, now, 't', str(tokens), 'l', str(now))
-redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
+-- Written only when tokens were taken: a refusal, a resend and a request
+-- of no units leave the key as it is (the bucket refills from it the same,
+-- and its TTL covers it).
+if allowed == 1 and need > 0 then
+  pair_put(key, 't', tokens, 'l', now, kept_admission(again, last, now), cdiv(reset, 1000) + margin_ms, hashes)
+end
 if again then allowed, retry = 1, 0 end
 local r = reply(allowed, wunits(tokens, window), reset, retry, now, tokens)
-if allowed == 0 then refusal_hint(r, st[3], now) end
+if allowed == 0 then refusal_hint(r, last, now) end
 return r
