@@ -117,7 +117,7 @@ func BenchmarkScriptCPU(b *testing.B) {
 					pipe := c.Pipeline()
 					for _, r := range reqs {
 						scripts[alg].EvalSha(ctx, pipe, []string{l.Key(p, r.Key)},
-							0, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), r.ID, 0, 0, l.resend)
+							0, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), r.ID, 1, 1, l.resend)
 					}
 					if _, err := pipe.Exec(ctx); err != nil {
 						b.Fatal(err)
@@ -165,7 +165,7 @@ func BenchmarkScriptParts(b *testing.B) {
 	admin := srv.Client()
 	parts := []struct{ name, src string }{
 		{"empty", "return 1"},
-		{"prelude", arithLua + decideLua + onceLua + argsLua + "return 1"},
+		{"prelude", arithLua + stateLua + decideLua + onceLua + argsLua + "return 1"},
 	}
 	for _, alg := range ratelimit.Algorithms {
 		parts = append(parts, struct{ name, src string }{string(alg), decideSrc[alg]})
@@ -194,7 +194,7 @@ func BenchmarkScriptParts(b *testing.B) {
 				for i := range depth {
 					key := "k" + strconv.Itoa((n+i)%10_000)
 					script.EvalSha(ctx, pipe, []string{l.Key(p, key)},
-						0, p.Limit, p.WindowMicros(), p.Capacity(), 1, "r"+strconv.Itoa(n+i), 0, 0, l.resend)
+						0, p.Limit, p.WindowMicros(), p.Capacity(), 1, "r"+strconv.Itoa(n+i), 1, 1, l.resend)
 				}
 				if _, err := pipe.Exec(ctx); err != nil {
 					b.Fatal(err)
