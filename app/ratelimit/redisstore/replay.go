@@ -158,9 +158,9 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 			}
 			// The window counter keeps its marker in a field of its hash;
 			// the others', in a key of its own.
-			mark := l.markerKey(marked)
-			if b.Policy.Algorithm == ratelimit.SlidingWindowCounter {
-				mark = state
+			mark := state
+			if b.Policy.Algorithm != ratelimit.SlidingWindowCounter {
+				mark = l.markerKey(marked)
 			}
 			part := replayPart{batch: i, state: state, mark: mark, marker: marked.Marker, policy: b.Policy, grants: grants}
 			for _, g := range grants {

@@ -1,10 +1,12 @@
--- At most once per request id, for the algorithms whose state is a hash
--- (the sliding window log keeps request ids as its members). A proxy
--- resends a request to another instance when the first one failed or timed
--- out, possibly after deciding it; the resend carries the same
--- X-Request-Id. The hash keeps its last admission in field i, as
--- "<µs>:<id>" (Redis time of the admission, request id; twin:
--- algorithm.Admission), read and written with the state, so the check costs
+-- At most once per request id, for the token bucket, GCRA and the window
+-- counter (the sliding window log keeps request ids as its members). A
+-- proxy resends a request to another instance when the first one failed or
+-- timed out, possibly after deciding it; the resend carries the same
+-- X-Request-Id. The key's state keeps its last admission (the counter's
+-- hash in field i, the others' string after its two integers:
+-- lua/state.lua), as "<µs>:<id>" (Redis time of the admission, request
+-- id; twin: algorithm.Admission), read and written with the state, so the
+-- check costs
 -- no command of its own. A request with that id less than ARGV[9] µs (the
 -- resend window) from that admission is answered as admitted, with the
 -- state as it is, and is not counted again (seen: its cost is 0, and the
@@ -13,7 +15,7 @@
 -- other: an id repeated on purpose buys nothing beyond the window. The
 -- request id is req_id (lua/decide.lua).
 
--- The admission field i records (last): its time and id, or nil.
+-- The admission the state records (last): its time and id, or nil.
 local function admission(last)
   if not last then return nil end
   local sep = string.find(last, ':', 1, true)
@@ -23,7 +25,7 @@ local function admission(last)
   return at, string.sub(last, sep + 1)
 end
 
--- Whether field i (last) is an admission of this request's id within the
+-- Whether the recorded admission (last) is this request's id within the
 -- resend window of now.
 local function seen(last, now)
   if req_id == '' then return false end
@@ -31,18 +33,7 @@ local function seen(last, now)
   return at ~= nil and id == req_id and resent(at, now)
 end
 
--- Writes the state's fields (name, value, ...) to the key's hash, and this
--- request's admission with them when it is admitted now (allowed, not seen
--- before).
-local function save(allowed, again, now, ...)
-  if allowed == 1 and not again and req_id ~= '' then
-    redis.call('HSET', key, 'i', str(now) .. ':' .. req_id, ...)
-  else
-    redis.call('HSET', key, ...)
-  end
-end
-
--- The reply r of a refusal, with the admission field i records when a
+-- The reply r of a refusal, with the admission the state records when a
 -- resend of it would still be recognised (see resend_hint).
 local function refusal_hint(r, last, now)
   local at, id = admission(last)

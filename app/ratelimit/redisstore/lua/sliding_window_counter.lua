@@ -40,7 +40,12 @@ elseif prev > 0 then
   reset = window - elapsed
 end
 if reset > 0 then
-  save(allowed, again, now, 'w', str(start), 'c', str(cur), 'p', str(prev))
+  -- With this request's admission (lua/once.lua) when it is admitted now.
+  if allowed == 1 and not again and req_id ~= '' then
+    redis.call('HSET', key, 'i', str(now) .. ':' .. req_id, 'w', str(start), 'c', str(cur), 'p', str(prev))
+  else
+    redis.call('HSET', key, 'w', str(start), 'c', str(cur), 'p', str(prev))
+  end
   redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 end
 if again then allowed, retry = 1, 0 end
