@@ -6,8 +6,7 @@
 -- hash in field i, the others' string after its two integers:
 -- lua/state.lua), as "<µs>:<id>" (Redis time of the admission, request
 -- id; twin: algorithm.Admission), read and written with the state, so the
--- check costs
--- no command of its own. A request with that id less than ARGV[9] µs (the
+-- check costs no command of its own. A request with that id less than ARGV[9] µs (the
 -- resend window) from that admission is answered as admitted, with the
 -- state as it is, and is not counted again (seen: its cost is 0, and the
 -- algorithm's answer is made an admission). Later than that, or once
