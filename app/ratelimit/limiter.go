@@ -65,7 +65,9 @@ type Request struct {
 	// use of the units within Hold can exceed what GCRA admits over any
 	// interval. The Redis store honours it for GCRA; other backends decide
 	// as if it were 0, and the lease layer takes no lease from them. At
-	// most the policy's window; 0 for other algorithms.
+	// most the policy's LeaseMax (a lease's longest lifetime, which may
+	// exceed the window when the burst does the limit); 0 for other
+	// algorithms.
 	Hold time.Duration
 }
 
@@ -99,8 +101,8 @@ func (r Request) Validate() error {
 	if c > r.Policy.Capacity() {
 		return fmt.Errorf("%w: cost %d exceeds the capacity %d of policy %q", ErrInvalidRequest, c, r.Policy.Capacity(), r.Policy.Name)
 	}
-	if r.Hold < 0 || r.Hold > r.Policy.Window || r.Hold > 0 && (r.Policy.Algorithm != GCRA || r.ReadOnly) {
-		return fmt.Errorf("%w: hold %v: at most the window, and only for a gcra request that counts", ErrInvalidRequest, r.Hold)
+	if r.Hold < 0 || r.Hold > 0 && (r.Hold > r.Policy.LeaseMax() || r.Policy.Algorithm != GCRA || r.ReadOnly) {
+		return fmt.Errorf("%w: hold %v: at most the policy's LeaseMax (%v), and only for a gcra request that counts", ErrInvalidRequest, r.Hold, r.Policy.LeaseMax())
 	}
 	if !r.Weight.Valid() {
 		return fmt.Errorf("%w: invalid weight %d/%d", ErrInvalidRequest, r.Weight.Num, r.Weight.Den)

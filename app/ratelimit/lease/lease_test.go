@@ -292,3 +292,39 @@ func TestNoLeaseWhileTheStoreIsOut(t *testing.T) {
 		t.Fatalf("50 requests of one unit granted locally charged %d units", got)
 	}
 }
+
+// TestLeaseLongerThanTheWindow: a valid policy whose lease outlives its
+// window (the burst refills over ten windows) draws leases and answers
+// every request with a decision, never an invalid request, and admits no
+// more than GCRA would.
+func TestLeaseLongerThanTheWindow(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	in := startInstance(t, srv.Addr(), "app1")
+	p := ratelimit.Policy{Name: "long", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second, Burst: 100, Lease: 2 * time.Second}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var adm []admission
+	for n := range 300 {
+		sent := time.Now()
+		d, err := in.lease.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint(n)})
+		if err != nil {
+			t.Fatalf("request %d: %v", n, err)
+		}
+		if d.Allowed {
+			adm = append(adm, admission{sent, time.Now()})
+		}
+	}
+	if in.lease.Stats().Draws == 0 {
+		t.Fatalf("no lease drawn: %+v", in.lease.Stats())
+	}
+	// Under-admission: at most a lease's units (an eighth of the burst)
+	// and a lifetime's refill (the hold), beside the burst of 100.
+	if low := 100 - 100/8 - 20; len(adm) < low {
+		t.Fatalf("%d of 300 admitted, fewer than %d", len(adm), low)
+	}
+	if over := overAdmitted(p, adm); over > 0 {
+		t.Fatalf("admitted %.2f units more than GCRA", over)
+	}
+}
