@@ -65,8 +65,9 @@ type Request struct {
 	// use of the units within Hold can exceed what GCRA admits over any
 	// interval. The Redis store honours it for GCRA; other backends decide
 	// as if it were 0, and the lease layer takes no lease from them. At
-	// most the policy's LeaseMax (a lease's longest lifetime, which may
-	// exceed the window when the burst does the limit); 0 for other
+	// most the window or the time the policy takes to refill its capacity,
+	// whichever is longer (a lease, at most Policy.LeaseMax, may outlive
+	// the window when the burst exceeds the limit); 0 for other
 	// algorithms.
 	Hold time.Duration
 }
@@ -101,8 +102,8 @@ func (r Request) Validate() error {
 	if c > r.Policy.Capacity() {
 		return fmt.Errorf("%w: cost %d exceeds the capacity %d of policy %q", ErrInvalidRequest, c, r.Policy.Capacity(), r.Policy.Name)
 	}
-	if r.Hold < 0 || r.Hold > 0 && (r.Hold > r.Policy.LeaseMax() || r.Policy.Algorithm != GCRA || r.ReadOnly) {
-		return fmt.Errorf("%w: hold %v: at most the policy's LeaseMax (%v), and only for a gcra request that counts", ErrInvalidRequest, r.Hold, r.Policy.LeaseMax())
+	if most := max(r.Policy.Window, 4*r.Policy.LeaseMax()); r.Hold < 0 || r.Hold > 0 && (r.Hold > most || r.Policy.Algorithm != GCRA || r.ReadOnly) {
+		return fmt.Errorf("%w: hold %v: at most %v (the window or the capacity's refill time), and only for a gcra request that counts", ErrInvalidRequest, r.Hold, most)
 	}
 	if !r.Weight.Valid() {
 		return fmt.Errorf("%w: invalid weight %d/%d", ErrInvalidRequest, r.Weight.Num, r.Weight.Den)
