@@ -292,7 +292,7 @@ func TestHitsAddend(t *testing.T) {
 func TestFeatures(t *testing.T) {
 	clk := &clock{now: time.Date(2030, 1, 1, 0, 0, 30, 0, time.UTC)}
 	s := startRLS(t, "testdata/integration", clk, envoyrls.WithResponseHeaders(), envoyrls.WithDebug("rls-1"),
-		envoyrls.WithTrustedProxies([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}))
+		envoyrls.WithTrustedProxies([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}), envoyrls.WithTrustedRequestIDs())
 
 	t.Run("unlimited", func(t *testing.T) {
 		want := response(okCode, &pb.RateLimitResponse_DescriptorStatus{Code: okCode, LimitRemaining: math.MaxUint32})

@@ -50,9 +50,10 @@ const (
 
 // Metadata keys the service reads and writes.
 const (
-	// MetadataRequestID is read from a trusted peer (nginx's $request_id,
-	// Envoy's x-request-id): the sliding window log counts a request id
-	// once, so a call resent after a timeout is not counted twice.
+	// MetadataRequestID is read from a trusted peer with
+	// WithTrustedRequestIDs (nginx's $request_id, Envoy's x-request-id):
+	// the sliding window log counts a request id once, so a call resent
+	// after a timeout is not counted twice.
 	MetadataRequestID = "x-request-id"
 	// MetadataServedBy and MetadataMode are response header metadata of
 	// WithDebug: the instance and what decided (as X-Served-By and
@@ -71,6 +72,7 @@ type Service struct {
 	debug    bool
 	instance string
 	trusted  []netip.Prefix
+	trustIDs bool
 	logger   *slog.Logger
 }
 
@@ -91,10 +93,20 @@ func WithDebug(instance string) Option {
 }
 
 // WithTrustedProxies sets the peers whose x-request-id metadata is believed
-// (default none: every call gets a new id).
+// with WithTrustedRequestIDs (default none: every call gets a new id).
 func WithTrustedProxies(prefixes []netip.Prefix) Option {
 	return func(s *Service) { s.trusted = prefixes }
 }
+
+// WithTrustedRequestIDs takes a call's id from the x-request-id metadata
+// of a trusted peer (WithTrustedProxies), instead of a new one (the
+// default). The limiter counts a call with the id of one admitted moments
+// before once (a proxy's resend, see redisstore.WithResendWindow), so turn
+// it on only behind a proxy that sets the id itself, overwriting the
+// client's (nginx: grpc_set_header x-request-id $request_id); a proxy that
+// passes the client's through would let the client repeat one id for
+// admissions that are not counted. As httplimit.WithTrustedRequestIDs.
+func WithTrustedRequestIDs() Option { return func(s *Service) { s.trustIDs = true } }
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(s *Service) { s.logger = l } }
@@ -352,10 +364,10 @@ var overrideUnits = map[typev3.RateLimitUnit]string{
 	typev3.RateLimitUnit_YEAR: "year",
 }
 
-// requestID returns the call's id: a trusted peer's x-request-id, else a
-// new one.
+// requestID returns the call's id: a trusted peer's x-request-id with
+// WithTrustedRequestIDs, else a new one.
 func (s *Service) requestID(ctx context.Context) string {
-	if p, ok := peer.FromContext(ctx); ok && s.isTrusted(p.Addr) {
+	if p, ok := peer.FromContext(ctx); ok && s.trustIDs && s.isTrusted(p.Addr) {
 		if md, ok := metadata.FromIncomingContext(ctx); ok {
 			if v := md.Get(MetadataRequestID); len(v) == 1 && httplimit.ValidRequestID(v[0]) {
 				return v[0]

@@ -31,6 +31,11 @@ func (s *Server) startRLS() (*rlsDoor, error) {
 		return nil, nil
 	}
 	opts := []envoyrls.Option{envoyrls.WithTrustedProxies(s.cfg.TrustedProxies), envoyrls.WithLogger(s.log)}
+	if s.cfg.TrustRequestID {
+		// As on the HTTP routes: a trusted proxy's request id only when
+		// it is known to overwrite the client's (RL_TRUST_REQUEST_ID).
+		opts = append(opts, envoyrls.WithTrustedRequestIDs())
+	}
 	if s.cfg.RLSResponseHeaders {
 		opts = append(opts, envoyrls.WithResponseHeaders())
 	}
