@@ -52,7 +52,8 @@ const (
 // A URI no check matches, or no original URI at all, is a configuration
 // error between the proxy and the policy file: 500, which auth_request
 // turns into a 500 that the proxy's location handles as "limiter
-// unreachable" (its documented failure mode).
+// unreachable" (its documented failure mode). So is a middleware path that
+// writes nothing: it decided nothing, and is never taken for an allow.
 func (s *Server) checkHandler(set PolicySet, limits *httplimit.Middleware) http.Handler {
 	mux := chi.NewRouter()
 	allow := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
@@ -83,8 +84,18 @@ func (s *Server) checkHandler(set PolicySet, limits *httplimit.Middleware) http.
 		if m := r.Header.Get(HeaderOriginalMethod); m != "" {
 			orig.Method = m
 		}
-		rec := &checkRecorder{header: w.Header(), status: http.StatusOK}
+		rec := &checkRecorder{header: w.Header()}
 		mux.ServeHTTP(rec, orig)
+		if !rec.wroteHeader {
+			// A path that answered nothing (the client went away before
+			// the decision, say) decided nothing: never an allow.
+			if r.Context().Err() == nil {
+				s.checkMisconfigured(w, r, "the check answered nothing")
+			} else {
+				w.WriteHeader(http.StatusInternalServerError)
+			}
+			return
+		}
 		rec.answer(w)
 	})
 }
@@ -133,7 +144,8 @@ func truncate(s string, n int) string {
 }
 
 // checkRecorder holds what the middleware answered for the original
-// request, to be answered in auth_request's terms.
+// request, to be answered in auth_request's terms. Its zero status is no
+// answer at all, which the check never takes for an allow.
 type checkRecorder struct {
 	header      http.Header // the real response's: the rate-limit headers go there as written
 	status      int
