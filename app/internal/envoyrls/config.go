@@ -91,7 +91,7 @@ const maxFileBytes = 4 << 20
 // Load reads every configuration file of dir (names ending in .yaml or
 // .yml, not starting with '.', in name order; symbolic links are followed)
 // and validates them together. An error names the file and, where it can,
-// the line.
+// the line; a directory without such a file is an error that names it.
 func Load(dir string) (*Config, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -120,6 +120,11 @@ func Load(dir string) (*Config, error) {
 			return nil, err
 		}
 		names, data = append(names, n), append(data, b)
+	}
+	if len(names) == 0 {
+		// No domain would answer OK to every call: a mount gone wrong
+		// must not turn the limits off.
+		return nil, fmt.Errorf("%s: no configuration file (a .yaml or .yml file whose name does not start with '.')", dir)
 	}
 	return Parse(names, data)
 }

@@ -241,3 +241,23 @@ func TestShippedConfigurations(t *testing.T) {
 		t.Fatalf("chaos limit %+v, want chaos.gcra with a 10 s window and a capacity of at least 100", l)
 	}
 }
+
+// TestLoadRefusesEmptyDirectory: a directory with no configuration file
+// would load as no domain and answer OK to everything; Load refuses it,
+// naming the directory.
+func TestLoadRefusesEmptyDirectory(t *testing.T) {
+	dir := t.TempDir()
+	for name, body := range map[string]string{".hidden.yaml": "domain: one\n", "notes.txt": "domain: two\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "sub.yaml"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := Load(dir); err == nil {
+		t.Fatalf("a directory without a configuration file loaded (domains %v)", cfg.Domains())
+	} else if !strings.HasPrefix(err.Error(), dir+": no configuration file") {
+		t.Fatalf("error %v, want one naming %s", err, dir)
+	}
+}

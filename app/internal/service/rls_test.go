@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -57,5 +58,19 @@ func TestRateLimitServiceRequestIDs(t *testing.T) {
 		if remaining[0] != want[0] || remaining[1] != want[1] || remaining[2] != want[2] {
 			t.Errorf("RL_TRUST_REQUEST_ID=%v: one request id three times left %v, want %v", trust, remaining, want)
 		}
+	}
+}
+
+// TestRateLimitServiceEmptyConfigDir: a configuration directory without a
+// YAML file stops the start, naming the directory, instead of answering
+// OK to every call.
+func TestRateLimitServiceEmptyConfigDir(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "README"), []byte("the files went elsewhere\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadConfig(envOf(map[string]string{"RL_GRPC_ADDR": "127.0.0.1:0", "RL_RLS_CONFIG_DIR": dir}))
+	if want := "RL_RLS_CONFIG_DIR: " + dir + ": no configuration file"; err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("error %v, want one starting %q", err, want)
 	}
 }
