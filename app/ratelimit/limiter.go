@@ -173,6 +173,10 @@ type Decision struct {
 	// a request with that id before then. Empty: no such admission.
 	ResendID    string
 	ResendUntil int64
+	// Weight is the weight the backend charged the request at (the zero
+	// value: 1/1); a refund of the admission gives back at this weight,
+	// whatever the weight is when it is made.
+	Weight Weight
 }
 
 // State is an algorithm's state after a decision, as a backend reports it.

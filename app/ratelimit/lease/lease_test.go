@@ -328,3 +328,77 @@ func TestLeaseLongerThanTheWindow(t *testing.T) {
 		t.Fatalf("admitted %.2f units more than GCRA", over)
 	}
 }
+
+// TestRefundAtTheDrawsWeight: a lease drawn while the fleet decides at 1/1
+// and given back after an instance turned suspect (a stricter weight) gives
+// back the units it took, not more: Redis holds exactly the usage from
+// before the draw.
+func TestRefundAtTheDrawsWeight(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	proxy := redistest.StartProxy(t, srv.Addr())
+	var fleet []*instance
+	for i := range instances {
+		addr := srv.Addr()
+		if i == instances-1 {
+			addr = proxy.Addr()
+		}
+		fleet = append(fleet, startInstance(t, addr, fmt.Sprint("app", i+1)))
+	}
+	a := fleet[0]
+	waitFor(t, "the instances' heartbeats to meet", func() bool { return a.res.Status().Live == instances })
+	p := ratelimit.Policy{Name: "w", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Hour, Lease: time.Second}
+	ctx := context.Background()
+	for n := range 5 {
+		if d, err := a.res.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", Cost: 100, ID: fmt.Sprint("use", n)}); err != nil || !d.Allowed {
+			t.Fatalf("use %d: %+v %v", n, d, err)
+		}
+	}
+	draw := ratelimit.Request{Policy: p, Key: "k", Cost: 100, Hold: p.Lease, ID: "draw"}
+	d, err := a.res.Decide(ctx, draw)
+	if err != nil || !d.Allowed || d.Mode != ratelimit.ModeRedis {
+		t.Fatalf("draw: %+v %v", d, err)
+	}
+	if d.Weight != (ratelimit.Weight{}) {
+		t.Fatalf("the draw was charged at %+v with every instance live", d.Weight)
+	}
+	proxy.Disable() // app4's heartbeats stop: the others hold its share back
+	waitFor(t, "app4 to turn suspect", func() bool { return a.res.Status().Suspect > 0 })
+	time.Sleep(300 * time.Millisecond) // held back from the second heartbeat that misses it
+	probe, err := a.res.Decide(ctx, ratelimit.Request{Policy: p, Key: "other", ID: "probe"})
+	if err != nil || probe.Remaining >= p.Capacity()-1 { // 749 at 4/3
+		t.Fatalf("no stricter weight with app4 suspect: %+v %v", probe, err)
+	}
+	back := draw
+	back.Hold = 0
+	n, err := a.res.Refund(ctx, back, d)
+	if err != nil || n != 100 {
+		t.Fatalf("refund: %d units, %v", n, err)
+	}
+	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{srv.Addr()}, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Read at 1/1 straight from Redis (a resilient limiter would read at
+	// its weight).
+	rd, err := redisstore.New(c).Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 500 used; the refill of the test's few seconds at 1000 an hour is
+	// under two units.
+	if rd.Remaining < 500 || rd.Remaining > 502 {
+		t.Fatalf("Redis has %d left after 500 used and the draw given back; want 500", rd.Remaining)
+	}
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -153,6 +153,9 @@ func (l *Limiter) ask(ctx context.Context, cs []call, n int, probe bool) {
 		}
 		d, local, err := l.settle(c.k, c.sent(), c.id, c.d, c.err, at, !counted)
 		if !local {
+			if err == nil && d.Mode == ratelimit.ModeRedis {
+				d.Weight = c.w
+			}
 			c.d, c.err, c.done = d, err, true
 			continue
 		}

@@ -312,15 +312,15 @@ func (l *Limiter) lateDecision(r store.LateReply) (ratelimit.Decision, bool) {
 // Refund gives back units of req that the store admitted by d (a lease's
 // unused units, package lease) and returns how many it gave back. It does
 // nothing for a decision the store did not make, nor while the breaker is
-// not closed: the units stay counted. req carries the weight this instance
-// decides with now, unless it has one.
+// not closed: the units stay counted. The units go back at the weight the
+// store charged them at (d.Weight), not at the one this instance decides
+// with now: given back at a stricter weight, they would be more than were
+// taken (TestRefundAtTheDrawsWeight).
 func (l *Limiter) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
 	r, ok := l.store.(store.Refunder)
 	if !ok || d.Mode != ratelimit.ModeRedis || !l.InStore() {
 		return 0, nil
 	}
-	if req.Weight == (ratelimit.Weight{}) {
-		req.Weight = l.weight(req.Policy.Algorithm)
-	}
+	req.Weight = d.Weight
 	return r.Refund(ctx, req, d)
 }
