@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -140,9 +141,10 @@ type check struct {
 	policy   ratelimit.Policy
 	rl       *pb.RateLimitResponse_RateLimit
 	hits     uint64
-	at       int // in the batch
-	over     bool
-	readOnly bool
+	at       int  // in the batch
+	over     bool // refused whatever the limiter says: blocked, or too many hits
+	readOnly bool // asked without counting: a read, or too many hits
+	tooMany  bool // more hits than the policy ever admits at once
 }
 
 // ShouldRateLimit decides every descriptor of the request (in one batch
@@ -201,7 +203,6 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 	}
 
 	var reqs []ratelimit.Request
-	var batch []int // reqs[j] is for checks[batch[j]]
 	for i := range checks {
 		c := &checks[i]
 		l := c.limit
@@ -216,19 +217,20 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 		switch {
 		case l.Block:
 			c.over = true
-		case c.hits > uint64(capacity):
-			// More than the policy ever admits at once: over the limit,
-			// and nothing counted.
-			c.over = true
 		default:
-			c.readOnly = c.hits == 0
+			// More than the policy ever admits at once is over the limit
+			// and counts nothing; a read reports the descriptor as it is
+			// (duration_until_reset, the headers).
+			c.tooMany = c.hits > uint64(capacity)
+			c.over = c.tooMany
+			c.readOnly = c.hits == 0 || c.tooMany
 			r := ratelimit.Request{Policy: l.Policy, Key: identity(req.GetDomain(), descs[i]), ReadOnly: c.readOnly,
 				ID: id + "." + strconv.Itoa(i)}
 			if !c.readOnly {
 				r.Cost = int64(c.hits)
 			}
 			c.at = len(reqs)
-			reqs, batch = append(reqs, r), append(batch, i)
+			reqs = append(reqs, r)
 		}
 	}
 	ds, errs := ratelimit.DecideAll(ctx, s.limiter, reqs)
@@ -243,12 +245,16 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			slog.String("policy", reqs[j].Policy.Name), slog.String("error", err.Error()))
 		return nil, status.Error(codes.Unavailable, "the rate limiter could not decide")
 	}
-	return s.answer(ctx, checks, reqs, ds, batch), nil
+	return s.answer(ctx, checks, ds), nil
 }
 
 // answer builds the response from the decisions.
-func (s *Service) answer(ctx context.Context, checks []check, reqs []ratelimit.Request, ds []ratelimit.Decision, batch []int) *pb.RateLimitResponse {
+func (s *Service) answer(ctx context.Context, checks []check, ds []ratelimit.Decision) *pb.RateLimitResponse {
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(checks))}
+	// What the headers describe: every limited descriptor, in order, with
+	// the decision its status reports.
+	var limited []int
+	decided := make([]ratelimit.Decision, len(checks))
 	for i := range checks {
 		c := &checks[i]
 		st := &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
@@ -261,34 +267,39 @@ func (s *Service) answer(ctx context.Context, checks []check, reqs []ratelimit.R
 			continue
 		}
 		st.CurrentLimit = c.rl
+		// A blocked descriptor is refused for good: its whole window is
+		// what it reports.
+		d := ratelimit.Decision{ResetAfter: c.policy.Window, RetryAfter: c.policy.Window}
 		over := c.over
 		if c.at >= 0 {
-			d := ds[c.at]
-			over = !d.Allowed || c.readOnly && d.Remaining <= 0
+			d = ds[c.at]
+			over = over || !d.Allowed || c.readOnly && d.Remaining <= 0
 			if !over {
 				st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
 			}
-			st.DurationUntilReset = durationpb.New(d.ResetAfter)
-		} else {
-			st.DurationUntilReset = durationpb.New(c.policy.Window)
+		}
+		st.DurationUntilReset = durationpb.New(d.ResetAfter)
+		if over && (d.Allowed || d.RetryAfter <= 0) {
+			// Refused with no refusal from the limiter (a read, too many
+			// hits): Retry-After as for any refusal. Too many hits never
+			// fit: look again in a window, as the algorithms say of a
+			// cost above the limit. A read learns when the whole limit is
+			// back, not when one unit is.
+			d.Allowed, d.RetryAfter = false, c.policy.Window
+			if !c.tooMany {
+				d.RetryAfter = d.ResetAfter
+			}
 		}
 		if over && !c.limit.Shadow {
 			st.Code = pb.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
 		}
+		decided[i], limited = d, append(limited, i)
 	}
-	if len(reqs) == 0 || !s.headers && !s.debug {
+	if len(limited) == 0 || !s.headers && !s.debug {
 		return resp
 	}
-	// The headers describe the decisions made; a shadow descriptor's
-	// refusal is reported as the dry run it is.
-	policies := make([]ratelimit.Policy, len(reqs))
-	for j, r := range reqs {
-		policies[j] = r.Policy
-		policies[j].Shadow = checks[batch[j]].limit.Shadow
-	}
-	hdr := http.Header{}
-	best := httplimit.SetHeaders(hdr, policies, ds)
+	hdr, best := headers(checks, limited, decided)
 	if s.headers {
 		for _, k := range []string{httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit, httplimit.HeaderXRateLimitLimit,
 			httplimit.HeaderXRateLimitRemaining, httplimit.HeaderXRateLimitReset, httplimit.HeaderRetryAfter} {
@@ -298,10 +309,68 @@ func (s *Service) answer(ctx context.Context, checks []check, reqs []ratelimit.R
 		}
 	}
 	if s.debug && best >= 0 {
-		_ = grpc.SetHeader(ctx, metadata.Pairs(MetadataServedBy, s.instance, MetadataMode, string(ds[best].Mode)))
+		md := metadata.Pairs(MetadataServedBy, s.instance)
+		if m := decided[best].Mode; m != "" { // none for a blocked descriptor: nothing decided it
+			md.Append(MetadataMode, string(m))
+		}
+		_ = grpc.SetHeader(ctx, md)
 	}
 	return resp
 }
+
+// headers are the rate-limit headers of the limited descriptors
+// checks[limited[j]], decided as decided[limited[j]], as the HTTP routes
+// write them (httplimit.SetHeaders): every enforced descriptor's policy
+// and state, the X-RateLimit trio of the most restrictive decision, and
+// Retry-After when it refused; best is that descriptor's index in checks
+// (-1: none). A shadow descriptor's refusal is reported as the dry run it
+// is.
+//
+// SetHeaders takes valid policies only, and a blocked descriptor
+// (requests_per_unit 0) has none: it goes in as a stand-in of quota 1 and
+// a window of 1 s under a name no descriptor has ("rls-blocked-<index>":
+// every descriptor's policy name holds a '.' or is "rls-" and hex
+// digits), rewritten afterwards into its own name, q=0 and its window.
+func headers(checks []check, limited []int, decided []ratelimit.Decision) (http.Header, int) {
+	policies := make([]ratelimit.Policy, len(limited))
+	ds := make([]ratelimit.Decision, len(limited))
+	for j, i := range limited {
+		c := &checks[i]
+		policies[j], ds[j] = c.policy, decided[i]
+		if c.limit.Block {
+			policies[j] = ratelimit.Policy{Name: blockedName(i), Algorithm: DefaultAlgorithm, Limit: 1, Window: time.Second}
+		}
+		policies[j].Shadow = c.limit.Shadow
+	}
+	hdr := http.Header{}
+	best := httplimit.SetHeaders(hdr, policies, ds)
+	if best < 0 {
+		return hdr, -1
+	}
+	best = limited[best]
+	for _, i := range limited {
+		c := &checks[i]
+		if !c.limit.Block {
+			continue
+		}
+		stand, own := strconv.Quote(blockedName(i)), strconv.Quote(c.policy.Name)
+		window := strconv.FormatInt(int64((c.policy.Window+time.Second-1)/time.Second), 10)
+		for _, k := range []string{httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit} {
+			if v := hdr.Get(k); v != "" {
+				v = strings.Replace(v, stand+";q=1;w=1", own+";q=0;w="+window, 1)
+				hdr.Set(k, strings.Replace(v, stand+";r=", own+";r=", 1))
+			}
+		}
+		if i == best {
+			hdr.Set(httplimit.HeaderXRateLimitLimit, "0")
+		}
+	}
+	return hdr, best
+}
+
+// blockedName is the stand-in policy name of the blocked descriptor at
+// index i of a call (see headers).
+func blockedName(i int) string { return "rls-blocked-" + strconv.Itoa(i) }
 
 // identity is the limiter key of a descriptor: a hash of the domain and of
 // every key and value, each length-prefixed so no two descriptors share one.

@@ -6,7 +6,11 @@ import (
 	"testing"
 	"time"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/fleetlimit/fleetlimit/app/internal/envoyrls"
 )
@@ -45,4 +49,63 @@ func TestRequestIDsTrustedOnlyWhenAsked(t *testing.T) {
 			t.Errorf("trust %v: one request id three times left %v, want %v", trust, remaining, want)
 		}
 	}
+}
+
+// TestRefusalHeaders: a refusal that no counted decision made (a blocked
+// descriptor, hits_addend above the capacity, a read with nothing left)
+// gets the headers of the descriptor that refused, with Retry-After, as
+// any other refusal does; beside admitted descriptors too.
+func TestRefusalHeaders(t *testing.T) {
+	clk := &clock{now: time.Date(2030, 1, 1, 0, 0, 30, 0, time.UTC)}
+	s := startRLS(t, "testdata/integration", clk, envoyrls.WithResponseHeaders())
+	headersLimit := limit(2, minute)
+	exact := &pb.RateLimitResponse_RateLimit{RequestsPerUnit: 3, Unit: second, UnitMultiplier: wrapperspb.UInt32(10)}
+
+	t.Run("blocked", func(t *testing.T) {
+		got := s.call(t, request("features", 1, "blocked=a"), response(overCd, over(limit(0, minute))), time.Minute)
+		wantHeaders(t, got, map[string]string{
+			"RateLimit-Policy": `"features.blocked";q=0;w=60`, "RateLimit": `"features.blocked";r=0;t=60`,
+			"X-RateLimit-Limit": "0", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "60", "Retry-After": "60",
+		})
+	})
+	t.Run("blocked beside an admitted descriptor", func(t *testing.T) {
+		got := s.call(t, request("features", 1, "blocked=a", "headers=b"), response(overCd, over(limit(0, minute)), ok(headersLimit, 1)), 2*time.Minute)
+		wantHeaders(t, got, map[string]string{
+			"RateLimit-Policy":  `"features.blocked";q=0;w=60, "features.headers";q=2;w=60`,
+			"RateLimit":         `"features.blocked";r=0;t=60, "features.headers";r=1;t=90`,
+			"X-RateLimit-Limit": "0", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "60", "Retry-After": "60",
+		})
+	})
+	t.Run("a blocked override of a year", func(t *testing.T) {
+		// No valid policy has a window of a year, or a quota of 0.
+		req := request("features", 1, "anything=y")
+		req.Descriptors[0].Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_YEAR}
+		got := s.call(t, req, response(overCd, over(limit(0, pb.RateLimitResponse_RateLimit_YEAR))), 365*24*time.Hour)
+		wantHeaders(t, got, map[string]string{
+			"RateLimit-Policy": `"features.override";q=0;w=31536000`, "RateLimit": `"features.override";r=0;t=31536000`,
+			"X-RateLimit-Limit": "0", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "31536000", "Retry-After": "31536000",
+		})
+	})
+	t.Run("hits_addend above the capacity", func(t *testing.T) {
+		// Nothing counted: the refused descriptor's two requests are
+		// still there, but three never fit: look again in a window.
+		got := s.call(t, withHits(request("features", 1, "headers=c", "exact=c"), 3, 1), response(overCd, over(headersLimit), ok(exact, 2)), 2*time.Minute)
+		wantHeaders(t, got, map[string]string{
+			"RateLimit-Policy":  `"features.headers";q=2;w=60, "features.exact";q=3;w=10`,
+			"RateLimit":         `"features.headers";r=2;t=0, "features.exact";r=2;t=10`,
+			"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "2", "X-RateLimit-Reset": "0", "Retry-After": "60",
+		})
+		s.call(t, request("features", 1, "headers=c"), response(okCode, ok(headersLimit, 1)), 2*time.Minute)
+	})
+	t.Run("a read with nothing left", func(t *testing.T) {
+		s.call(t, request("features", 2, "headers=e"), response(okCode, ok(headersLimit, 0)), 2*time.Minute)
+		got := s.call(t, withHits(request("features", 1, "headers=e", "exact=e"), 0, 1), response(overCd, over(headersLimit), ok(exact, 2)), 2*time.Minute)
+		// A read learns when the whole limit is back (t), not when one
+		// request would fit: Retry-After is t.
+		wantHeaders(t, got, map[string]string{
+			"RateLimit-Policy":  `"features.headers";q=2;w=60, "features.exact";q=3;w=10`,
+			"RateLimit":         `"features.headers";r=0;t=90, "features.exact";r=2;t=10`,
+			"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "90", "Retry-After": "90",
+		})
+	})
 }
