@@ -2,6 +2,7 @@ package envoyrls_test
 
 import (
 	"context"
+	"math"
 	"net/netip"
 	"testing"
 	"time"
@@ -108,4 +109,21 @@ func TestRefusalHeaders(t *testing.T) {
 			"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "90", "Retry-After": "90",
 		})
 	})
+}
+
+// TestUnlimitedReplaces: an unlimited descriptor's replaces drops the
+// limits it names, as envoyproxy/ratelimit does (constructLimitsToCheck in
+// src/service/ratelimit.go collects every matched limit's replaces,
+// unlimited ones included, before it sets the unlimited ones aside).
+func TestUnlimitedReplaces(t *testing.T) {
+	clk := &clock{now: time.Date(2030, 1, 1, 0, 0, 30, 0, time.UTC)}
+	s := startRLS(t, "testdata/integration", clk)
+	tenant := &pb.RateLimitResponse_RateLimit{Name: "tenant_limit", RequestsPerUnit: 1, Unit: minute}
+	unlimited := &pb.RateLimitResponse_DescriptorStatus{Code: okCode, LimitRemaining: math.MaxUint32}
+	for range 3 {
+		s.call(t, request("features", 1, "tenant=u", "internal=x"), response(okCode, unmatched, unlimited), 0)
+	}
+	// Alone, the tenant's limit applies, and was not counted above.
+	s.call(t, request("features", 1, "tenant=u"), response(okCode, ok(tenant, 0)), 2*time.Minute)
+	s.call(t, request("features", 1, "tenant=u"), response(overCd, over(tenant)), 2*time.Minute)
 }
