@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -82,6 +83,17 @@ func sleepUntil(ctx context.Context, now func() time.Time, at time.Time) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// Send makes one request of k to baseURL (a loopback URL: nginx, or one
+// instance's own) with client, and records it as Run does. It is for the
+// requests a caller sequences itself (the chaos suite's reset keys); Run
+// sends the load.
+func Send(ctx context.Context, client *http.Client, baseURL string, k Key) (Record, error) {
+	if err := CheckLoopback(baseURL); err != nil {
+		return Record{}, err
+	}
+	return send(ctx, client, strings.TrimRight(baseURL, "/"), k, time.Now), nil
 }
 
 // send makes one request and records it.
