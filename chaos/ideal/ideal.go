@@ -57,6 +57,62 @@ func New(p Policy) (Limiter, error) {
 	return nil, fmt.Errorf("ideal: unknown algorithm %q", p.Algorithm)
 }
 
+// Switch returns a limiter of p that continues from l (a limiter New
+// returned), as the service carries a key's state across a policy change:
+//
+//   - token bucket: the key keeps its tokens, clamped to the new capacity,
+//     and refills at the new rate from now on;
+//   - GCRA: the key keeps its theoretical arrival time, the time until it
+//     is full again, so its used units scale with the rate;
+//   - sliding window log and counter: the entries and counts are kept and
+//     judged against the new limit.
+//
+// A change of algorithm or window starts fresh (New(p)); so does a
+// limiter that has seen no request yet. now (Unix µs) is when the change
+// takes effect, not before l's last request.
+func Switch(l Limiter, now int64, p Policy) (Limiter, error) {
+	fresh, err := New(p)
+	if err != nil {
+		return nil, err
+	}
+	switch old := l.(type) {
+	case *tokenBucket:
+		nb, ok := fresh.(*tokenBucket)
+		if !ok || nb.w != old.w || !old.seen {
+			return fresh, nil
+		}
+		old.refill(now)
+		nb.tokens, nb.last, nb.seen = min(old.tokens, nb.capScaled), max(old.last, now), true
+		return nb, nil
+	case *gcra:
+		ng, ok := fresh.(*gcra)
+		if !ok || ng.w != old.w {
+			return fresh, nil
+		}
+		// The units ahead of now, in µs × old rate, become the same time
+		// ahead in µs × new rate (rounded up: the key is not full sooner).
+		if ahead := old.tat - now*old.rate; ahead > 0 {
+			ng.tat = now*ng.rate + (ahead*ng.rate+old.rate-1)/old.rate
+		}
+		return ng, nil
+	case *windowLog:
+		nl, ok := fresh.(*windowLog)
+		if !ok || nl.w != old.w {
+			return fresh, nil
+		}
+		nl.times = append(nl.times, old.times...)
+		return nl, nil
+	case *windowCounter:
+		nc, ok := fresh.(*windowCounter)
+		if !ok || nc.w != old.w {
+			return fresh, nil
+		}
+		nc.start, nc.cur, nc.prev, nc.seen = old.start, old.cur, old.prev, old.seen
+		return nc, nil
+	}
+	return fresh, nil
+}
+
 // tokenBucket holds capacity C, refilled continuously at Limit per Window.
 // Levels are tokens × window µs, so one µs adds exactly Limit.
 type tokenBucket struct {
@@ -69,20 +125,27 @@ func (b *tokenBucket) Allow(now int64) bool {
 	if !b.seen {
 		b.tokens, b.last, b.seen = b.capScaled, now, true
 	}
-	if now > b.last {
-		elapsed := now - b.last
-		if room := b.capScaled - b.tokens; elapsed >= (room+b.rate-1)/b.rate {
-			b.tokens = b.capScaled
-		} else {
-			b.tokens += elapsed * b.rate
-		}
-		b.last = now
-	}
+	b.refill(now)
 	if b.tokens >= b.w {
 		b.tokens -= b.w
 		return true
 	}
 	return false
+}
+
+// refill adds what the time since the last request brings, up to the
+// capacity.
+func (b *tokenBucket) refill(now int64) {
+	if now <= b.last {
+		return
+	}
+	elapsed := now - b.last
+	if room := b.capScaled - b.tokens; elapsed >= (room+b.rate-1)/b.rate {
+		b.tokens = b.capScaled
+	} else {
+		b.tokens += elapsed * b.rate
+	}
+	b.last = now
 }
 
 // gcra keeps the theoretical arrival time, scaled by Limit (µs × Limit), so

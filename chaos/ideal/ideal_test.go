@@ -110,3 +110,92 @@ func TestSlidingWindowCounter(t *testing.T) {
 		{at: 6000, n: 11, want: 10}, // two windows later: nothing counts
 	})
 }
+
+// admit counts how many of n requests at now l admits.
+func admit(l Limiter, now int64, n int) int {
+	got := 0
+	for range n {
+		if l.Allow(now) {
+			got++
+		}
+	}
+	return got
+}
+
+// Switch carries a key's state across a policy change as the service does.
+func TestSwitch(t *testing.T) {
+	const w = 10_000_000 // 10 s
+	switchTo := func(t *testing.T, l Limiter, now int64, p Policy) Limiter {
+		t.Helper()
+		n, err := Switch(l, now, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	t.Run("token bucket keeps its tokens, clamped", func(t *testing.T) {
+		l, _ := New(Policy{Algorithm: TokenBucket, Limit: 150, WindowUS: w})
+		if got := admit(l, 0, 40); got != 40 { // 110 tokens left
+			t.Fatalf("admitted %d of 40", got)
+		}
+		l = switchTo(t, l, 0, Policy{Algorithm: TokenBucket, Limit: 100, WindowUS: w})
+		if got := admit(l, 0, 200); got != 100 { // clamped to the new capacity
+			t.Errorf("after lowering: %d admitted, want 100", got)
+		}
+		// Refilled at the new rate: 10 per second.
+		if got := admit(l, 1_000_000, 20); got != 10 {
+			t.Errorf("a second later: %d, want 10", got)
+		}
+		l = switchTo(t, l, 1_000_000, Policy{Algorithm: TokenBucket, Limit: 200, WindowUS: w})
+		if got := admit(l, 1_000_000, 10); got != 0 { // kept: empty, not full
+			t.Errorf("after raising: %d, want 0 (the tokens are kept)", got)
+		}
+		if got := admit(l, 2_000_000, 30); got != 20 {
+			t.Errorf("a second after raising: %d, want 20", got)
+		}
+	})
+	t.Run("GCRA keeps the time until it is full", func(t *testing.T) {
+		l, _ := New(Policy{Algorithm: GCRA, Limit: 100, WindowUS: w})
+		if got := admit(l, 0, 50); got != 50 { // full again in 5 s
+			t.Fatalf("admitted %d of 50", got)
+		}
+		l = switchTo(t, l, 0, Policy{Algorithm: GCRA, Limit: 150, WindowUS: w})
+		// Still 5 s until full: half the new capacity used, 75 left.
+		if got := admit(l, 0, 100); got != 75 {
+			t.Errorf("after raising: %d admitted, want 75", got)
+		}
+	})
+	t.Run("window log keeps its entries", func(t *testing.T) {
+		l, _ := New(Policy{Algorithm: SlidingWindowLog, Limit: 150, WindowUS: w})
+		if got := admit(l, 0, 120); got != 120 {
+			t.Fatalf("admitted %d of 120", got)
+		}
+		l = switchTo(t, l, 1, Policy{Algorithm: SlidingWindowLog, Limit: 100, WindowUS: w})
+		if got := admit(l, 1, 10); got != 0 {
+			t.Errorf("after lowering: %d, want 0 (120 in the window)", got)
+		}
+		if got := admit(l, w, 200); got != 100 {
+			t.Errorf("a window later: %d, want 100", got)
+		}
+	})
+	t.Run("window counter keeps its counts", func(t *testing.T) {
+		l, _ := New(Policy{Algorithm: SlidingWindowCounter, Limit: 100, WindowUS: w})
+		if got := admit(l, 0, 60); got != 60 {
+			t.Fatalf("admitted %d of 60", got)
+		}
+		l = switchTo(t, l, 1, Policy{Algorithm: SlidingWindowCounter, Limit: 150, WindowUS: w})
+		if got := admit(l, 1, 200); got != 90 {
+			t.Errorf("after raising: %d, want 90", got)
+		}
+	})
+	t.Run("a change of window or algorithm starts fresh", func(t *testing.T) {
+		l, _ := New(Policy{Algorithm: SlidingWindowLog, Limit: 100, WindowUS: w})
+		admit(l, 0, 100)
+		if got := admit(switchTo(t, l, 1, Policy{Algorithm: SlidingWindowLog, Limit: 100, WindowUS: w / 2}), 1, 200); got != 100 {
+			t.Errorf("another window: %d, want a fresh 100", got)
+		}
+		if got := admit(switchTo(t, l, 1, Policy{Algorithm: SlidingWindowCounter, Limit: 100, WindowUS: w}), 1, 200); got != 100 {
+			t.Errorf("another algorithm: %d, want a fresh 100", got)
+		}
+	})
+}

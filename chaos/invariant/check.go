@@ -33,6 +33,18 @@ type Input struct {
 	// NoFault: the scenario injects no fault (failover_ms and recovery_ms
 	// are not judged).
 	NoFault bool
+	// Events are the run's events: the resets (EventReset) split their
+	// keys' requests into what came before and after (over_admission,
+	// goodput), and with their probes (EventResetProbe) give reset_held.
+	Events []Event
+	// Changes are the routes whose policy changed during the run
+	// (Policies holds the one in force at the end).
+	Changes map[string]Change
+	// LeaseRoutes are the routes of lease policies: their over_admission
+	// bound is LeaseOverAdmissionBound in every phase (a lease never
+	// admits more than the policy would), and any answer other than 200
+	// or 429 counts in errors.
+	LeaseRoutes []string
 }
 
 // judgedRequests are the requests the client-side invariants judge: all
@@ -54,6 +66,19 @@ var (
 	politeLimitedBound = map[string]float64{Healthy: 0, Settle: 0, Fault: 0.01, Recovery: 0.01}
 	goodputBound       = map[string]float64{Healthy: 0.90, Fault: 0.70, Recovery: 0.70, Settle: 0.90}
 )
+
+// LeaseOverAdmissionBound is the over_admission bound of a lease route in
+// every phase: the lease promise.
+const LeaseOverAdmissionBound = 1.00
+
+// answerFailed reports whether r counts in errors: a 5xx or a transport
+// error; on a lease route (strict) any answer other than 200 or 429.
+func answerFailed(r Request, strict bool) bool {
+	if strict && !r.Aborted {
+		return r.Status != 200 && r.Status != 429
+	}
+	return r.Failed()
+}
 
 // Bounds of failover_ms and recovery_ms.
 const (
@@ -86,13 +111,25 @@ func Check(in Input) []Row {
 		}
 	}
 
+	resets := resetsByKey(in.Events)
+	change := func(route string) *Change {
+		if c, ok := in.Changes[route]; ok {
+			return &c
+		}
+		return nil
+	}
+
 	var rows []Row
 	// over_admission
 	for _, route := range routes {
-		vals, err := RouteOverAdmission(in.Policies[route], byRoute[route], in.Phases)
+		lease := slices.Contains(in.LeaseRoutes, route)
+		vals, err := routeOverAdmission(in.Policies[route], change(route), resets, byRoute[route], in.Phases)
 		for _, pi := range judged {
 			name := in.Phases[pi].Name
 			bound := overAdmissionBound[name]
+			if lease {
+				bound = LeaseOverAdmissionBound
+			}
 			row := Row{Name: OverAdmission, Route: route, Phase: name, Bound: bound}
 			switch {
 			case err != nil:
@@ -137,7 +174,7 @@ func Check(in Input) []Row {
 		allByRoute[r.Route] = append(allByRoute[r.Route], r)
 	}
 	for _, route := range routes {
-		vals, err := RouteGoodput(in.Policies[route], allByRoute[route], in.Phases)
+		vals, err := routeGoodput(in.Policies[route], change(route), resets, allByRoute[route], in.Phases)
 		for _, pi := range judged {
 			name := in.Phases[pi].Name
 			bound, ok := goodputBound[name]
@@ -158,10 +195,11 @@ func Check(in Input) []Row {
 	}
 	// errors
 	for _, route := range routes {
+		strict := slices.Contains(in.LeaseRoutes, route)
 		for _, pi := range judged {
 			n := 0
 			for _, r := range byRoute[route] {
-				if r.Failed() && phaseOf(ps, recvUS(r)) == pi {
+				if answerFailed(r, strict) && phaseOf(ps, recvUS(r)) == pi {
 					n++
 				}
 			}
@@ -193,6 +231,8 @@ func Check(in Input) []Row {
 			rows = append(rows, row)
 		}
 	}
+	// reset_held
+	rows = append(rows, ResetHeldRows(all, in.Phases, in.Policies, in.Events)...)
 	// reconciled and uncounted
 	rows = append(rows, ReconciledRow(in.Statuses))
 	rows = append(rows, UncountedRows(in.Phases, in.Statuses)...)
@@ -215,18 +255,27 @@ func hasRequests(reqs []Request, ps []phaseSpan, pi int) bool {
 // RouteOverAdmission is the largest KeyOverAdmission over the route's keys,
 // per phase (NaN: nothing admitted in that phase).
 func RouteOverAdmission(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
+	return routeOverAdmission(p, nil, nil, reqs, phases)
+}
+
+// routeOverAdmission is RouteOverAdmission with the route's policy change
+// (nil: none) and its keys' resets: a reset key's requests before and after
+// each reset are judged as keys of their own (segments).
+func routeOverAdmission(p Policy, c *Change, resets map[string][]resetSpan, reqs []Request, phases []Phase) ([]float64, error) {
 	out := make([]float64, len(phases))
 	for i := range out {
 		out[i] = math.NaN()
 	}
 	for _, keyReqs := range byKey(reqs) {
-		vals, err := KeyOverAdmission(p, keyReqs, phases)
-		if err != nil {
-			return nil, err
-		}
-		for i, v := range vals {
-			if !math.IsNaN(v) && (math.IsNaN(out[i]) || v > out[i]) {
-				out[i] = v
+		for _, seg := range segments(keyReqs, resets[keyReqs[0].Key]) {
+			vals, err := keyOverAdmission(p, c, seg, phases)
+			if err != nil {
+				return nil, err
+			}
+			for i, v := range vals {
+				if !math.IsNaN(v) && (math.IsNaN(out[i]) || v > out[i]) {
+					out[i] = v
+				}
 			}
 		}
 	}
@@ -258,7 +307,42 @@ func byKey(reqs []Request) [][]Request {
 // request its client aborted is fed to the ideal limiter (the fleet may
 // have counted it) but judged neither way.
 func KeyGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
-	lim, err := ideal.New(p.ideal())
+	return keyGoodput(p, nil, nil, reqs, phases)
+}
+
+// idealStep is a change of the ideal limiter at a time (µs): a switch to
+// a policy (ideal.Switch), or a reset (a fresh limiter of the policy in
+// force).
+type idealStep struct {
+	at     int64
+	policy *Policy // nil: a reset
+}
+
+// keyGoodput is KeyGoodput with the route's policy change c (nil: none)
+// and the key's resets. The ideal limiter learns both: a reset gives it a
+// fresh limiter from the reset's t_recv on; a change switches it
+// (ideal.Switch) from the old policy to the new one at the first reload's
+// t_send when the new one is the stricter (a smaller limit, or the same
+// limit and a smaller capacity), else at the last reload's t_recv: while
+// the instances disagree, the fleet is not expected to admit more than the
+// stricter of the two.
+func keyGoodput(p Policy, c *Change, resets []resetSpan, reqs []Request, phases []Phase) ([]float64, error) {
+	start := p
+	var steps []idealStep
+	if c != nil {
+		start = c.Before
+		at := msToUS(c.LastMS)
+		if p.Limit < start.Limit || p.Limit == start.Limit && p.capacity() < start.capacity() {
+			at = msToUS(c.FirstMS)
+		}
+		steps = append(steps, idealStep{at: at, policy: &p})
+	}
+	for _, r := range resets {
+		steps = append(steps, idealStep{at: r.recv})
+	}
+	slices.SortStableFunc(steps, func(a, b idealStep) int { return cmp.Compare(a.at, b.at) })
+	cur := start
+	lim, err := ideal.New(cur.ideal())
 	if err != nil {
 		return nil, err
 	}
@@ -273,6 +357,19 @@ func KeyGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
 	actual := make([]int, len(ps))
 	want := make([]int, len(ps))
 	for _, r := range sorted {
+		for len(steps) > 0 && sendUS(r) > steps[0].at {
+			st := steps[0]
+			steps = steps[1:]
+			if st.policy == nil {
+				lim, err = ideal.New(cur.ideal())
+			} else {
+				cur = *st.policy
+				lim, err = ideal.Switch(lim, st.at, cur.ideal())
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
 		allowed := lim.Allow(sendUS(r))
 		k := phaseOf(ps, recvUS(r))
 		if k < 0 || r.Aborted {
@@ -302,6 +399,12 @@ func KeyGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
 // RouteGoodput is the smallest KeyGoodput over the route's abusive keys,
 // per phase.
 func RouteGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
+	return routeGoodput(p, nil, nil, reqs, phases)
+}
+
+// routeGoodput is RouteGoodput with the route's policy change and its keys'
+// resets (keyGoodput).
+func routeGoodput(p Policy, c *Change, resets map[string][]resetSpan, reqs []Request, phases []Phase) ([]float64, error) {
 	out := make([]float64, len(phases))
 	for i := range out {
 		out[i] = math.NaN()
@@ -310,7 +413,7 @@ func RouteGoodput(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
 		if keyReqs[0].Class != "abusive" {
 			continue
 		}
-		vals, err := KeyGoodput(p, keyReqs, phases)
+		vals, err := keyGoodput(p, c, resets[keyReqs[0].Key], keyReqs, phases)
 		if err != nil {
 			return nil, err
 		}

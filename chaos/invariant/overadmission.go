@@ -49,6 +49,15 @@ func brackets(reqs []Request) []bracket {
 //
 // A set is attributed to the phase in which its last request was received.
 func KeyOverAdmission(p Policy, reqs []Request, phases []Phase) ([]float64, error) {
+	return keyOverAdmission(p, nil, reqs, phases)
+}
+
+// keyOverAdmission is KeyOverAdmission with the policy change c (nil:
+// none): each set is judged against its allowance (allowance.of), the
+// ratio being its count over its limit (window algorithms), or 1 + (n -
+// capacity - refill * span) / capacity with the allowance's capacity and
+// refill.
+func keyOverAdmission(p Policy, c *Change, reqs []Request, phases []Phase) ([]float64, error) {
 	ps := spans(phases)
 	adm := brackets(reqs)
 	out := make([]float64, len(ps))
@@ -59,24 +68,16 @@ func KeyOverAdmission(p Policy, reqs []Request, phases []Phase) ([]float64, erro
 	if w <= 0 || p.Limit <= 0 {
 		return nil, fmt.Errorf("over_admission: policy %q: no limit or window", p.Name)
 	}
+	al, err := newAllowance(p, c)
+	if err != nil {
+		return nil, fmt.Errorf("over_admission: %w", err)
+	}
 	switch p.Algorithm {
 	case ideal.SlidingWindowLog:
-		best := windowLogCounts(adm, w, ps)
-		for i, n := range best {
-			if n > 0 {
-				out[i] = float64(n) / float64(p.Limit)
-			}
-		}
+		windowLogRatios(adm, w, ps, al, out)
 	case ideal.SlidingWindowCounter:
-		best := alignedWindowCounts(adm, w, ps)
-		for i, n := range best {
-			if n > 0 {
-				out[i] = float64(n) / float64(p.Limit)
-			}
-		}
+		alignedWindowRatios(adm, w, ps, al, out)
 	case ideal.TokenBucket, ideal.GCRA:
-		c := float64(p.capacity())
-		refill := float64(p.Limit) / float64(w) // per µs
 		for i := range adm {
 			maxRecv := int64(math.MinInt64)
 			for j := i; j < len(adm); j++ {
@@ -85,8 +86,9 @@ func KeyOverAdmission(p Policy, reqs []Request, phases []Phase) ([]float64, erro
 				if k < 0 {
 					continue
 				}
+				q := al.of(adm[i].send, maxRecv)
 				n := float64(j - i + 1)
-				v := 1 + (n-c-refill*float64(maxRecv-adm[i].send))/c
+				v := 1 + (n-q.capacity-q.refill*float64(maxRecv-adm[i].send))/q.capacity
 				if math.IsNaN(out[k]) || v > out[k] {
 					out[k] = v
 				}
@@ -98,13 +100,14 @@ func KeyOverAdmission(p Policy, reqs []Request, phases []Phase) ([]float64, erro
 	return out, nil
 }
 
-// windowLogCounts: per phase, the largest set with max(recv) - min(send) <
-// w whose latest recv falls in the phase. For an anchor a (a send time of
-// the set's earliest request) the largest such set within phase P is every
-// request with send >= a and recv < min(a+w, P.end); it belongs to P if its
-// latest recv is at least P.start.
-func windowLogCounts(adm []bracket, w int64, ps []phaseSpan) []int {
-	best := make([]int, len(ps))
+// windowLogRatios: per phase, the largest count over limit of a set with
+// max(recv) - min(send) < w whose latest recv falls in the phase. For an
+// anchor a (a send time of the set's earliest request) the largest such
+// set within phase P is every request with send >= a and recv < min(a+w,
+// P.end); it belongs to P if its latest recv is at least P.start. Where the
+// allowance changes with the set's latest recv, the set cut there is tried
+// too.
+func windowLogRatios(adm []bracket, w int64, ps []phaseSpan, al allowance, out []float64) {
 	var recvs []int64
 	for i := range adm {
 		a := adm[i].send
@@ -114,17 +117,17 @@ func windowLogCounts(adm []bracket, w int64, ps []phaseSpan) []int {
 				recvs = append(recvs, adm[j].recv)
 			}
 		}
-		countInPhases(recvs, a+w, ps, best)
+		ratiosInPhases(recvs, a, a+w, ps, al, out)
 	}
-	return best
 }
 
-// alignedWindowCounts: per phase, the largest number of requests certainly
-// decided within one aligned window [k*w, (k+1)*w), attributed like
-// windowLogCounts.
-func alignedWindowCounts(adm []bracket, w int64, ps []phaseSpan) []int {
-	best := make([]int, len(ps))
-	byWindow := map[int64][]int64{}
+// alignedWindowRatios: per phase, the largest count over limit of the
+// requests certainly decided within one aligned window [k*w, (k+1)*w),
+// attributed like windowLogRatios. With a change, the window's requests
+// sent from the time its allowance becomes the new policy's are tried as a
+// set of their own as well.
+func alignedWindowRatios(adm []bracket, w int64, ps []phaseSpan, al allowance, out []float64) {
+	byWindow := map[int64][]bracket{}
 	var order []int64
 	for _, b := range adm {
 		k := floorDiv(b.send, w)
@@ -134,28 +137,59 @@ func alignedWindowCounts(adm []bracket, w int64, ps []phaseSpan) []int {
 		if _, ok := byWindow[k]; !ok {
 			order = append(order, k)
 		}
-		byWindow[k] = append(byWindow[k], b.recv)
+		byWindow[k] = append(byWindow[k], b)
 	}
+	var recvs []int64
 	for _, k := range order {
-		countInPhases(byWindow[k], (k+1)*w, ps, best)
+		bs := byWindow[k] // in send order (adm is)
+		anchors := []int64{bs[0].send}
+		if al.changed {
+			for _, b := range bs {
+				if b.send >= al.settled {
+					anchors = append(anchors, b.send)
+					break
+				}
+			}
+		}
+		for _, a := range anchors {
+			recvs = recvs[:0]
+			for _, b := range bs {
+				if b.send >= a {
+					recvs = append(recvs, b.recv)
+				}
+			}
+			ratiosInPhases(recvs, a, (k+1)*w, ps, al, out)
+		}
 	}
-	return best
 }
 
-// countInPhases: recvs are the receive times of one candidate set, whose
-// every subset is valid when cut at limit. For each phase, the set's
-// members with recv < min(limit, phase end) form the largest subset ending
-// no later than the phase; it counts for the phase if its latest recv lies
-// in it.
-func countInPhases(recvs []int64, limit int64, ps []phaseSpan, best []int) {
+// ratiosInPhases: recvs are the receive times of one candidate set whose
+// earliest send is at least anchor, every subset of which cut at limit is
+// valid. For each phase, the set's members with recv < min(limit, phase
+// end) (and, where the allowance changes below that, < that change) form
+// the largest subsets ending no later than the phase; each counts for the
+// phase if its latest recv lies in it, as its size over its allowance's
+// limit.
+func ratiosInPhases(recvs []int64, anchor, limit int64, ps []phaseSpan, al allowance, out []float64) {
 	slices.Sort(recvs)
 	for pi, p := range ps {
 		cut := min(limit, p.end)
-		n, _ := slices.BinarySearch(recvs, cut) // members with recv < cut
-		if n == 0 || recvs[n-1] < p.start {
-			continue
+		try := func(c int64) {
+			n, _ := slices.BinarySearch(recvs, c) // members with recv < c
+			if n == 0 || recvs[n-1] < p.start {
+				return
+			}
+			v := float64(n) / al.of(anchor, recvs[n-1]).limit
+			if math.IsNaN(out[pi]) || v > out[pi] {
+				out[pi] = v
+			}
 		}
-		best[pi] = max(best[pi], n)
+		try(cut)
+		for _, c := range al.cuts() {
+			if c < cut {
+				try(c)
+			}
+		}
 	}
 }
 

@@ -45,6 +45,7 @@ const (
 	Uncounted     = "uncounted"
 	FailoverMS    = "failover_ms"
 	RecoveryMS    = "recovery_ms"
+	ResetHeld     = "reset_held"
 )
 
 // AllRoutes is the route of rows about the whole fleet.
@@ -58,12 +59,41 @@ type Request = loadtest.Record
 func sendUS(r Request) int64 { return msToUS(r.TSendMS) }
 func recvUS(r Request) int64 { return msToUS(r.TRecvMS) }
 
-// Event is one line of events.jsonl.
+// Event is one line of events.jsonl. The events of an operator's action
+// that the invariants judge (EventReset, EventResetProbe, EventReload) also
+// say what it acted on and when the call that made it was sent and
+// answered: it took effect somewhere between TSendMS and TRecvMS.
 type Event struct {
 	TMS    float64 `json:"t_ms"`
 	Event  string  `json:"event"`
 	Detail string  `json:"detail,omitempty"`
+	// Key is the load's key (its API key id) a reset or probe is about;
+	// Route its route; Policy the policy named in the reset ("": every
+	// policy).
+	Key    string `json:"key,omitempty"`
+	Route  string `json:"route,omitempty"`
+	Policy string `json:"policy,omitempty"`
+	// Instance took the action (the reset, the reload) or answered the
+	// probe.
+	Instance string `json:"instance,omitempty"`
+	// TSendMS and TRecvMS bracket the action (Unix ms).
+	TSendMS float64 `json:"t_send_ms,omitempty"`
+	TRecvMS float64 `json:"t_recv_ms,omitempty"`
 }
+
+// Events the invariants read.
+const (
+	// EventReset: an operator's POST /admin/reset of Key under Policy,
+	// through Instance.
+	EventReset = "reset"
+	// EventResetProbe: the requests of Key sent between TSendMS and
+	// TRecvMS, one after the other through Instance, that read how much
+	// of its quota the store holds (reset_held).
+	EventResetProbe = "reset_probe"
+	// EventReload: Instance re-read its policy file, changed by the
+	// scenario (the new policy version in Detail).
+	EventReload = "reload"
+)
 
 // Phase is one phase of a run: [StartMS, EndMS) in Unix milliseconds.
 type Phase struct {
@@ -79,6 +109,19 @@ type Phase struct {
 	// without a counted decision (its /status uncounted_requests), read
 	// as the phase began; an instance that did not answer is absent.
 	Uncounted map[string]float64 `json:"uncounted,omitempty"`
+	// Leases are each instance's lease counters (its /status lease), read
+	// as the phase began: what lease mode did in the phase before
+	// (informational).
+	Leases map[string]LeaseCounters `json:"leases,omitempty"`
+}
+
+// LeaseCounters are an instance's lease mode counters (/status lease).
+type LeaseCounters struct {
+	Draws      float64 `json:"draws"`
+	Served     float64 `json:"served"`
+	Refunded   float64 `json:"refunded_units"`
+	Unrefunded float64 `json:"unrefunded_units"`
+	Held       float64 `json:"held"`
 }
 
 // Policy is a route's policy as the suite knows it: learned from the

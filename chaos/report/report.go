@@ -26,6 +26,10 @@ type Policy struct {
 	WindowMS   *int64   `json:"window_ms,omitempty"`
 	Capacity   *int64   `json:"capacity,omitempty"`
 	RefillPerS *float64 `json:"refill_per_s,omitempty"`
+	// Earlier is the route's policy before a change during the run (the
+	// policies learned before the load differ from those learned after
+	// it); absent when it did not change.
+	Earlier *Policy `json:"earlier,omitempty"`
 }
 
 // PolicyOf converts a policy for report.json.
@@ -79,7 +83,9 @@ type Report struct {
 	Statuses []invariant.InstanceStatus `json:"statuses,omitempty"`
 	// RedisCheck is what Redis held after settle (informational).
 	RedisCheck map[string]any `json:"redis_check,omitempty"`
-	Pass       bool           `json:"pass"`
+	// ResetChecks are reset_held's figures for each reset key.
+	ResetChecks []invariant.ResetCheck `json:"reset_checks,omitempty"`
+	Pass        bool                   `json:"pass"`
 }
 
 // JudgedPolicies converts the report's policies back for the invariants:
@@ -88,19 +94,40 @@ type Report struct {
 func (r *Report) JudgedPolicies() map[string]invariant.Policy {
 	out := map[string]invariant.Policy{}
 	for route, p := range r.Policies {
-		ip := invariant.Policy{Name: p.Name, Algorithm: p.Algorithm}
-		switch {
-		case p.Capacity != nil && p.RefillPerS != nil && *p.RefillPerS > 0:
-			ip.Limit, ip.Capacity = *p.Capacity, *p.Capacity
-			ip.Window = time.Duration(float64(*p.Capacity) / *p.RefillPerS * float64(time.Second)).Round(time.Millisecond)
-		case p.Limit != nil && p.WindowMS != nil:
-			ip.Limit, ip.Window = *p.Limit, time.Duration(*p.WindowMS)*time.Millisecond
-		default:
-			continue
+		if ip, ok := p.judged(); ok {
+			out[route] = ip
 		}
-		out[route] = ip
 	}
 	return out
+}
+
+// EarlierPolicies are the policies the routes that changed during the run
+// had before, converted as JudgedPolicies.
+func (r *Report) EarlierPolicies() map[string]invariant.Policy {
+	out := map[string]invariant.Policy{}
+	for route, p := range r.Policies {
+		if p.Earlier == nil {
+			continue
+		}
+		if ip, ok := p.Earlier.judged(); ok {
+			out[route] = ip
+		}
+	}
+	return out
+}
+
+func (p Policy) judged() (invariant.Policy, bool) {
+	ip := invariant.Policy{Name: p.Name, Algorithm: p.Algorithm}
+	switch {
+	case p.Capacity != nil && p.RefillPerS != nil && *p.RefillPerS > 0:
+		ip.Limit, ip.Capacity = *p.Capacity, *p.Capacity
+		ip.Window = time.Duration(float64(*p.Capacity) / *p.RefillPerS * float64(time.Second)).Round(time.Millisecond)
+	case p.Limit != nil && p.WindowMS != nil:
+		ip.Limit, ip.Window = *p.Limit, time.Duration(*p.WindowMS)*time.Millisecond
+	default:
+		return ip, false
+	}
+	return ip, true
 }
 
 // Judge sets r.Pass: every invariant passes, and the scenario ran.
