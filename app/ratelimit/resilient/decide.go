@@ -254,7 +254,9 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req ratelimit.Request, u
 	case ratelimit.FailOpen:
 		d = ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}
 	case ratelimit.FailClosed:
-		return ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
+		// Refused as any local refusal: a store that admitted it late
+		// gets the refund below (TestFailClosedRefundsALateAdmission).
+		d = ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
 	default:
 		part := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
 		closed := l.br.State() == Closed

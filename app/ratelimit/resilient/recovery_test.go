@@ -99,9 +99,16 @@ func allIn(ls []*resilient.Limiter, s resilient.BreakerState) func() bool {
 // client, and waits until their heartbeats see each other.
 func startInstances(t *testing.T, addr string) []*resilient.Limiter {
 	t.Helper()
+	return startInstancesVia(t, func(int) string { return addr })
+}
+
+// startInstancesVia is startInstances with instance i reaching Redis at
+// addr(i) (a proxy, say).
+func startInstancesVia(t *testing.T, addr func(i int) string) []*resilient.Limiter {
+	t.Helper()
 	var ls []*resilient.Limiter
 	for i := range instances {
-		l, err := resilient.New(newStore(t, addr), recoveryConfig(fmt.Sprint("app", i+1)))
+		l, err := resilient.New(newStore(t, addr(i)), recoveryConfig(fmt.Sprint("app", i+1)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1416,4 +1423,30 @@ func behindSlowProxy(t *testing.T) (*redistest.Server, *redistest.Proxy, *resili
 	}
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	return srv, slow, l
+}
+
+// TestFailClosedRefundsALateAdmission: a fail-closed policy behind a Redis
+// whose replies come after the timeout: each request is refused (closed),
+// and Redis, which admitted it late, is refunded, ending with none of
+// them: a login limit does not lock polite users out sooner.
+func TestFailClosedRefundsALateAdmission(t *testing.T) {
+	l, px, srv := lateReplyLimiter(t, 0)
+	ctx := context.Background()
+	p := ratelimit.Policy{Name: "closed", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Hour, FailureMode: ratelimit.FailClosed}
+	rs := redisstore.New(srv.Client())
+	px.Latency(60 * time.Millisecond)
+	const n = 3
+	for i := range n {
+		d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"})
+		if err != nil || d.Allowed || d.Mode != ratelimit.ModeClosed {
+			t.Fatalf("request %d: %+v %v: want refused, fail closed", i, d, err)
+		}
+	}
+	waitFor(t, "every late admission refunded", 5*time.Second, func() bool {
+		st := l.Status().Late
+		return st.Overcounted == n && st.Refunded == n
+	})
+	if c, err := srv.Client().ZCard(ctx, rs.Key(p, "k")).Result(); err != nil || c != 0 {
+		t.Fatalf("Redis holds %d admissions (%v), want none: each was refunded", c, err)
+	}
 }
