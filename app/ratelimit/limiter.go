@@ -173,9 +173,9 @@ type Decision struct {
 	// a request with that id before then. Empty: no such admission.
 	ResendID    string
 	ResendUntil int64
-	// Weight is the weight the backend charged the request at (the zero
-	// value: 1/1); a refund of the admission gives back at this weight,
-	// whatever the weight is when it is made.
+	// Weight is the weight a resilient limiter's store decision charged
+	// the request at (the zero value: 1/1); a refund of the admission
+	// gives back at this weight, whatever the weight is when it is made.
 	Weight Weight
 }
 

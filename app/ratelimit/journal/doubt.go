@@ -135,11 +135,14 @@ func (j *Journal) ExpireDoubts(before int64) int64 {
 	return n
 }
 
-// Drop forgets every grant (doubts included) and the snapshot of the key of
-// policy p and identity id, counted as dropped: an operator lifted the
-// key's limit, so its usage is not to be replayed. It returns the units
-// dropped.
-func (j *Journal) Drop(p ratelimit.Policy, id store.Identity) int64 {
+// Drop forgets the grants (doubts included) of the key of policy p and
+// identity id made at or before through (store µs), counted as dropped: an
+// operator lifted the key's limit at through, so that usage is not to be
+// replayed; the key's grants made after it are usage the reset did not
+// lift, and stay (a cut-off instance that hears of a reset only once it is
+// back granted them from its share after the reset). The key's snapshot
+// goes with its last grant. It returns the units dropped.
+func (j *Journal) Drop(p ratelimit.Policy, id store.Identity, through int64) int64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if len(j.keys) == 0 {
@@ -151,29 +154,78 @@ func (j *Journal) Drop(p ratelimit.Policy, id store.Identity) int64 {
 	if ke == nil {
 		return 0
 	}
-	units := ke.units
+	before := ke.units
 	for reqID, d := range j.doubts {
-		if d.policy == ref && d.identity == id {
+		if d.policy == ref && d.identity == id && d.grant.at <= through {
 			j.resolveLocked(reqID, true, j.epoch)
 			j.writeResolveLocked(reqID, true)
 		}
 	}
+	partial := false
 	for epoch := range j.epochs {
 		k := batchKey{epoch: epoch, policy: ref.key, identity: id}
-		if b := j.batches[k]; b != nil {
-			j.dropBatchLocked(k, b)
-			j.buf = appendRecord(j.buf[:0], record{kind: 'A', epoch: epoch, policy: p, fingerprint: p.Fingerprint(), identity: id})
-			_ = j.writeLocked(j.buf)
+		b := j.batches[k]
+		if b == nil {
+			continue
 		}
+		if j.dropThroughLocked(k, b, through) {
+			partial = true
+			continue
+		}
+		j.buf = appendRecord(j.buf[:0], record{kind: 'A', epoch: epoch, policy: p, fingerprint: ref.fingerprint(), identity: id})
+		_ = j.writeLocked(j.buf)
 	}
+	if partial {
+		j.buf = appendRecord(j.buf[:0], record{kind: 'X', policy: p, fingerprint: ref.fingerprint(), identity: id, grant: store.Grant{At: through}})
+		_ = j.writeLocked(j.buf)
+	}
+	after := int64(0)
 	if ke := j.keys[sk]; ke != nil {
+		after = ke.units
 		j.pruneKeyLocked(sk, ke)
-		if ke.snap != nil && j.keys[sk] != nil { // a snapshot alone
+		if ke.snap != nil && ke.batches == 0 && ke.doubts == 0 && j.keys[sk] != nil { // a snapshot alone
 			j.size--
 			delete(j.keys, sk)
 		}
 	}
+	units := before - after
 	j.stats.dropped.Add(uint64(units))
 	j.emptyLocked()
 	return units
+}
+
+// dropThroughLocked removes b's grants made at or before through. It drops
+// the whole batch (and reports false) when none is left; it reports true
+// when some grants stay.
+func (j *Journal) dropThroughLocked(k batchKey, b *batch, through int64) bool {
+	kept, ids, gone := b.grants[:0], b.ids[:0:0], uint64(0)
+	for i, g := range b.grants {
+		if g.at <= through {
+			gone += uint64(g.cost)
+			continue
+		}
+		kept = append(kept, g)
+		if b.ids != nil {
+			ids = append(ids, b.ids[i])
+		}
+	}
+	if len(kept) == 0 { // nothing appended: b.grants is whole
+		j.dropBatchLocked(k, b)
+		return false
+	}
+	if gone == 0 {
+		return true
+	}
+	n := len(b.grants) - len(kept)
+	b.grants = kept
+	if b.ids != nil {
+		b.ids = ids
+	}
+	j.grants -= n
+	j.size -= n
+	j.pending -= gone
+	if ke := j.keys[snapKey{k.policy, k.identity}]; ke != nil {
+		ke.units -= int64(gone)
+	}
+	return true
 }

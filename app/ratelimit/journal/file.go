@@ -126,6 +126,14 @@ func (j *Journal) apply(line string, maxEpoch *uint64) bool {
 		if b, ok := j.batches[k]; ok {
 			j.dropBatchLocked(k, b)
 		}
+	case 'X':
+		pk := r.policy.Name + "/" + r.fingerprint
+		for epoch := range j.epochs {
+			k := batchKey{epoch: epoch, policy: pk, identity: r.identity}
+			if b, ok := j.batches[k]; ok {
+				j.dropThroughLocked(k, b, r.grant.At)
+			}
+		}
 	}
 	return true
 }

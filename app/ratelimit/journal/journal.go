@@ -8,6 +8,7 @@ package journal
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
 	"strconv"
@@ -43,6 +44,8 @@ var ErrFull = errors.New("journal: full")
 //	D <epoch> ... as G                             a doubt
 //	R <epoch> <request id> <0|1>                   the doubt was resolved (1: the store had it)
 //	A <epoch> <policy> <fingerprint> <identity hex>  the batch was applied
+//	X 0 <policy> <fingerprint> <identity hex> <µs>  the key's grants at or
+//	                                               before µs were dropped (a reset)
 //	S <epoch> <policy> <alg> <limit> <window µs> <burst> <identity hex> <snapshot...>
 //	                                               what the key's local share started from
 //
@@ -226,7 +229,20 @@ func (s Stats) Reconcile() error {
 // duplicate and its grants silently dropped.
 func epochNow() uint64 { return uint64(max(time.Now().UnixMicro(), 1)) }
 
-func policyKey(p ratelimit.Policy) string { return p.Name + "/" + p.Fingerprint() }
+func policyKey(p ratelimit.Policy) string { return p.Name + "/" + fingerprint(p) }
+
+// fingerprint is a short hash of every parameter of p that its grants and
+// snapshots are read with (algorithm, limit, window, burst): the batches of
+// a policy reloaded with other parameters are not the old one's.
+func fingerprint(p ratelimit.Policy) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(string(p.Algorithm) + "|" + strconv.FormatInt(p.Limit, 10) + "|" +
+		strconv.FormatInt(p.WindowMicros(), 10) + "|" + strconv.FormatInt(p.Capacity(), 10)))
+	return fmt.Sprintf("%08x", h.Sum32())
+}
+
+// fingerprint is the fingerprint part of the policy's key.
+func (r *policyRef) fingerprint() string { return r.key[len(r.p.Name)+1:] }
 
 // refLocked returns the journal's one copy of p.
 // The last one returned is checked first: an outage's grants mostly
@@ -447,7 +463,7 @@ func (j *Journal) Ack(batches []store.ReplayBatch, results []store.ReplayResult)
 		}
 		fp, ok := fps[b.Policy]
 		if !ok {
-			fp = b.Policy.Fingerprint()
+			fp = fingerprint(b.Policy)
 			fps[b.Policy] = fp
 		}
 		k := batchKey{epoch: epoch, policy: b.Policy.Name + "/" + fp, identity: b.Identity}

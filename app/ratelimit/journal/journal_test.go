@@ -319,3 +319,56 @@ func TestJournalDoubts(t *testing.T) {
 		_ = j.Close()
 	}
 }
+
+// TestJournalDropThrough: a reset at time 20 drops the key's grants made at
+// or before it, doubts included, and keeps the later ones and the other
+// keys'; a journal reopened from the file holds the same.
+func TestJournalDropThrough(t *testing.T) {
+	dir := t.TempDir()
+	j, err := journal.Open(dir, "app1", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := store.IdentityOf("a"), store.IdentityOf("b")
+	for _, g := range []struct {
+		id store.Identity
+		g  store.Grant
+	}{{a, store.Grant{At: 10, Cost: 1, ID: "r1"}}, {a, store.Grant{At: 20, Cost: 2, ID: "r2"}}, {b, store.Grant{At: 15, Cost: 1, ID: "r3"}}} {
+		if err := j.Append(jp, g.id, g.g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j.Rotate() // a second epoch: the key's grants in two batches
+	if err := j.Append(jp, a, store.Grant{At: 30, Cost: 4, ID: "r4"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.AppendDoubt(jp, a, store.Grant{At: 12, Cost: 8, ID: "r5"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := j.Drop(jp, a, 20); n != 11 {
+		t.Fatalf("dropped %d units, want 11 (r1, r2 and the doubt r5)", n)
+	}
+	check := func(j *journal.Journal, how string) {
+		t.Helper()
+		pending, _ := j.Pending(j.Rotate())
+		var got []string
+		for _, p := range pending {
+			for _, g := range p.Grants {
+				got = append(got, g.ID)
+			}
+		}
+		if strings.Join(got, ",") != "r3,r4" && strings.Join(got, ",") != "r4,r3" {
+			t.Fatalf("%s: grants %v, want r3 and r4", how, got)
+		}
+	}
+	check(j, "after the drop")
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j2, err := journal.Open(dir, "app1", 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j2.Close()
+	check(j2, "reopened")
+}

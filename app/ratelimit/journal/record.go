@@ -17,10 +17,10 @@ import (
 // codec writes and reads every kind: appendRecord and parseRecord are
 // inverses (FuzzRecord checks it).
 type record struct {
-	kind  byte // 'E', 'G', 'D', 'R', 'A' or 'S'
+	kind  byte // 'E', 'G', 'D', 'R', 'A', 'X' or 'S'
 	epoch uint64
 	// policy: G, D and S carry its name, algorithm, limit, window and
-	// burst; A its name, with fingerprint.
+	// burst; A and X its name, with fingerprint; X's time is grant.At.
 	policy      ratelimit.Policy
 	fingerprint string
 	identity    store.Identity // G, D, A, S
@@ -39,6 +39,7 @@ const (
 	grantFields    = 11
 	resolveFields  = 4
 	ackFields      = 5
+	dropFields     = 6
 	snapshotFields = 8 + 3 + 7 + ratelimit.AgeBuckets
 )
 
@@ -69,10 +70,13 @@ func appendRecord(b []byte, r record) []byte {
 		} else {
 			b = append(b, "\t0"...)
 		}
-	case 'A':
+	case 'A', 'X':
 		b = append(append(append(b, '\t'), p.Name...), '\t')
 		b = append(append(b, r.fingerprint...), '\t')
 		b = hex.AppendEncode(b, r.identity[:])
+		if r.kind == 'X' {
+			b = strconv.AppendInt(append(b, '\t'), r.grant.At, 10)
+		}
 	case 'G', 'D', 'S':
 		b = append(append(append(b, '\t'), p.Name...), '\t')
 		b = append(append(b, p.Algorithm...), '\t')
@@ -171,6 +175,15 @@ func parseBody(line string) (record, error) {
 			return record{}, errRecord
 		}
 		r.policy.Name, r.fingerprint = f[2], f[3]
+	case 'X':
+		if len(f) != dropFields || ratelimit.ValidateKey(f[2]) != nil || strings.ContainsAny(f[2]+f[3], " ") || f[3] == "" || !identity(f[4]) {
+			return record{}, errRecord
+		}
+		n, ok := ints(f[5:6])
+		if !ok {
+			return record{}, errRecord
+		}
+		r.policy.Name, r.fingerprint, r.grant.At = f[2], f[3], n[0]
 	case 'R':
 		if len(f) != resolveFields || !requestID(f[2]) || f[2] == "" || (f[3] != "0" && f[3] != "1") {
 			return record{}, errRecord

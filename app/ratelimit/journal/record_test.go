@@ -22,7 +22,8 @@ func sampleRecords() []record {
 		{kind: 'E', epoch: 42},
 		{kind: 'G', epoch: 42, policy: p, identity: id, grant: store.Grant{At: 1_700_000_000_500_000, Cost: 2, ID: "0b6e2f"}},
 		{kind: 'G', epoch: 42, policy: p, identity: id, grant: store.Grant{At: -1, Cost: 1}},
-		{kind: 'A', epoch: 42, policy: ratelimit.Policy{Name: p.Name}, fingerprint: p.Fingerprint(), identity: id},
+		{kind: 'A', epoch: 42, policy: ratelimit.Policy{Name: p.Name}, fingerprint: fingerprint(p), identity: id},
+		{kind: 'X', policy: ratelimit.Policy{Name: p.Name}, fingerprint: fingerprint(p), identity: id, grant: store.Grant{At: 1700000000123456}},
 		{kind: 'S', epoch: 42, policy: p, identity: id, valid: true, n: 3.5, confirmed: 77, state: st},
 	}
 }

@@ -269,7 +269,7 @@ func (l *Store) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratel
 				continue
 			}
 			d.Limit = req.Policy.Capacity()
-			d.Mode, d.Weight = ratelimit.ModeRedis, req.Weight
+			d.Mode = ratelimit.ModeRedis
 			ds[i] = d
 			if l.hooks.OnDecision != nil {
 				l.hooks.OnDecision(req, d, latency)

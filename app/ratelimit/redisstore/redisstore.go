@@ -315,7 +315,7 @@ func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit
 		return ratelimit.Decision{}, err
 	}
 	d.Limit = p.Capacity()
-	d.Mode, d.Weight = ratelimit.ModeRedis, req.Weight
+	d.Mode = ratelimit.ModeRedis
 	if l.hooks.OnDecision != nil {
 		l.hooks.OnDecision(req, d, latency)
 	}

@@ -177,13 +177,14 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 		}
 	}
 	for _, c := range calls {
-		keys := make([]string, 0, 2*len(c.parts))
-		args := make([]any, 0, 4+6*len(c.parts)+3*c.grants)
+		keys := make([]string, 0, 3*len(c.parts))
+		args := make([]any, 0, 4+7*len(c.parts)+3*c.grants)
 		args = append(args, now, MarkerTTL.Milliseconds(), len(c.parts), hashFlag(l.hashState))
 		for _, p := range c.parts {
-			keys = append(keys, p.state, p.mark)
+			keys = append(keys, p.state, p.mark, fenceKey(p.state))
 			field, token := markerField(p.marker)
-			args = append(args, p.policy.Limit, p.policy.WindowMicros(), p.policy.Capacity(), field, token, len(p.grants))
+			args = append(args, p.policy.Limit, p.policy.WindowMicros(), p.policy.Capacity(), field, token,
+				batches[p.batch].ResetsRead, len(p.grants))
 			for _, g := range p.grants {
 				args = append(args, g.At, g.Cost, g.ID)
 			}
@@ -227,6 +228,10 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 				continue
 			}
 			t := &results[p.batch]
+			if r.fenced {
+				errs[p.batch] = store.ErrFenced
+				continue
+			}
 			if r.Duplicate {
 				t.DuplicateUnits += p.units
 			} else {
@@ -254,17 +259,23 @@ func loadReplayScripts(ctx context.Context, client redis.Scripter) error {
 	return nil
 }
 
-func parseReplay(res []any) (store.ReplayResult, error) {
+// replayReply is one batch's part of a replay reply.
+type replayReply struct {
+	store.ReplayResult
+	fenced bool // the key was reset after the sender's last read of the log
+}
+
+func parseReplay(res []any) (replayReply, error) {
 	if len(res) != 4 {
-		return store.ReplayResult{}, fmt.Errorf("%w: replay reply of %d elements", ratelimit.ErrBadReply, len(res))
+		return replayReply{}, fmt.Errorf("%w: replay reply of %d elements", ratelimit.ErrBadReply, len(res))
 	}
 	var v [4]int64
 	for i, x := range res {
 		n, ok := x.(int64)
-		if !ok || n < 0 {
-			return store.ReplayResult{}, fmt.Errorf("%w: replay reply %v", ratelimit.ErrBadReply, res)
+		if !ok || n < 0 || i == 3 && n > 2 {
+			return replayReply{}, fmt.Errorf("%w: replay reply %v", ratelimit.ErrBadReply, res)
 		}
 		v[i] = n
 	}
-	return store.ReplayResult{Replayed: v[0], Dropped: v[1], Present: v[2], Duplicate: v[3] == 1}, nil
+	return replayReply{store.ReplayResult{Replayed: v[0], Dropped: v[1], Present: v[2], Duplicate: v[3] == 1}, v[3] == 2}, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -29,14 +28,21 @@ var resetLua string
 
 var (
 	resetScript = redis.NewScript(resetLua)
-	// delScript deletes its keys (of one hash tag), on any client.
-	delScript = redis.NewScript(`return redis.call('DEL', unpack(KEYS))`)
-	// readResetsScript returns the log's entries after ARGV[1], at most
-	// ARGV[2]; with ARGV[1] empty, only its last entry ({} when empty).
-	readResetsScript = redis.NewScript(`if ARGV[1] == '' then
-  return redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-end
-return redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], '+', 'COUNT', ARGV[2])`)
+	// fenceScript deletes the state keys KEYS[1..ARGV[1]] (of one hash
+	// tag) and sets each one's fence, KEYS[ARGV[1]+i], to the reset's time
+	// ARGV[2] for ARGV[3] ms: a replay of grants from before it is refused
+	// (lua/replay.lua).
+	fenceScript = redis.NewScript(`local n = tonumber(ARGV[1])
+redis.call('DEL', unpack(KEYS, 1, n))
+for i = n + 1, #KEYS do redis.call('SET', KEYS[i], ARGV[2], 'PX', ARGV[3]) end
+return n`)
+	// readResetsScript returns Redis' time (µs, a string) and the log's
+	// entries after ARGV[1] (from its start when empty), at most ARGV[2].
+	readResetsScript = redis.NewScript(`local t = redis.call('TIME')
+local now = t[1] .. string.format('%06d', tonumber(t[2]))
+local from = '-'
+if ARGV[1] ~= '' then from = '(' .. ARGV[1] end
+return {now, redis.call('XRANGE', KEYS[1], from, '+', 'COUNT', ARGV[2])}`)
 )
 
 // Bounds of the reset log.
@@ -48,11 +54,14 @@ const (
 // ResetLogKey is the stream of resets, in the fleet's hash slot.
 func (l *Store) ResetLogKey() string { return "{" + l.prefix + ":fleet}:resets" }
 
-// Reset lifts identity's limits under policies: it deletes the identity's
-// state under each of them (one DEL: the keys share the identity's hash
-// tag), then appends one entry per policy to the reset log. An error after
-// the delete says that the log was not written: the state is gone, but the
-// other instances were not told.
+// Reset lifts identity's limits under policies: it appends one entry per
+// policy to the reset log, with the reset's time (Redis TIME), then deletes
+// the identity's state under each of them and fences each key with that
+// time (one script: the keys share the identity's hash tag). The fence
+// (ResetLogTTL) refuses a replay of grants from before the reset by an
+// instance that has not read the log since (store.ErrFenced): the usage
+// the reset lifted never comes back. An error after the log says that the
+// state may not be deleted: send the reset again.
 func (l *Store) Reset(ctx context.Context, identity string, policies []ratelimit.Policy) error {
 	if err := ratelimit.ValidateKey(identity); err != nil {
 		return err
@@ -61,42 +70,54 @@ func (l *Store) Reset(ctx context.Context, identity string, policies []ratelimit
 		return fmt.Errorf("%w: no policy to reset", ratelimit.ErrInvalidRequest)
 	}
 	id := store.IdentityOf(identity)
-	keys := make([]string, len(policies))
+	keys := make([]string, 2*len(policies))
 	args := []any{ResetLogMax, ResetLogTTL.Milliseconds(), hex.EncodeToString(id[:]), len(policies)}
 	for i, p := range policies {
 		if err := p.Validate(); err != nil {
 			return err
 		}
 		keys[i] = l.keyOf(p, id)
+		keys[len(policies)+i] = fenceKey(keys[i])
 		args = append(args, p.Name, string(p.Algorithm), p.Limit, p.WindowMicros(), p.Capacity())
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
-	if err := delScript.Run(callCtx, l.client, keys).Err(); err != nil {
-		return fmt.Errorf("reset: delete: %w", classify(ctx, err))
-	}
-	if err := resetScript.Run(callCtx, l.client, []string{l.ResetLogKey()}, args...).Err(); err != nil {
+	at, err := resetScript.Run(callCtx, l.client, []string{l.ResetLogKey()}, args...).Text()
+	if err != nil {
 		return fmt.Errorf("reset: log: %w", classify(ctx, err))
+	}
+	if err := fenceScript.Run(callCtx, l.client, keys, len(policies), at, ResetLogTTL.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("reset: delete: %w", classify(ctx, err))
 	}
 	return nil
 }
 
+// fenceKey is the key that holds the time of the last reset of the state
+// key k (same hash tag).
+func fenceKey(k string) string { return k + ":reset" }
+
 // ReadResets calls apply for each reset logged after the entry after, in
-// order, and returns the id of the last entry read (after itself when there
-// is none), to pass as after next time. With after empty it only finds where
-// the log ends ("0-0" when it is empty): an instance that starts holds
-// nothing a reset made before it could clear. An entry that does not parse
-// is skipped.
-func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity)) (string, error) {
+// order, with the reset's time, and returns the id of the last entry read
+// (after itself when there is none), to pass as after next time, and Redis'
+// time of the read (µs). With after empty it reads the log from its start:
+// an instance that starts may have reloaded a journal of grants from before
+// a reset it has not seen. An entry that does not parse is skipped.
+func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity, int64)) (string, int64, error) {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
-	res, err := readResetsScript.Run(callCtx, l.client, []string{l.ResetLogKey()}, after, ResetLogMax).Slice()
+	reply, err := readResetsScript.Run(callCtx, l.client, []string{l.ResetLogKey()}, after, ResetLogMax).Slice()
 	if err != nil {
-		if errors.Is(err, redis.Nil) {
-			res, err = nil, nil
-		} else {
-			return after, fmt.Errorf("read resets: %w", classify(ctx, err))
-		}
+		return after, 0, fmt.Errorf("read resets: %w", classify(ctx, err))
+	}
+	var read int64
+	var res []any
+	if len(reply) == 2 {
+		s, _ := reply[0].(string)
+		read, err = strconv.ParseInt(s, 10, 64)
+		res, _ = reply[1].([]any)
+	}
+	if len(reply) != 2 || err != nil || read <= 0 {
+		return after, 0, fmt.Errorf("%w: reset log read %v", ratelimit.ErrBadReply, reply)
 	}
 	last := after
 	if last == "" {
@@ -105,39 +126,37 @@ func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelim
 	for _, x := range res {
 		e, ok := x.([]any)
 		if !ok || len(e) != 2 {
-			return last, fmt.Errorf("%w: reset log entry %v", ratelimit.ErrBadReply, x)
+			return last, read, fmt.Errorf("%w: reset log entry %v", ratelimit.ErrBadReply, x)
 		}
 		entryID, ok1 := e[0].(string)
 		fields, ok2 := e[1].([]any)
 		if !ok1 || !ok2 {
-			return last, fmt.Errorf("%w: reset log entry %v", ratelimit.ErrBadReply, x)
+			return last, read, fmt.Errorf("%w: reset log entry %v", ratelimit.ErrBadReply, x)
 		}
 		last = entryID
-		if after == "" {
-			continue // only where the log ends
-		}
-		if p, id, ok := parseReset(fields); ok {
-			apply(p, id)
+		if p, id, at, ok := parseReset(fields); ok {
+			apply(p, id, at)
 		}
 	}
-	return last, nil
+	return last, read, nil
 }
 
-// parseReset reads one reset log entry's fields (lua/reset.lua).
-func parseReset(fields []any) (ratelimit.Policy, store.Identity, bool) {
+// parseReset reads one reset log entry's fields (lua/reset.lua): its
+// policy, identity and time.
+func parseReset(fields []any) (ratelimit.Policy, store.Identity, int64, bool) {
 	f := make(map[string]string, len(fields)/2)
 	for i := 0; i+1 < len(fields); i += 2 {
 		k, ok1 := fields[i].(string)
 		v, ok2 := fields[i+1].(string)
 		if !ok1 || !ok2 {
-			return ratelimit.Policy{}, store.Identity{}, false
+			return ratelimit.Policy{}, store.Identity{}, 0, false
 		}
 		f[k] = v
 	}
 	var id store.Identity
 	b, err := hex.DecodeString(f["id"])
 	if err != nil || len(b) != len(id) {
-		return ratelimit.Policy{}, store.Identity{}, false
+		return ratelimit.Policy{}, store.Identity{}, 0, false
 	}
 	copy(id[:], b)
 	alg, err := ratelimit.ParseAlgorithm(f["algorithm"])
@@ -145,14 +164,15 @@ func parseReset(fields []any) (ratelimit.Policy, store.Identity, bool) {
 	window, err2 := strconv.ParseInt(f["window"], 10, 64)
 	capacity, err3 := strconv.ParseInt(f["capacity"], 10, 64)
 	if err != nil || err1 != nil || err2 != nil || err3 != nil {
-		return ratelimit.Policy{}, store.Identity{}, false
+		return ratelimit.Policy{}, store.Identity{}, 0, false
 	}
 	p := ratelimit.Policy{Name: f["policy"], Algorithm: alg, Limit: limit, Window: time.Duration(window) * time.Microsecond}
 	if alg == ratelimit.TokenBucket || alg == ratelimit.GCRA {
 		p.Burst = capacity
 	}
-	if p.Validate() != nil || p.Capacity() != capacity {
-		return ratelimit.Policy{}, store.Identity{}, false
+	at, err := strconv.ParseInt(f["at"], 10, 64)
+	if p.Validate() != nil || p.Capacity() != capacity || err != nil {
+		return ratelimit.Policy{}, store.Identity{}, 0, false
 	}
-	return p, id, true
+	return p, id, at, true
 }

@@ -48,9 +48,19 @@ func TestReset(t *testing.T) {
 	read := func(after string) (string, []logged) {
 		t.Helper()
 		var got []logged
-		last, err := l.ReadResets(ctx, after, func(p ratelimit.Policy, id store.Identity) { got = append(got, logged{p, id}) })
+		var prev int64
+		last, at, err := l.ReadResets(ctx, after, func(p ratelimit.Policy, id store.Identity, at int64) {
+			if at < prev || at <= 0 {
+				t.Errorf("reset of %s at %d, after one at %d", p.Name, at, prev)
+			}
+			prev = at
+			got = append(got, logged{p, id})
+		})
 		if err != nil {
 			t.Fatal(err)
+		}
+		if at < prev {
+			t.Errorf("read at %d, before a reset at %d", at, prev)
 		}
 		return last, got
 	}
@@ -87,8 +97,8 @@ func TestReset(t *testing.T) {
 	if again, got := read(last); again != last || got != nil {
 		t.Errorf("read again: %q %v, want %q and nothing", again, got, last)
 	}
-	if end, _ := read(""); end != last {
-		t.Errorf("the log's end: %q, want %q", end, last)
+	if end, all := read(""); end != last || !slices.Equal(all, want) {
+		t.Errorf("read from the log's start: %q %+v, want %q %+v", end, all, last, want)
 	}
 	if ttl, err := c.PTTL(ctx, l.ResetLogKey()).Result(); err != nil || ttl <= 0 || ttl > redisstore.ResetLogTTL {
 		t.Errorf("the log's TTL: %v %v, want at most %v", ttl, err, redisstore.ResetLogTTL)
@@ -101,6 +111,44 @@ func TestReset(t *testing.T) {
 	} {
 		if !errors.Is(err, ratelimit.ErrInvalidRequest) && !errors.Is(err, ratelimit.ErrInvalidPolicy) {
 			t.Errorf("%s: %v, want an invalid request or policy", name, err)
+		}
+	}
+}
+
+// TestReplayAfterAResetIsFenced: a replay batch sent by an instance that
+// last read the reset log before the key's reset is refused with
+// store.ErrFenced and changes nothing, for every algorithm; sent again
+// once the log is read, it is applied.
+func TestReplayAfterAResetIsFenced(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	l := redisstore.New(newClient(t, srv.Addr()))
+	ctx := context.Background()
+	for _, alg := range ratelimit.Algorithms {
+		p := ratelimit.Policy{Name: "fence-" + string(alg), Algorithm: alg, Limit: 10, Window: time.Hour}
+		_, before, err := l.ReadResets(ctx, "", func(ratelimit.Policy, store.Identity, int64) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Reset(ctx, "k:f", []ratelimit.Policy{p}); err != nil {
+			t.Fatal(err)
+		}
+		batch := store.ReplayBatch{Policy: p, Identity: store.IdentityOf("k:f"), Marker: "app1:1",
+			Grants: []store.Grant{{At: time.Now().UnixMicro(), Cost: 3, ID: "g1"}}, ResetsRead: before}
+		_, errs := l.Replay(ctx, []store.ReplayBatch{batch})
+		if !errors.Is(errs[0], store.ErrFenced) {
+			t.Fatalf("%s: a replay that knew no reset: %v, want ErrFenced", alg, errs[0])
+		}
+		d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k:f", ReadOnly: true})
+		if err != nil || d.Remaining != 10 {
+			t.Fatalf("%s after the fenced replay: %+v %v, want 10 left", alg, d, err)
+		}
+		_, batch.ResetsRead, err = l.ReadResets(ctx, "", func(ratelimit.Policy, store.Identity, int64) {})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, errs := l.Replay(ctx, []store.ReplayBatch{batch})
+		if errs[0] != nil || res[0].Replayed != 3 {
+			t.Fatalf("%s: the replay after reading the log: %+v %v, want 3 replayed", alg, res[0], errs[0])
 		}
 	}
 }

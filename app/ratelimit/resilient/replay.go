@@ -6,6 +6,7 @@ package resilient
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 
@@ -22,10 +23,35 @@ import (
 func (l *Limiter) replayJournal(ctx context.Context) error {
 	l.replay.Lock()
 	defer l.replay.Unlock()
+	// The resets logged while this instance was away first: its grants
+	// from before a reset are usage the reset lifted. A reset logged after
+	// this read fences its key (store.ErrFenced): read again, and send
+	// what the reset left.
+	for range maxFencedPasses - 1 {
+		if err := l.replayPass(ctx); !errors.Is(err, store.ErrFenced) {
+			return err
+		}
+	}
+	return l.replayPass(ctx)
+}
+
+// maxFencedPasses bounds the passes of one replay that resets made
+// meanwhile refuse (each pass reads the reset log first).
+const maxFencedPasses = 3
+
+// replayPass reads the reset log, then sends the journal (replayJournal).
+func (l *Limiter) replayPass(ctx context.Context) error {
+	if err := l.readResets(ctx); err != nil {
+		return fmt.Errorf("read the reset log: %w", err)
+	}
+	read := l.resets.read.Load()
 	through := l.journal.Rotate()
 	pending, snaps := l.journal.Pending(through)
 	if len(pending) == 0 {
 		return nil
+	}
+	for i := range pending {
+		pending[i].ResetsRead = read
 	}
 	// The store's clock now, at the earliest it can read (netOfRefill).
 	now := l.storeNow() - l.offset.load().errUS

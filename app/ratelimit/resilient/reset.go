@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,8 +33,11 @@ const maxReapply = 4096
 // resets is a Limiter's part of the fleet's resets.
 type resets struct {
 	// after is the id of the last reset log entry read; "" until the
-	// first read. Owned by the loop goroutine (heartbeats).
-	after   string
+	// first read. Owned by the loop goroutine (heartbeats, replays).
+	after string
+	// read is the store's time (µs) of the last read of the log, every
+	// reset read then applied: a replay's store.ReplayBatch.ResetsRead.
+	read    atomic.Int64
 	applied atomic.Uint64
 
 	mu sync.Mutex
@@ -71,7 +75,8 @@ func (l *Limiter) Reset(ctx context.Context, identity string, policies ...rateli
 	}
 	id := store.IdentityOf(identity)
 	for _, p := range policies {
-		l.forget(p, id)
+		// Every grant journaled so far is from before the reset.
+		l.forget(p, id, math.MaxInt64)
 		l.reapplyLater(p, id)
 	}
 	res := ResetResult{Fleet: true}
@@ -99,8 +104,7 @@ func (l *Limiter) Reset(ctx context.Context, identity string, policies ...rateli
 // pollResets applies the resets logged since the last read (the heartbeat
 // calls it), and the second applications that are due.
 func (l *Limiter) pollResets(ctx context.Context) {
-	r, ok := l.store.(store.Resetter)
-	if !ok {
+	if _, ok := l.store.(store.Resetter); !ok {
 		return
 	}
 	now := l.clock.now()
@@ -117,24 +121,41 @@ func (l *Limiter) pollResets(ctx context.Context) {
 	l.resets.again = kept
 	l.resets.mu.Unlock()
 	for _, a := range due {
-		l.forget(a.policy, a.identity)
+		l.forgetRefusal(a.policy, a.identity)
+	}
+	_ = l.readResets(ctx)
+}
+
+// readResets applies the resets logged since the last read and records the
+// store's time of the read (resets.read).
+func (l *Limiter) readResets(ctx context.Context) error {
+	r, ok := l.store.(store.Resetter)
+	if !ok {
+		return nil
 	}
 	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-	after, err := r.ReadResets(callCtx, l.resets.after, l.applyReset)
+	after, read, err := r.ReadResets(callCtx, l.resets.after, l.applyReset)
 	cancel()
 	if after != "" {
 		l.resets.after = after
 	}
-	if err != nil && ctx.Err() == nil {
-		l.cfg.Logger.Debug("reading the reset log", "error", err.Error())
+	if err != nil {
+		if ctx.Err() == nil {
+			l.cfg.Logger.Debug("reading the reset log", "error", err.Error())
+		}
+		return err
 	}
+	l.resets.read.Store(read)
+	return nil
 }
 
-// applyReset applies a reset read from the log: it forgets what this
-// instance holds of identity id under policy p, now and once more a Timeout
-// later.
-func (l *Limiter) applyReset(p ratelimit.Policy, id store.Identity) {
-	l.forget(p, id)
+// applyReset applies a reset made at store time at, read from the log: it
+// forgets what this instance holds of identity id under policy p and the
+// grants it journaled before at, and forgets once more, a Timeout later,
+// a refusal that a reply to a decision sent before the reset may bring
+// back.
+func (l *Limiter) applyReset(p ratelimit.Policy, id store.Identity, at int64) {
+	l.forget(p, id, at)
 	l.resets.applied.Add(1)
 	l.reapplyLater(p, id)
 }
@@ -151,11 +172,14 @@ func (l *Limiter) reapplyLater(p ratelimit.Policy, id store.Identity) {
 }
 
 // forget empties the key's entry, as if it had never been seen: no cached
-// refusal, no snapshot, a fresh fallback share. In place, not removed: a
+// refusal, no snapshot, a fresh fallback share; and drops the grants it
+// journaled at or before through (store µs). In place, not removed: a
 // removal would count as an eviction.
-func (l *Limiter) forget(p ratelimit.Policy, id store.Identity) {
-	// Its local grants are usage the reset lifts: not to be replayed.
-	l.journal.Drop(p, id)
+func (l *Limiter) forget(p ratelimit.Policy, id store.Identity, through int64) {
+	// Its local grants from before the reset are usage the reset lifts:
+	// not to be replayed. Those made after it (a cut-off instance hears of
+	// a reset only once it is back) are usage it did not lift.
+	l.journal.Drop(p, id, through)
 	k := l.keyOfIdentity(p, id)
 	sh := l.keys.shard(k)
 	sh.mu.Lock()
@@ -163,4 +187,30 @@ func (l *Limiter) forget(p ratelimit.Policy, id store.Identity) {
 		*e = entry{}
 	}
 	sh.mu.Unlock()
+	if f := l.onForget.Load(); f != nil {
+		(*f)(p, id)
+	}
+}
+
+// forgetRefusal drops the key's cached refusal: the second application of
+// a reset, for a reply to a decision sent before it that came back after
+// the first. The key's journal and local share stay: what it granted since
+// the reset is real usage, and a second fresh share would grant the reset's
+// quota twice.
+func (l *Limiter) forgetRefusal(p ratelimit.Policy, id store.Identity) {
+	k := l.keyOfIdentity(p, id)
+	sh := l.keys.shard(k)
+	sh.mu.Lock()
+	if e, ok := sh.lru.Peek(k); ok {
+		e.refusedUntil, e.refusedCost, e.refusedW = 0, 0, ratelimit.Weight{}
+		e.resendID, e.resendUntil = "", 0
+	}
+	sh.mu.Unlock()
+}
+
+// OnForget has f called whenever this instance forgets what it holds of a
+// key (a reset), so that a layer above it forgets its own (package lease:
+// the key's lease). f must not block.
+func (l *Limiter) OnForget(f func(ratelimit.Policy, store.Identity)) {
+	l.onForget.Store(&f)
 }

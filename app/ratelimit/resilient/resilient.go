@@ -97,6 +97,7 @@ type Limiter struct {
 	lateReplies bool
 	late        lateBook
 	resets      resets // reset.go
+	onForget    atomic.Pointer[func(ratelimit.Policy, store.Identity)]
 
 	stats struct {
 		storeDecisions, localDecisions, cachedRefusals atomic.Uint64

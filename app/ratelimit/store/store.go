@@ -12,6 +12,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
@@ -111,7 +112,17 @@ type Raiser interface {
 // ReadResets hands the resets logged after a cursor to every instance
 // (apply is called for each) and returns the new cursor. Without it, a
 // resilient.Limiter's Reset holds on its own instance only.
+//
+// A reset's time is the store's (µs) when it was logged; apply gets it, so
+// that an instance drops from its journal only the grants made before the
+// reset. ReadResets also returns the store's time of the read, for
+// ReplayBatch.ResetsRead.
 type Resetter interface {
 	Reset(ctx context.Context, identity string, policies []ratelimit.Policy) error
-	ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, Identity)) (string, error)
+	ReadResets(ctx context.Context, after string, apply func(p ratelimit.Policy, id Identity, at int64)) (cursor string, read int64, err error)
 }
+
+// ErrFenced is a replay batch's error from a store that keeps resets: its
+// key was reset after the batch's ResetsRead. Read the reset log again,
+// apply it to the journal, and send what is left.
+var ErrFenced = errors.New("store: the key was reset after the resets the replay knew of")

@@ -36,6 +36,12 @@ type ReplayBatch struct {
 	Identity Identity
 	Marker   string
 	Grants   []Grant
+	// ResetsRead is the store time (µs) of the sender's last read of the
+	// fleet's reset log, every reset read then applied to its journal
+	// (journal.Journal.Drop). A store that keeps resets refuses, with
+	// ErrFenced, a batch of a key reset after it: its grants from before
+	// that reset would bring back the usage the reset lifted.
+	ResetsRead int64
 }
 
 // ReplayResult says what the store did with a batch.
