@@ -71,10 +71,20 @@ func (c *Compose) Name() string { return "compose" }
 // Unsupported implements Stack: the compose stack injects every fault of
 // the single-Redis topology.
 func (c *Compose) Unsupported(needs string) string {
-	if needs == NeedsSentinel || needs == NeedsCluster {
+	switch needs {
+	case NeedsSentinel, NeedsCluster:
 		return "the compose stack's " + needs + " topology is not in the chaos suite yet (make chaos-local runs it)"
+	case NeedsResetPartition:
+		return "the compose stack publishes no app port, and the reset keys' requests go straight to app1 (make chaos-local runs it)"
+	case NeedsReload:
+		return "the compose stack's apps share one bind-mounted policy file, so a change reaches them all at once (make chaos-local runs it)"
 	}
 	return ""
+}
+
+// SetPolicies implements Stack: not on the compose stack (Unsupported).
+func (c *Compose) SetPolicies(context.Context, string, string) (string, error) {
+	return "", &UnsupportedError{Fault: NeedsReload, Reason: c.Unsupported(NeedsReload)}
 }
 
 // Up implements Stack: make down (volumes are kept), make up (waits until

@@ -37,6 +37,9 @@ type Local struct {
 	reniced bool
 	// direct: the apps dial Redis itself, not their fault proxies (Up).
 	direct bool
+	// policyDir holds each app's own policy file, <app>.json (Up with
+	// NeedsReload); "" when they share one.
+	policyDir string
 }
 
 // NewLocal returns the native stack of the repository at root; command
@@ -92,6 +95,15 @@ func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 		// for it (the demo's would refuse most of it).
 		r.env = append(r.env, "LOCAL_POLICY_FILE="+filepath.Join(l.r.root, PolicyFile))
 	}
+	l.policyDir = ""
+	if needs == NeedsReload {
+		dir, err := l.newPolicyDir()
+		if err != nil {
+			return Info{}, err
+		}
+		l.policyDir = dir
+		r.env = append(r.env, "LOCAL_POLICY_DIR="+dir)
+	}
 	if os.Getenv("LOCAL_RLS_CONFIG_DIR") == "" {
 		r.env = append(r.env, "LOCAL_RLS_CONFIG_DIR="+filepath.Join(l.r.root, RLSConfigDir))
 	}
@@ -100,7 +112,7 @@ func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 	// The apps reach Redis through their fault proxies only when the fault
 	// needs them: elsewhere the proxy's hop is not the deployment's (the
 	// compose stack has none), and it took a sixth of a CPU under the load.
-	l.direct = needs != NeedsLatency && needs != NeedsPartition
+	l.direct = needs != NeedsLatency && needs != NeedsPartition && needs != NeedsResetPartition
 	if l.direct {
 		r.env = append(r.env, "LOCAL_REDIS_DIRECT=1")
 	} else {

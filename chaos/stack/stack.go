@@ -121,6 +121,12 @@ type Stack interface {
 	SetClock(ctx context.Context, app string, offset time.Duration) error
 	// Status returns an app's admin /status body.
 	Status(ctx context.Context, app string) ([]byte, error)
+	// SetPolicies gives app the policy file at path (relative to the
+	// repository, or absolute) and has it re-read its policies (SIGHUP),
+	// and returns the policy version it reports once it has (its
+	// /status), or why it kept the ones in force. The other apps keep
+	// theirs. Needs a stack started with NeedsReload.
+	SetPolicies(ctx context.Context, app, path string) (version string, err error)
 	// Unsupported says why a fault ("latency", ...) cannot be injected on
 	// this stack; "" if it can.
 	Unsupported(fault string) string

@@ -43,7 +43,15 @@ const (
 const (
 	NeedsLatency   = "latency"
 	NeedsPartition = "partition"
+	// NeedsResetPartition is reset-partition's: the proxy of a partition,
+	// and each app's own URL, to which the scenario sends its reset keys'
+	// requests (the compose stack publishes no app port).
+	NeedsResetPartition = "reset-partition"
 )
+
+// NeedsReload (Stack.Up) gives each app a policy file of its own, so that
+// a policy change reaches the instances one at a time (Stack.SetPolicies).
+const NeedsReload = "reload"
 
 // nodeAt returns the data node listening on addr.
 func nodeAt(info Info, addr string) (Node, error) {

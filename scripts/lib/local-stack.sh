@@ -63,6 +63,9 @@
 #   (proxy appN-redis on base+N, proxy replication on base+9)
 #   REDIS_PASSWORD (default: requirepass in redis/redis.conf)
 #   LOCAL_POLICY_FILE (optional JSON policy file, passed to the apps as RL_POLICY_FILE)
+#   LOCAL_POLICY_DIR (optional, with LOCAL_POLICY_FILE: each app reads its own policy file,
+#   <dir>/<app>.json, a copy of LOCAL_POLICY_FILE made when the app starts and the copy is
+#   missing; the chaos suite's reload-under-load changes them one app at a time)
 #   LOCAL_STATIC_PORT=8070 (the static site)  LOCAL_RLS_PORT=8090 (nginx's gRPC listener)
 #   LOCAL_GRPC_PORT_BASE=7080 (appN's RL_GRPC_ADDR on base+N)
 #   LOCAL_RLS_CONFIG_DIR (default envoy/ratelimit: the apps' RL_RLS_CONFIG_DIR, a directory
@@ -136,6 +139,7 @@ ls_load_settings() {
     LOCAL_READY_TIMEOUT=${LOCAL_READY_TIMEOUT:-30}
     LOCAL_REDIS_TIMEOUT=${LOCAL_REDIS_TIMEOUT:-50ms}
     LOCAL_POLICY_FILE=${LOCAL_POLICY_FILE:-}
+    LOCAL_POLICY_DIR=${LOCAL_POLICY_DIR:-}
     LOCAL_PROMETHEUS=${LOCAL_PROMETHEUS:-auto}
     LOCAL_PROMETHEUS_PORT=${LOCAL_PROMETHEUS_PORT:-9089}
     case $LOCAL_PROMETHEUS in
@@ -154,6 +158,11 @@ ls_load_settings() {
     if [[ -n $LOCAL_POLICY_FILE ]]; then
         [[ -f $LOCAL_POLICY_FILE ]] || ls_die "LOCAL_POLICY_FILE=$LOCAL_POLICY_FILE: no such file"
         LOCAL_POLICY_FILE=$(cd "$(dirname "$LOCAL_POLICY_FILE")" && pwd)/$(basename "$LOCAL_POLICY_FILE")
+    fi
+    if [[ -n $LOCAL_POLICY_DIR ]]; then
+        [[ -n $LOCAL_POLICY_FILE ]] || ls_die "LOCAL_POLICY_DIR needs LOCAL_POLICY_FILE (the apps' first policies)"
+        mkdir -p "$LOCAL_POLICY_DIR"
+        LOCAL_POLICY_DIR=$(cd "$LOCAL_POLICY_DIR" && pwd)
     fi
     if [[ -z ${REDIS_PASSWORD:-} ]]; then
         REDIS_PASSWORD=$(awk '$1 == "requirepass" { print $2; exit }' "$LS_ROOT/redis/redis.conf")
@@ -187,7 +196,7 @@ ls_save_settings() {
         local v
         for v in LOCAL_TOPOLOGY LOCAL_HOST LOCAL_NGINX_PORT LOCAL_REDIS_PORT LOCAL_PROXY_API_PORT \
             LOCAL_APP_PORT_BASE LOCAL_ADMIN_PORT_BASE LOCAL_VIA_PORT_BASE LOCAL_SENTINEL_PORT_BASE \
-            LOCAL_READY_TIMEOUT LOCAL_REDIS_TIMEOUT LOCAL_POLICY_FILE REDIS_PASSWORD \
+            LOCAL_READY_TIMEOUT LOCAL_REDIS_TIMEOUT LOCAL_POLICY_FILE LOCAL_POLICY_DIR REDIS_PASSWORD \
             RL_API_KEY_SECRET LOCAL_REDIS_DIRECT LOCAL_LOG_LEVEL LOCAL_GOMAXPROCS \
             LOCAL_PROMETHEUS LOCAL_PROMETHEUS_PORT LOCAL_STATIC_PORT LOCAL_RLS_PORT LOCAL_GRPC_PORT_BASE \
             LOCAL_RLS_CONFIG_DIR; do
@@ -561,8 +570,13 @@ ls_start_app() {
         envs+=("RL_REDIS_ADDRS=$(ls_addrs "${REDIS_NODES[@]}")" "RL_REDIS_PASSWORD=$REDIS_PASSWORD")
         ;;
     esac
-    if [[ -n $LOCAL_POLICY_FILE ]]; then
-        envs+=("RL_POLICY_FILE=$LOCAL_POLICY_FILE")
+    local policy=$LOCAL_POLICY_FILE
+    if [[ -n $LOCAL_POLICY_DIR ]]; then
+        policy=$LOCAL_POLICY_DIR/$a.json
+        [[ -f $policy ]] || cp "$LOCAL_POLICY_FILE" "$policy"
+    fi
+    if [[ -n $policy ]]; then
+        envs+=("RL_POLICY_FILE=$policy")
     fi
     # -u: settings from the caller's environment that would change the topology.
     ls_spawn "$a" env -u RL_REDIS_URL -u RL_REDIS_ADDRS -u RL_REDIS_MASTER_NAME \
