@@ -29,28 +29,46 @@ func analyze(rep *report.Report, reqs []invariant.Request) {
 		FailedAtMS:   failedAt(rep.Events),
 		Statuses:     rep.Statuses,
 		NoFault:      rep.NoFault,
+		Events:       rep.Events,
+		Changes:      changesOf(rep),
+	}
+	if _, ok := in.Policies[LeaseRoute]; ok {
+		in.LeaseRoutes = []string{LeaseRoute}
 	}
 	rep.Invariants = invariant.Check(in)
+	rep.ResetChecks = invariant.ResetChecks(reqs, rep.Phases, in.Policies, rep.Events)
 	rep.Failover, _ = invariant.Failover(reqs, rep.Phases, rep.Affected, in.FailedAtMS)
 	rep.Totals = invariant.ComputeTotals(reqs, rep.Phases)
 }
 
-// readUncounted reads every instance's uncounted_requests from its
-// /status; an instance that does not answer is left out.
-func readUncounted(ctx context.Context, st stack.Stack, info stack.Info) map[string]float64 {
-	out := map[string]float64{}
+// readPhaseStatus reads every instance's uncounted_requests and lease
+// counters from its /status; an instance that does not answer is left out
+// (of the leases also one without lease counters).
+func readPhaseStatus(ctx context.Context, st stack.Stack, info stack.Info) (map[string]float64, map[string]invariant.LeaseCounters) {
+	counted := map[string]float64{}
+	leases := map[string]invariant.LeaseCounters{}
 	for _, a := range info.AppNames() {
 		c, cancel := context.WithTimeout(ctx, 2*time.Second)
 		b, err := st.Status(c, a)
 		cancel()
 		var body struct {
-			Uncounted *float64 `json:"uncounted_requests"`
+			Uncounted *float64                 `json:"uncounted_requests"`
+			Lease     *invariant.LeaseCounters `json:"lease"`
 		}
-		if err == nil && json.Unmarshal(b, &body) == nil && body.Uncounted != nil {
-			out[a] = *body.Uncounted
+		if err != nil || json.Unmarshal(b, &body) != nil {
+			continue
+		}
+		if body.Uncounted != nil {
+			counted[a] = *body.Uncounted
+		}
+		if body.Lease != nil {
+			leases[a] = *body.Lease
 		}
 	}
-	return out
+	if len(leases) == 0 {
+		leases = nil
+	}
+	return counted, leases
 }
 
 // DrainWait bounds how long, after the load stops, the suite waits for every

@@ -12,8 +12,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -199,6 +201,53 @@ func AlgorithmOf(route, policyName string) string {
 	return ""
 }
 
+// judgedPolicy is a learned policy as the invariants judge it: the
+// algorithm from the route or the policy's name; for token bucket and
+// GCRA the header's quota is the capacity, refilled over the window.
+func judgedPolicy(route string, p loadtest.Policy) (invariant.Policy, error) {
+	alg := AlgorithmOf(route, p.Name)
+	if alg == "" {
+		return invariant.Policy{}, fmt.Errorf("route %s: cannot tell its algorithm (policy %q)", route, p.Name)
+	}
+	ip := invariant.Policy{Name: p.Name, Algorithm: alg, Limit: p.Quota, Window: p.Window}
+	if alg == ideal.TokenBucket || alg == ideal.GCRA {
+		ip.Capacity = p.Quota
+	}
+	return ip, nil
+}
+
+// relearn learns the routes' policies again once the load has stopped: a
+// route whose policy changed during the run gets the new one in
+// rep.Policies, with the one it had before as its Earlier. A route that
+// cannot be learned keeps what it had (the log says why).
+func relearn(ctx context.Context, cfg Config, info stack.Info, client *http.Client, rep *report.Report) {
+	var learned map[string]loadtest.Policy
+	err := retry(ctx, 5*time.Second, func() error {
+		var err error
+		learned, err = loadtest.LearnRoutes(ctx, client, cfg.rls, info.NginxURL, cfg.Routes, rep.RunID+"-end", cfg.APIKeySecret)
+		return err
+	})
+	if err != nil {
+		fmt.Fprintf(cfg.Log, "chaos: learning the policies after the run: %v (the first ones stay)\n", err)
+		return
+	}
+	for route, p := range learned {
+		ip, err := judgedPolicy(route, p)
+		old, ok := rep.Policies[route]
+		if err != nil || !ok {
+			continue
+		}
+		now := report.PolicyOf(ip)
+		if reflect.DeepEqual(now, old) {
+			continue
+		}
+		earlier := old
+		now.Earlier = &earlier
+		rep.Policies[route] = now
+		fmt.Fprintf(cfg.Log, "    %s: policy changed during the run\n", route)
+	}
+}
+
 // scenarioRun holds one scenario's streams.
 type scenarioRun struct {
 	dir    string
@@ -212,12 +261,25 @@ type scenarioRun struct {
 	cpuOK  bool
 	log    io.Writer
 	prog   *progress.Reporter
-	// uncounted reads every instance's uncounted_requests (nil: none).
-	uncounted func() map[string]float64
+	// status reads every instance's uncounted_requests and lease counters
+	// (nil: none).
+	status func() (map[string]float64, map[string]invariant.LeaseCounters)
 }
 
 func (s *scenarioRun) event(name, detail string) {
-	e := invariant.Event{TMS: loadtest.UnixMS(time.Now()), Event: name, Detail: detail}
+	s.action(invariant.Event{Event: name, Detail: detail})
+}
+
+// action records e, at the time it is called.
+func (s *scenarioRun) action(e invariant.Event) {
+	e.TMS = loadtest.UnixMS(time.Now())
+	name, detail := e.Event, e.Detail
+	if e.Instance != "" {
+		detail = e.Instance + ": " + detail
+	}
+	if e.Key != "" {
+		detail = e.Key + " " + detail
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.events = append(s.events, e)
@@ -245,13 +307,16 @@ func (s *scenarioRun) phase(name string) {
 	}
 	s.cpuAt, s.cpuOK = cpu, cpuOK
 	s.mu.Unlock()
-	var counted map[string]float64
-	if name != "" && s.uncounted != nil {
-		counted = s.uncounted()
+	var (
+		counted map[string]float64
+		leases  map[string]invariant.LeaseCounters
+	)
+	if name != "" && s.status != nil {
+		counted, leases = s.status()
 	}
 	s.mu.Lock()
 	if name != "" {
-		s.phases = append(s.phases, invariant.Phase{Name: name, StartMS: now, Uncounted: counted})
+		s.phases = append(s.phases, invariant.Phase{Name: name, StartMS: now, Uncounted: counted, Leases: leases})
 	}
 	s.mu.Unlock()
 	s.prog.Phase(name)
@@ -350,6 +415,13 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 	if rls != nil {
 		defer rls.Close()
 	}
+	env := &Env{Stack: cfg.Stack, Info: info, Event: run.event, Action: run.action, Client: client,
+		RunID: rep.RunID, APIKeySecret: strings.Split(cfg.APIKeySecret, ",")[0]}
+	if sc.Setup != nil {
+		if err := sc.Setup(ctx, env); err != nil {
+			return nil, fmt.Errorf("setting the scenario up: %w", err)
+		}
+	}
 	var learned map[string]loadtest.Policy
 	err = retry(ctx, 10*time.Second, func() error {
 		var err error
@@ -359,18 +431,12 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 	if err != nil {
 		return nil, fmt.Errorf("learning the policies: %w", err)
 	}
-	policies := map[string]invariant.Policy{}
 	window := time.Duration(0)
 	for route, p := range learned {
-		alg := AlgorithmOf(route, p.Name)
-		if alg == "" {
-			return nil, fmt.Errorf("route %s: cannot tell its algorithm (policy %q)", route, p.Name)
+		ip, err := judgedPolicy(route, p)
+		if err != nil {
+			return nil, err
 		}
-		ip := invariant.Policy{Name: p.Name, Algorithm: alg, Limit: p.Quota, Window: p.Window}
-		if alg == ideal.TokenBucket || alg == ideal.GCRA {
-			ip.Capacity = p.Quota // the header's q is the capacity; refilled over the window
-		}
-		policies[route] = ip
 		rep.Policies[route] = report.PolicyOf(ip)
 		window = max(window, p.Window)
 	}
@@ -399,9 +465,25 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 	defer reqF.Close()
 	reqW := bufio.NewWriterSize(reqF, 1<<16)
 	var (
+		recordMu sync.Mutex
 		records  []loadtest.Record
 		writeErr error
 	)
+	// record logs one request: the load's, from its collector goroutine,
+	// and the scenario's own (Env.Record).
+	record := func(r loadtest.Record) {
+		cfg.Progress.Record(r)
+		b, err := json.Marshal(r)
+		recordMu.Lock()
+		defer recordMu.Unlock()
+		records = append(records, r)
+		if err == nil {
+			_, err = reqW.Write(append(b, '\n'))
+		}
+		if err != nil && writeErr == nil {
+			writeErr = err
+		}
+	}
 	total := d.Warmup + d.Healthy + max(d.Fault, d.Flap) + d.Recovery + d.Settle + 2*time.Minute
 	loadCtx, stopLoad := context.WithCancel(ctx)
 	defer stopLoad()
@@ -421,23 +503,16 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 			Client:       client,
 			RLS:          cfg.rls,
 			AbortShare:   sc.AbortShare,
-			OnRecord: func(r loadtest.Record) {
-				cfg.Progress.Record(r)
-				records = append(records, r)
-				b, err := json.Marshal(r)
-				if err == nil {
-					_, err = reqW.Write(append(b, '\n'))
-				}
-				if err != nil && writeErr == nil {
-					writeErr = err
-				}
-			},
+			OnRecord:     record,
 		})
 		loadDone <- err
 	}()
 
-	run.uncounted = func() map[string]float64 { return readUncounted(ctx, cfg.Stack, info) }
-	env := &Env{Stack: cfg.Stack, Info: info, Fault: d.Fault, Flap: d.Flap, Event: run.event, Window: window, Timeout: timeout}
+	run.status = func() (map[string]float64, map[string]invariant.LeaseCounters) {
+		return readPhaseStatus(ctx, cfg.Stack, info)
+	}
+	env.Fault, env.Flap, env.Window, env.Timeout = d.Fault, d.Flap, window, timeout
+	env.Record, env.Policies = record, lp
 	injectErr := func() error {
 		run.phase(invariant.Warmup)
 		if err := sleep(ctx, d.Warmup); err != nil {
@@ -452,7 +527,13 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 			return fmt.Errorf("injecting the fault: %w", err)
 		}
 		run.phase(invariant.Recovery)
-		if err := sleep(ctx, d.Recovery); err != nil {
+		recovering := time.Now()
+		if sc.Recover != nil {
+			if err := sc.Recover(ctx, env); err != nil {
+				return fmt.Errorf("after the fault: %w", err)
+			}
+		}
+		if err := sleep(ctx, time.Until(recovering.Add(d.Recovery))); err != nil {
 			return err
 		}
 		run.phase(invariant.Settle)
@@ -462,8 +543,13 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 	run.event("run_end", "")
 	stopLoad()
 	loadErr := <-loadDone
+	recordMu.Lock()
 	if err := reqW.Flush(); err != nil && writeErr == nil {
 		writeErr = err
+	}
+	recordMu.Unlock()
+	if injectErr == nil {
+		relearn(ctx, cfg, info, client, rep)
 	}
 
 	// After settle: every instance's /status, once the journals have
@@ -495,7 +581,9 @@ func runPhases(ctx context.Context, cfg Config, sc Scenario, info stack.Info, ru
 	rep.Affected = sc.Affected(info)
 	rep.NoFault = sc.NoFault
 
+	recordMu.Lock()
 	reqs := records // requests.jsonl's lines, as the invariants read them
+	recordMu.Unlock()
 	switch {
 	case injectErr != nil:
 		return reqs, injectErr

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/chaos/invariant"
 	"github.com/fleetlimit/fleetlimit/chaos/stack"
+	"github.com/fleetlimit/fleetlimit/loadtest"
 )
 
 // Scenario is one fault of the contract's table.
@@ -33,6 +35,12 @@ type Scenario struct {
 	// NoFault: Redis stays healthy (failover_ms and recovery_ms are not
 	// judged).
 	NoFault bool
+	// Setup, if set, runs once the stack is up, before the policies are
+	// learned (reload-under-load gives every app its first policy file).
+	Setup func(ctx context.Context, e *Env) error
+	// Recover, if set, runs as the recovery phase begins, beside the load
+	// (reset-partition's probe); the phase still lasts its duration.
+	Recover func(ctx context.Context, e *Env) error
 }
 
 // Env is what a scenario's Inject works with.
@@ -50,6 +58,21 @@ type Env struct {
 	// Snapshots collects the last /status of app incarnations killed during
 	// the run (for the reconciled invariant).
 	Snapshots []invariant.InstanceStatus
+	// Action records an event with its fields (an operator's reset, a
+	// reload): the invariants read them.
+	Action func(invariant.Event)
+	// Client sends the scenario's own requests; Record writes one into
+	// requests.jsonl beside the load's (safe for concurrent use).
+	Client *http.Client
+	Record func(loadtest.Record)
+	// Policies are the routes' policies as learned before the load; RunID
+	// names the run's keys; APIKeySecret signs them.
+	Policies     map[string]loadtest.Policy
+	RunID        string
+	APIKeySecret string
+
+	// reset is reset-partition's plan, from its fault to its probe.
+	reset *resetPlan
 }
 
 // sleep waits d or until ctx ends.
@@ -323,6 +346,27 @@ var All = []Scenario{
 			e.Event("aborts", "5 % of the requests, through the whole run")
 			return sleep(ctx, e.Fault)
 		},
+	},
+	{
+		Name: "reset-partition",
+		Fault: "one app instance (app1) loses Redis for the fault duration while two reset keys spend their quota on it " +
+			"(sliding window log, requests sent straight to app1); a fifth of the fault before the heal both are reset " +
+			"through app2's POST /admin/reset (one under the route's policy, one under every policy) and spend again on app1; " +
+			"after the heal a probe through app2 reads how much of their quota the store holds (reset_held)",
+		Needs:    stack.NeedsResetPartition,
+		Affected: partitionVictim,
+		Inject:   resetPartition,
+		Recover:  probeResets,
+	},
+	{
+		Name: "reload-under-load",
+		Fault: "Redis SIGKILLed for the fault duration (restarted with its data) while the policy file changes, reaching " +
+			"the instances one at a time (SIGHUP each, spread over the fault): the token bucket's limit lowered, GCRA's " +
+			"raised, the lease route's lease shortened (chaos/reload/)",
+		Needs:    stack.NeedsReload,
+		Affected: allApps,
+		Setup:    reloadSetup,
+		Inject:   reloadUnderLoad,
 	},
 }
 

@@ -39,14 +39,23 @@ type fakeFleet struct {
 func (f *fakeFleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := f.n.Add(1)
 	app := fmt.Sprintf("app%d", n%4+1)
-	name := strings.TrimPrefix(r.URL.Path, "/api/")
-	alg := AlgorithmOf(r.URL.Path, name)
+	path := r.URL.Path
+	// An instance's own URL (stack.App.URL, AdminURL): /appN/...
+	if rest, ok := strings.CutPrefix(path, "/app"); ok && len(rest) > 1 && rest[1] == '/' {
+		app, path = "app"+rest[:1], rest[1:]
+	}
+	if path == "/admin/reset" {
+		f.reset(w, r, app)
+		return
+	}
+	name := strings.TrimPrefix(path, "/api/")
+	alg := AlgorithmOf(path, name)
 	if alg == "" {
 		http.NotFound(w, r)
 		return
 	}
 	f.mu.Lock()
-	k := r.URL.Path + "|" + r.Header.Get("X-API-Key")
+	k := path + "|" + strings.SplitN(r.Header.Get("X-API-Key"), ".", 2)[0]
 	lim := f.limiters[k]
 	if lim == nil {
 		lim, _ = ideal.New(ideal.Policy{Algorithm: alg, Limit: 10, WindowUS: 1_000_000})
@@ -66,6 +75,27 @@ func (f *fakeFleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		w.WriteHeader(http.StatusTooManyRequests)
 	}
+}
+
+// reset serves POST /admin/reset: every route's limiter of the key starts
+// afresh (the fake ignores the policy).
+func (f *fakeFleet) reset(w http.ResponseWriter, r *http.Request, app string) {
+	var body struct {
+		Key    string `json:"key"`
+		Policy string `json:"policy"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil || !strings.HasPrefix(body.Key, "k:") {
+		http.Error(w, "bad reset", http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	for k := range f.limiters {
+		if strings.HasSuffix(k, "|"+strings.TrimPrefix(body.Key, "k:")) {
+			delete(f.limiters, k)
+		}
+	}
+	f.mu.Unlock()
+	fmt.Fprintf(w, `{"instance":%q,"key":%q,"scope":"fleet"}`, app, body.Key)
 }
 
 // fakeStack is a stack.Stack over a fakeFleet: faults only flip state.
@@ -99,7 +129,8 @@ func (s *fakeStack) Up(context.Context, string) (stack.Info, error) {
 	s.record("up")
 	info := stack.Info{NginxURL: s.url}
 	for i := 1; i <= 4; i++ {
-		info.Apps = append(info.Apps, stack.App{Name: fmt.Sprintf("app%d", i)})
+		u := fmt.Sprintf("%s/app%d", s.url, i)
+		info.Apps = append(info.Apps, stack.App{Name: fmt.Sprintf("app%d", i), URL: u, AdminURL: u})
 	}
 	return info, nil
 }
@@ -152,6 +183,10 @@ func (s *fakeStack) SetClock(_ context.Context, app string, offset time.Duration
 func (s *fakeStack) Status(_ context.Context, app string) ([]byte, error) {
 	return []byte(`{"instance":"` + app + `","journal_size":0,"limiter":{"local_grants":5,"journal":{"granted":5,"reloaded":0,` +
 		`"replayed":3,"present":1,"dropped":1,"duplicate_units":0,"pending":0}},"uncounted_requests":0}`), nil
+}
+func (s *fakeStack) SetPolicies(_ context.Context, app, path string) (string, error) {
+	s.record("policies " + app + " " + path)
+	return "v-" + filepath.Base(path), nil
 }
 func (s *fakeStack) Unsupported(fault string) string {
 	if fault == "latency" {
@@ -408,11 +443,12 @@ func TestUnsupportedScenarioIsSkipped(t *testing.T) {
 
 func TestSelect(t *testing.T) {
 	all, err := Select("")
-	if err != nil || len(all) != 14 {
+	if err != nil || len(all) != 16 {
 		t.Fatalf("Select(\"\") = %d scenarios, %v", len(all), err)
 	}
 	want := []string{"redis-kill", "redis-pause", "redis-flap", "redis-wipe", "redis-latency", "partition-one", "app-crash",
-		"master-failover", "failover-lag", "master-failover-cluster", "shard-wipe", "redis-slow", "clock-step", "client-abort"}
+		"master-failover", "failover-lag", "master-failover-cluster", "shard-wipe", "redis-slow", "clock-step", "client-abort",
+		"reset-partition", "reload-under-load"}
 	if !slices.Equal(Names(), want) {
 		t.Errorf("names %v", Names())
 	}
@@ -489,5 +525,97 @@ func TestDrainJournalsWaitsForTheLastGrant(t *testing.T) {
 	}
 	if d := time.Since(start); d >= DrainWait {
 		t.Errorf("took %v: waited out DrainWait instead of returning once drained", d)
+	}
+}
+
+// TestResetPartition runs reset-partition against the fake fleet, whose
+// exact limiters forget a key at once when it is reset: both reset keys'
+// requests are sequenced around their resets, probed through app2 after
+// the heal, and reset_held measures 0.
+func TestResetPartition(t *testing.T) {
+	st := newFake(t)
+	cfg := Config{Stack: st, Mix: lightMix, Out: t.TempDir(), Durations: quick, RedisTimeout: 100 * time.Millisecond, Log: io.Discard}
+	rep := RunScenario(context.Background(), cfg, scenario(t, "reset-partition"))
+	if rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	if want := []string{"up", "partition app1 true", "partition app1 false", "down"}; !slices.Equal(st.calls, want) {
+		t.Errorf("calls %v, want %v", st.calls, want)
+	}
+	var evs []string
+	for _, e := range rep.Events {
+		switch e.Event {
+		case invariant.EventReset, invariant.EventResetProbe:
+			evs = append(evs, e.Event+" "+e.Instance+" "+e.Policy)
+			if e.Key == "" || e.Route != ResetRoute || e.TSendMS <= 0 || e.TRecvMS < e.TSendMS {
+				t.Errorf("event %+v: want its key, route and bracket", e)
+			}
+		case "partition_start", "partition_end", "reset_probe_skipped":
+			evs = append(evs, e.Event)
+		}
+	}
+	want := []string{"partition_start", "reset app2 sliding-window-log", "reset app2 ", "partition_end",
+		"reset_probe app2 ", "reset_probe app2 "}
+	if !slices.Equal(evs, want) {
+		t.Errorf("events %q, want %q", evs, want)
+	}
+	rows := 0
+	for _, row := range rep.Invariants {
+		if row.Name == invariant.ResetHeld {
+			rows++
+			if !row.Pass || row.Route != ResetRoute || row.Phase != invariant.Recovery {
+				t.Errorf("row %+v: want a pass on %s in recovery", row, ResetRoute)
+			}
+		}
+		if row.Name == invariant.OverAdmission && !row.Pass {
+			t.Errorf("row failed: %+v (the reset keys' fresh quotas are judged apart)", row)
+		}
+	}
+	if rows != 1 || len(rep.ResetChecks) != 2 {
+		t.Fatalf("%d reset_held rows, checks %+v", rows, rep.ResetChecks)
+	}
+	for _, c := range rep.ResetChecks {
+		// The fake's quota is 10: 2 requests before the reset, 1 after.
+		if c.Before != 2 || c.After != 1 || c.InStore != 1 || c.Measured != 0 {
+			t.Errorf("check %+v", c)
+		}
+	}
+}
+
+// TestReloadUnderLoad: every app gets the first policy file before the
+// load, and the second one at a time during the Redis outage, each
+// reload recorded with its bracket.
+func TestReloadUnderLoad(t *testing.T) {
+	st := newFake(t)
+	d := quick
+	d.Fault = 800 * time.Millisecond
+	cfg := Config{Stack: st, Mix: lightMix, Out: t.TempDir(), Durations: d, RedisTimeout: 100 * time.Millisecond, Log: io.Discard}
+	rep := RunScenario(context.Background(), cfg, scenario(t, "reload-under-load"))
+	if rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	want := []string{"up"}
+	for i := 1; i <= 4; i++ {
+		want = append(want, fmt.Sprintf("policies app%d %s", i, ReloadBefore))
+	}
+	want = append(want, "kill redis")
+	for i := 1; i <= 4; i++ {
+		want = append(want, fmt.Sprintf("policies app%d %s", i, ReloadAfter))
+	}
+	want = append(want, "start redis wipe=false", "down")
+	if !slices.Equal(st.calls, want) {
+		t.Errorf("calls %v, want %v", st.calls, want)
+	}
+	var reloads []string
+	for _, e := range rep.Events {
+		if e.Event == invariant.EventReload {
+			reloads = append(reloads, e.Instance)
+			if e.TSendMS <= 0 || e.TRecvMS < e.TSendMS {
+				t.Errorf("reload %+v: no bracket", e)
+			}
+		}
+	}
+	if !slices.Equal(reloads, []string{"app1", "app2", "app3", "app4"}) {
+		t.Errorf("reloads %v", reloads)
 	}
 }
