@@ -427,7 +427,7 @@ code { background: #f5f5f5; padding: 0 3px; }
 
 <h2>Events</h2>
 <table><tr><th>t (s)</th><th>event</th><th>detail</th></tr>
-{{$t0 := t0 .R}}{{range .R.Events}}<tr><td>{{printf "%.3f" (rel $t0 .TMS)}}</td><td>{{.Event}}</td><td>{{.Detail}}</td></tr>
+{{$t0 := t0 .R}}{{range .R.Events}}<tr><td>{{printf "%.3f" (rel $t0 .TMS)}}</td><td>{{.Event}}</td><td>{{with .Instance}}{{.}}: {{end}}{{with .Key}}{{.}} {{end}}{{.Detail}}</td></tr>
 {{end}}</table>
 </body>
 </html>
