@@ -150,3 +150,24 @@ func TestEveryFaultSupported(t *testing.T) {
 		t.Error("the native stack should support latency")
 	}
 }
+
+// A policy change one instance at a time needs each app's own policy file:
+// the native stack has them only when Up was told (NeedsReload); the
+// compose stack never, nor an app URL for reset-partition.
+func TestReloadNeedsItsOwnFiles(t *testing.T) {
+	var u *UnsupportedError
+	l := NewLocal(t.TempDir(), io.Discard)
+	if l.Unsupported(NeedsReload) != "" || l.Unsupported(NeedsResetPartition) != "" {
+		t.Error("the native stack should run both")
+	}
+	if _, err := l.SetPolicies(context.Background(), "app1", "p.json"); !errors.As(err, &u) || u.Fault != NeedsReload {
+		t.Errorf("SetPolicies before Up(reload): %v", err)
+	}
+	c := NewCompose(t.TempDir(), io.Discard)
+	if c.Unsupported(NeedsReload) == "" || c.Unsupported(NeedsResetPartition) == "" {
+		t.Error("compose should skip reload-under-load and reset-partition")
+	}
+	if _, err := c.SetPolicies(context.Background(), "app1", "p.json"); !errors.As(err, &u) {
+		t.Errorf("compose SetPolicies: %v", err)
+	}
+}
