@@ -88,6 +88,18 @@ type Limiter struct {
 // entry is one key of a lease policy at this instance.
 type entry struct {
 	policy ratelimit.Policy
+	id     store.Identity // the client key's, as the store and its resets know it
+	// gen is bumped by a reload of the policy and by a reset of the key,
+	// cut by a reset only: a draw sent before either does not install its
+	// units (a draw of the old policy would serve the new one; one from
+	// before a reset, usage the reset lifted).
+	gen, cut uint64
+	// noDraw: the last draw was not decided in the store (it failed, timed
+	// out or was granted locally): the key's requests go at their own cost,
+	// for a lifetime and until one of them is decided in the store, instead
+	// of each becoming a local draw of a whole lease.
+	noDraw      bool
+	noDrawUntil time.Time
 	// Demand: units asked in the current period (one lifetime long) and
 	// in the one before.
 	period     time.Time
@@ -144,6 +156,11 @@ func New(next ratelimit.Limiter, cfg Config) *Limiter {
 	if s, ok := next.(interface{ InStore() bool }); ok {
 		l.inStore = s.InStore
 	}
+	if s, ok := next.(interface {
+		OnForget(func(ratelimit.Policy, store.Identity))
+	}); ok {
+		s.OnForget(l.forget)
+	}
 	go l.loop()
 	return l
 }
@@ -195,9 +212,11 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 
 // pending is a request of a batch sent to the wrapped limiter.
 type pending struct {
-	at    int    // its index in the batch
-	e     *entry // the key's entry when the request is a draw
-	units int64  // the request's own units
+	at       int    // its index in the batch
+	e        *entry // the key's entry when the request is a draw
+	units    int64  // the request's own units
+	gen, cut uint64 // the entry's when the draw was sent
+	done     chan struct{}
 }
 
 // DecideBatch decides reqs, each as Decide would: those a lease answers
@@ -224,7 +243,10 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 				dr := r
 				dr.Cost, dr.Hold, dr.ID = size, r.Policy.Lease, l.ids.Next()
 				sent = append(sent, dr)
-				pend = append(pend, pending{at: i, e: e, units: r.Units()})
+				l.mu.Lock()
+				gen, cut, done := e.gen, e.cut, e.done
+				l.mu.Unlock()
+				pend = append(pend, pending{at: i, e: e, units: r.Units(), gen: gen, cut: cut, done: done})
 				continue
 			}
 		}
@@ -241,7 +263,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			if err == nil && reqs[p.at].Policy.Lease > 0 && d.Mode == ratelimit.ModeRedis {
 				l.mu.Lock()
 				if e := l.keys[keyOf(reqs[p.at])]; e != nil && !e.drawing {
-					e.remaining = d.Remaining
+					e.remaining, e.noDraw = d.Remaining, false
 				}
 				l.mu.Unlock()
 			}
@@ -251,10 +273,30 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		leased := err == nil && d.Allowed && d.Mode == ratelimit.ModeRedis
 		l.mu.Lock()
 		e := p.e
-		e.drawing = false
-		close(e.done)
-		if err == nil && d.Mode == ratelimit.ModeRedis {
+		close(p.done) // its waiters, whatever became of the entry
+		if e.done == p.done {
+			e.drawing = false
+		}
+		current := e.gen == p.gen
+		switch {
+		case !current:
+		case err == nil && d.Mode == ratelimit.ModeRedis:
 			e.remaining = d.Remaining
+		default:
+			e.noDraw, e.noDrawUntil = true, now.Add(e.policy.Lease)
+		}
+		stale := leased && !current
+		if stale {
+			// Reloaded or reset while the draw was out: its units are not
+			// the entry's to serve. After a reload they go back; after a
+			// reset they were usage the reset lifted (or are counted in
+			// the fresh key: kept, the safe side).
+			leased = false
+			if e.cut == p.cut {
+				r := sent[j]
+				r.Cost, r.Hold = sent[j].Cost-p.units, 0
+				l.queueRefund(r, d)
+			}
 		}
 		if leased {
 			// now was read before the draw was sent: the lease ends no
@@ -271,6 +313,8 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		switch {
 		case leased:
 			l.stats.draws.Add(1)
+		case stale:
+			// The request itself was admitted by the draw.
 		case err == nil && !d.Allowed:
 			// The store had not the lease's units: decide the request
 			// alone.
@@ -324,7 +368,7 @@ func (l *Limiter) try(ctx context.Context, r ratelimit.Request, pend []pending) 
 		now = l.cfg.Now()
 		l.mu.Lock()
 	}
-	if size = e.size(units); size <= units || e.drawing || !l.inStore() {
+	if size = e.size(units); size <= units || e.drawing || e.noDraw || now.Before(e.noDrawUntil) || !l.inStore() {
 		return ratelimit.Decision{}, false, nil, 0
 	}
 	l.end(e)
@@ -340,14 +384,16 @@ func (l *Limiter) entry(r ratelimit.Request, now time.Time) *entry {
 	if e != nil {
 		if e.policy != r.Policy { // reloaded with other parameters
 			l.end(e)
-			*e = entry{policy: r.Policy, period: now, remaining: -1, drawing: e.drawing, done: e.done}
+			// A draw still out installs nothing (gen); the new policy's
+			// requests do not wait for it.
+			*e = entry{policy: r.Policy, id: e.id, gen: e.gen + 1, cut: e.cut, period: now, remaining: -1}
 		}
 		return e
 	}
 	if len(l.keys) >= l.cfg.MaxKeys {
 		return nil
 	}
-	e = &entry{policy: r.Policy, period: now, remaining: -1}
+	e = &entry{policy: r.Policy, id: store.IdentityOf(r.Key), period: now, remaining: -1}
 	l.keys[k] = e
 	return e
 }
@@ -400,14 +446,45 @@ func (l *Limiter) end(e *entry) {
 	r := e.req
 	r.Cost, r.Hold = e.units, 0
 	e.units = 0
+	l.queueRefund(r, e.draw)
+}
+
+// queueRefund queues the refund of r's units, admitted by the store's
+// decision d.
+func (l *Limiter) queueRefund(r ratelimit.Request, d ratelimit.Decision) {
+	if r.Cost <= 0 {
+		return
+	}
 	if l.refunder == nil {
 		l.stats.lost.Add(uint64(r.Cost))
 		return
 	}
 	select {
-	case l.refunds <- refund{req: r, d: e.draw}:
+	case l.refunds <- refund{req: r, d: d}:
 	default:
 		l.stats.lost.Add(uint64(r.Cost))
+	}
+}
+
+// forget drops what this instance holds of the key of identity id under
+// policy p: an operator reset it (resilient.Limiter.OnForget). Its lease's
+// units were counted before the reset, which lifted them: they are
+// neither served nor given back (given back, they would free units of the
+// fresh key's usage), and a draw out installs nothing.
+func (l *Limiter) forget(p ratelimit.Policy, id store.Identity) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, e := range l.keys {
+		if k.policy != p.Name || e.id != id {
+			continue
+		}
+		l.stats.lost.Add(uint64(max(0, e.units)))
+		e.units = 0
+		delete(l.held, e)
+		e.gen++
+		e.cut++
+		e.noDraw = false
+		e.remaining = -1
 	}
 }
 

@@ -402,3 +402,44 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestResetEndsTheLease: a reset of a key whose lease this instance holds
+// ends the lease without giving its units back (they were counted before
+// the reset, which lifted them): the key's next request is not served from
+// it, and Redis holds the fresh key's usage only.
+func TestResetEndsTheLease(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	in := startInstance(t, srv.Addr(), "app1")
+	p := ratelimit.Policy{Name: "reset", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Hour, Lease: time.Second}
+	ctx := context.Background()
+	for n := range 12 {
+		if d, err := in.lease.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint(n)}); err != nil || !d.Allowed {
+			t.Fatalf("%d: %+v %v", n, d, err)
+		}
+	}
+	st := in.lease.Stats()
+	if st.Units == 0 {
+		t.Fatalf("no lease held: %+v", st)
+	}
+	if res, err := in.res.Reset(ctx, "k", p); err != nil || !res.Fleet {
+		t.Fatalf("reset: %+v %v", res, err)
+	}
+	after := in.lease.Stats()
+	if after.Units != 0 || after.Lost != st.Lost+uint64(st.Units) {
+		t.Fatalf("after the reset: %+v; want the lease's %d units dropped, not held", after, st.Units)
+	}
+	d, err := in.lease.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: "after"})
+	if err != nil || !d.Allowed || in.lease.Stats().Served != after.Served {
+		t.Fatalf("the first request after the reset: %+v %v, served %d; want decided in Redis, not from the old lease", d, err, in.lease.Stats().Served-after.Served)
+	}
+	time.Sleep(2 * p.Lease) // any refund would be sent by now
+	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{srv.Addr()}, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rd, err := redisstore.New(c).Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ReadOnly: true})
+	if err != nil || rd.Remaining != 999 {
+		t.Fatalf("Redis after the reset: %+v %v; want 999 left (the one request since), no old units given back", rd, err)
+	}
+}

@@ -1,0 +1,105 @@
+package lease_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
+)
+
+// fakeStore (a ratelimit.Limiter, what the lease layer consumes) decides every request as the store would with room to spare,
+// except the draws (requests with a Hold), which draw decides.
+type fakeStore struct {
+	mu    sync.Mutex
+	draws []ratelimit.Request
+	draw  func(ratelimit.Request) ratelimit.Decision
+}
+
+func (f *fakeStore) Decide(_ context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
+	if r.Hold > 0 {
+		f.mu.Lock()
+		f.draws = append(f.draws, r)
+		f.mu.Unlock()
+		return f.draw(r), nil
+	}
+	return ratelimit.Decision{Allowed: true, Limit: r.Policy.Capacity(), Remaining: 10_000, Mode: ratelimit.ModeRedis}, nil
+}
+
+func (f *fakeStore) drawn() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.draws)
+}
+
+var fakePolicy = ratelimit.Policy{Name: "fake", Algorithm: ratelimit.GCRA, Limit: 100_000, Window: time.Hour, Lease: 10 * time.Minute}
+
+// TestDrawNotDecidedInTheStoreIsNotRetried: a draw that the store did not
+// decide (the limiter below granted it locally: a timeout with the breaker
+// still closed) is not sent again by every request that follows: they go
+// at their own cost for a lease's lifetime.
+func TestDrawNotDecidedInTheStoreIsNotRetried(t *testing.T) {
+	f := &fakeStore{draw: func(r ratelimit.Request) ratelimit.Decision {
+		return ratelimit.Decision{Allowed: true, Limit: r.Policy.Capacity(), Mode: ratelimit.ModeLocal}
+	}}
+	l := lease.New(f, lease.Config{Instance: "app1"})
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	for n := range 50 {
+		d, err := l.Decide(ctx, ratelimit.Request{Policy: fakePolicy, Key: "k", ID: fmt.Sprint(n)})
+		if err != nil || !d.Allowed {
+			t.Fatalf("request %d: %+v %v", n, d, err)
+		}
+	}
+	if n := f.drawn(); n != 1 {
+		t.Fatalf("%d draws sent in 50 requests; want 1: after one not decided in the store, requests go at their own cost", n)
+	}
+}
+
+// TestDrawOutDuringAReloadServesNothing: a draw sent under a policy that is
+// reloaded with other parameters while the draw is out installs no lease
+// for the new one: the next request of the new policy is not served from
+// it.
+func TestDrawOutDuringAReloadServesNothing(t *testing.T) {
+	release := make(chan struct{})
+	f := &fakeStore{draw: func(r ratelimit.Request) ratelimit.Decision {
+		<-release
+		return ratelimit.Decision{Allowed: true, Limit: r.Policy.Capacity(), Remaining: 5000, Mode: ratelimit.ModeRedis}
+	}}
+	l := lease.New(f, lease.Config{Instance: "app1"})
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	drawDone := make(chan struct{})
+	go func() { // the key turns hot: one of these requests draws, and waits
+		defer close(drawDone)
+		for n := range 2 * lease.MinUnits {
+			_, _ = l.Decide(ctx, ratelimit.Request{Policy: fakePolicy, Key: "k", ID: fmt.Sprint(n)})
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.drawn() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no draw sent")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	reloaded := fakePolicy
+	reloaded.Limit = 50_000
+	// Meets the entry of the old policy (its draw still out) and starts it
+	// over; decided at its own cost (no draw while one is out).
+	if _, err := l.Decide(ctx, ratelimit.Request{Policy: reloaded, Key: "k", ID: "new-0"}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	<-drawDone
+	served := l.Stats().Served
+	if _, err := l.Decide(ctx, ratelimit.Request{Policy: reloaded, Key: "k", ID: "new-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := l.Stats(); st.Served != served || st.Units != 0 {
+		t.Fatalf("after the reload: %+v; want nothing served from, nor held of, the old policy's draw", st)
+	}
+}
