@@ -211,13 +211,16 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// Fingerprint is a short hash of the parameters that shape stored state
-// (algorithm, limit, window, burst). It is part of every store key, so a
-// changed policy never meets state written under the old one.
+// Fingerprint is a short hash of the parameters that give stored state its
+// meaning (algorithm and window). It is part of every store key: a policy
+// reloaded with another algorithm or window starts every key afresh, and
+// one reloaded with another limit or burst keeps each key's usage (the
+// token bucket its tokens, clamped to the new capacity; GCRA its
+// theoretical arrival time, the time until the key is full again; the
+// window algorithms their grants and counts, judged against the new limit).
 func (p Policy) Fingerprint() string {
 	h := fnv.New32a()
-	_, _ = h.Write([]byte(string(p.Algorithm) + "|" + strconv.FormatInt(p.Limit, 10) + "|" +
-		strconv.FormatInt(p.WindowMicros(), 10) + "|" + strconv.FormatInt(p.Capacity(), 10)))
+	_, _ = h.Write([]byte(string(p.Algorithm) + "|" + strconv.FormatInt(p.WindowMicros(), 10)))
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 

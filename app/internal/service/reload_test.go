@@ -70,8 +70,8 @@ func statusOf(t *testing.T, s *Server) policyStatusBody {
 
 // TestReloadOnFileChange changes RL_POLICY_FILE under a running service:
 // within a few polls clients see the new RateLimit-Policy and the new
-// route, a key that used the old policy starts afresh under the new one
-// (the fingerprint rule), and /status and the metrics show the new version.
+// route, a key that used the old policy keeps its usage under the new
+// limit, and /status and the metrics show the new version.
 // A bad file then changes nothing and says why; a good one clears that.
 func TestReloadOnFileChange(t *testing.T) {
 	path := writePolicyFile(t, reloadPolicies(100, false))
@@ -99,10 +99,10 @@ func TestReloadOnFileChange(t *testing.T) {
 		}
 		return ""
 	})
-	// The key had used 3 of the old 100; the new policy counts from zero.
+	// The key had used 3 of the old 100; they count against the new 5.
 	resp, _ := get(t, base+"/api/x", "X-API-Key", "reloaded")
-	if got := resp.Header.Get("RateLimit"); !strings.HasPrefix(got, `"p";r=4;`) {
-		t.Errorf("RateLimit after the reload = %q, want r=4 (fresh state under the new policy)", got)
+	if got := resp.Header.Get("RateLimit"); !strings.HasPrefix(got, `"p";r=1;`) {
+		t.Errorf("RateLimit after the reload = %q, want r=1 (the 3 units used before it, and this one, of 5)", got)
 	}
 	second := statusOf(t, s)
 	if second.PolicyVersion == first.PolicyVersion || second.PolicyReloads == 0 || second.PolicyReloadError != "" {

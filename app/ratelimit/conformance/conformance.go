@@ -112,10 +112,23 @@ func Run(t *testing.T, mode ratelimit.Mode, newLimiter func(t *testing.T) rateli
 						t.Fatalf("%s/%s: %+v, want a fresh quota", r.Policy.Name, r.Key, d)
 					}
 				}
+				// A reload with another limit keeps the key's usage (all
+				// of the old limit: the window algorithms have 10 of 20
+				// left, the token bucket none, GCRA none, its key full in
+				// a window); another window starts afresh.
 				changed := p
 				changed.Limit = 20
-				if d := mustDecide(t, l, ratelimit.Request{Policy: changed, Key: k}); !d.Allowed || d.Remaining != 19 {
-					t.Fatalf("changed policy: %+v, want fresh state under the new parameters", d)
+				want := int64(0)
+				if p.Algorithm == ratelimit.SlidingWindowLog || p.Algorithm == ratelimit.SlidingWindowCounter {
+					want = 10
+				}
+				if d := mustDecide(t, l, ratelimit.Request{Policy: changed, Key: k, ReadOnly: true}); d.Remaining != want {
+					t.Fatalf("limit changed to 20: %+v, want the usage kept (%d left)", d, want)
+				}
+				changed = p
+				changed.Window *= 2
+				if d := mustDecide(t, l, ratelimit.Request{Policy: changed, Key: k}); !d.Allowed || d.Remaining != 9 {
+					t.Fatalf("window changed: %+v, want fresh state under the new window", d)
 				}
 			})
 			t.Run("invalid requests are refused and not counted", func(t *testing.T) {

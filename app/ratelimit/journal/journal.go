@@ -8,7 +8,6 @@ package journal
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"os"
 	"strconv"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -231,15 +231,9 @@ func epochNow() uint64 { return uint64(max(time.Now().UnixMicro(), 1)) }
 
 func policyKey(p ratelimit.Policy) string { return p.Name + "/" + fingerprint(p) }
 
-// fingerprint is a short hash of every parameter of p that its grants and
-// snapshots are read with (algorithm, limit, window, burst): the batches of
-// a policy reloaded with other parameters are not the old one's.
-func fingerprint(p ratelimit.Policy) string {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(string(p.Algorithm) + "|" + strconv.FormatInt(p.Limit, 10) + "|" +
-		strconv.FormatInt(p.WindowMicros(), 10) + "|" + strconv.FormatInt(p.Capacity(), 10)))
-	return fmt.Sprintf("%08x", h.Sum32())
-}
+// fingerprint tells the batches of a policy reloaded with other
+// parameters from the old one's (statekey.Params).
+func fingerprint(p ratelimit.Policy) string { return statekey.Params(p) }
 
 // fingerprint is the fingerprint part of the policy's key.
 func (r *policyRef) fingerprint() string { return r.key[len(r.p.Name)+1:] }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -50,7 +51,9 @@ const MarkerTTL = time.Hour
 // markerKey returns the idempotency marker of a batch: in the key's own
 // slot, named by the batch's marker (instance and epoch) and the key.
 func (l *Store) markerKey(b store.ReplayBatch) string {
-	return l.tag(b.Identity) + ":replay:" + b.Marker + ":" + b.Policy.Name + ":" + b.Policy.Fingerprint() + ":" + fmt.Sprintf("%x", b.Identity[:16])
+	// The policy's every parameter: batches of one epoch under a policy
+	// and under its reload (same state key) are two batches.
+	return l.tag(b.Identity) + ":replay:" + b.Marker + ":" + b.Policy.Name + ":" + statekey.Params(b.Policy) + ":" + fmt.Sprintf("%x", b.Identity[:16])
 }
 
 // MaxReplayGrants bounds the grants one replay script call folds in (about

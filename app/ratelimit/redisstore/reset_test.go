@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -149,6 +150,50 @@ func TestReplayAfterAResetIsFenced(t *testing.T) {
 		res, errs := l.Replay(ctx, []store.ReplayBatch{batch})
 		if errs[0] != nil || res[0].Replayed != 3 {
 			t.Fatalf("%s: the replay after reading the log: %+v %v, want 3 replayed", alg, res[0], errs[0])
+		}
+	}
+}
+
+// TestUsageCarriesOverAPolicyChange: a key spent under a policy stays spent
+// when the policy is reloaded with another limit (lowered or raised), for
+// every algorithm: the token bucket keeps its tokens (none), GCRA the time
+// until the key is full again (an hour: all of the new quota), the window
+// algorithms their grants (10 of the new limit). Another window starts the
+// key afresh.
+func TestUsageCarriesOverAPolicyChange(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	l := redisstore.New(newClient(t, srv.Addr()))
+	ctx := context.Background()
+	for _, alg := range ratelimit.Algorithms {
+		p := ratelimit.Policy{Name: "carry-" + string(alg), Algorithm: alg, Limit: 10, Window: time.Hour}
+		for n := range 10 {
+			if d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint(n)}); err != nil || !d.Allowed {
+				t.Fatalf("%s %d: %+v %v", alg, n, d, err)
+			}
+		}
+		left := func(q ratelimit.Policy) int64 {
+			t.Helper()
+			d, err := l.Decide(ctx, ratelimit.Request{Policy: q, Key: "k", ReadOnly: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return d.Remaining
+		}
+		windowed := alg == ratelimit.SlidingWindowLog || alg == ratelimit.SlidingWindowCounter
+		for _, c := range []struct {
+			limit, burst int64
+			want         int64
+		}{{20, 0, map[bool]int64{true: 10, false: 0}[windowed]}, {5, 0, 0}, {10, 0, 0}} {
+			q := p
+			q.Limit = c.limit
+			if got := left(q); got != c.want {
+				t.Errorf("%s spent at limit 10, read at limit %d: %d left, want %d", alg, c.limit, got, c.want)
+			}
+		}
+		q := p
+		q.Window = 2 * time.Hour
+		if got := left(q); got != q.Limit {
+			t.Errorf("%s under another window: %d left, want a fresh %d", alg, got, q.Limit)
 		}
 	}
 }

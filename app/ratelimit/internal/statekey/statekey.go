@@ -4,15 +4,19 @@ package statekey
 
 import (
 	"encoding/binary"
+	"fmt"
+	"hash/fnv"
 	"hash/maphash"
+	"strconv"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // Key keys an identity's state under one policy in process memory: a
-// 128-bit hash of the policy's name and state-shaping parameters and of the
-// identity, so memory per key is fixed whatever the client sent.
+// 128-bit hash of the policy's name, algorithm and window (what
+// ratelimit.Policy.Fingerprint covers) and of the identity, so memory per
+// key is fixed whatever the client sent.
 type Key [2]uint64
 
 // Seeds are the per-process seeds of Key hashes. Make them with
@@ -30,9 +34,22 @@ func (s *Seeds) Key(p ratelimit.Policy, id store.Identity) Key {
 	b := append(buf[:0], p.Name...)
 	b = append(b, 0)
 	b = append(b, p.Algorithm...)
-	for _, v := range [...]int64{p.Limit, p.WindowMicros(), p.Capacity()} {
-		b = binary.LittleEndian.AppendUint64(b, uint64(v))
-	}
+	// Not the limit nor the capacity: a key keeps its usage across a
+	// reload that changes them (ratelimit.Policy.Fingerprint).
+	b = binary.LittleEndian.AppendUint64(b, uint64(p.WindowMicros()))
 	b = append(b, id[:]...)
 	return Key{maphash.Bytes(s[0], b), maphash.Bytes(s[1], b)}
+}
+
+// Params is a short hash of every parameter of p that its decisions depend
+// on (algorithm, limit, window, capacity): it tells the grants of a policy
+// reloaded with other parameters from the old one's (journal batches, replay
+// markers). Stored state is keyed by ratelimit.Policy.Fingerprint, which
+// leaves out the limit and the capacity, so that usage carries over such a
+// reload.
+func Params(p ratelimit.Policy) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(string(p.Algorithm) + "|" + strconv.FormatInt(p.Limit, 10) + "|" +
+		strconv.FormatInt(p.WindowMicros(), 10) + "|" + strconv.FormatInt(p.Capacity(), 10)))
+	return fmt.Sprintf("%08x", h.Sum32())
 }

@@ -10,8 +10,9 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
-// TestKeysDiffer: every field that shapes a key's state makes another key,
-// and so does the identity; the same inputs make the same key.
+// TestKeysDiffer: the name, the algorithm, the window and the identity each
+// make another key; the limit and the burst do not (a key keeps its usage
+// across a reload that changes them); the same inputs make the same key.
 func TestKeysDiffer(t *testing.T) {
 	s := statekey.NewSeeds()
 	base := ratelimit.Policy{Name: "api", Algorithm: ratelimit.GCRA, Limit: 100, Burst: 50, Window: time.Minute}
@@ -30,15 +31,18 @@ func TestKeysDiffer(t *testing.T) {
 	for what, change := range map[string]func(*ratelimit.Policy){
 		"name":      func(p *ratelimit.Policy) { p.Name = "api2" },
 		"algorithm": func(p *ratelimit.Policy) { p.Algorithm = ratelimit.TokenBucket },
-		"limit":     func(p *ratelimit.Policy) { p.Limit = 101 },
 		"window":    func(p *ratelimit.Policy) { p.Window = time.Hour },
-		"burst":     func(p *ratelimit.Policy) { p.Burst = 7 },
 	} {
 		p := base
 		change(&p)
 		add(what, p, id)
 	}
 	add("identity", base, store.IdentityOf("client2"))
+	reloaded := base
+	reloaded.Limit, reloaded.Burst = 101, 7
+	if s.Key(reloaded, id) != variants["base"] {
+		t.Error("another limit and burst make another key")
+	}
 	long := base
 	long.Name = strings.Repeat("n", 300) // past the stack buffer
 	add("long name", long, id)
