@@ -123,7 +123,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 	}
 	// Lease mode for the policies that opt in (ratelimit.Policy.Lease);
 	// every other request goes straight to rl.
-	leased := lease.New(rl, lease.Config{Instance: cfg.Instance, MaxKeys: cfg.KeyCapacity, RefundTimeout: cfg.RedisTimeout + cfg.LateWindow})
+	leased := lease.New(rl, lease.Config{Instance: cfg.Instance, MaxKeys: cfg.KeyCapacity, RefundTimeout: cfg.RedisTimeout + cfg.LateWindow, Timeout: cfg.RedisTimeout})
 	log.Info("limiter ready", slog.String("mode", string(ratelimit.ModeRedis)),
 		slog.Duration("redis_timeout", cfg.RedisTimeout), slog.Int("redis_pool_size", cfg.RedisPoolSize), slog.Int("redis_pipelines", cfg.RedisPipelines),
 		slog.String("journal_dir", cfg.JournalDir))

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/budget"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -55,6 +56,13 @@ type Config struct {
 	// Tick is how often expired leases are given back and idle keys
 	// dropped (default 50 ms).
 	Tick time.Duration
+	// Timeout bounds how long a request of a lease policy waits for the
+	// store in all: for another request's draw, for its own draw, and for
+	// its decision alone after a refused draw (RL_REDIS_TIMEOUT). The
+	// wrapped resilient limiter gives each store call what is left, and
+	// decides locally when nothing is. 0: no bound but the wrapped
+	// limiter's own, per call.
+	Timeout time.Duration
 	// Now is the clock (time.Now).
 	Now func() time.Time
 }
@@ -232,6 +240,9 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		pend []pending
 	)
 	now := l.cfg.Now()
+	if l.cfg.Timeout > 0 {
+		ctx = budget.WithDeadline(ctx, time.Now().Add(l.cfg.Timeout))
+	}
 	for i, r := range reqs {
 		if r.Policy.Lease > 0 && !r.ReadOnly && r.Hold == 0 && !l.closed.Load() && r.Validate() == nil {
 			d, answered, e, size := l.try(ctx, r, pend)
@@ -350,7 +361,8 @@ func (l *Limiter) try(ctx context.Context, r ratelimit.Request, pend []pending) 
 		return ratelimit.Decision{}, false, nil, 0
 	}
 	e.observe(now, units)
-	for waited := false; ; waited = true {
+	waited := false
+	for ; ; waited = true {
 		if e.units >= units && now.Before(e.until) {
 			e.units -= units
 			l.stats.served.Add(1)
@@ -361,14 +373,23 @@ func (l *Limiter) try(ctx context.Context, r ratelimit.Request, pend []pending) 
 		}
 		done := e.done
 		l.mu.Unlock()
+		var expired <-chan time.Time
+		if dl, ok := budget.Deadline(ctx); ok {
+			t := time.NewTimer(time.Until(dl))
+			expired = t.C
+			defer t.Stop()
+		}
 		select {
 		case <-done:
+		case <-expired:
 		case <-ctx.Done():
 		}
 		now = l.cfg.Now()
 		l.mu.Lock()
 	}
-	if size = e.size(units); size <= units || e.drawing || e.noDraw || now.Before(e.noDrawUntil) || !l.inStore() {
+	// A request that waited for a draw does not send one: what is left of
+	// its time goes to a decision at its own cost.
+	if size = e.size(units); size <= units || waited || e.drawing || e.noDraw || now.Before(e.noDrawUntil) || !l.inStore() {
 		return ratelimit.Decision{}, false, nil, 0
 	}
 	l.end(e)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/budget"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
 )
 
@@ -102,4 +103,59 @@ func TestDrawOutDuringAReloadServesNothing(t *testing.T) {
 	if st := l.Stats(); st.Served != served || st.Units != 0 {
 		t.Fatalf("after the reload: %+v; want nothing served from, nor held of, the old policy's draw", st)
 	}
+}
+
+// TestWaitForADrawIsBounded: a request that finds its key's draw out waits
+// for it no longer than the Timeout, and what it asks the limiter below
+// carries the deadline of its one Timeout in all.
+func TestWaitForADrawIsBounded(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	f := &fakeStore{draw: func(r ratelimit.Request) ratelimit.Decision {
+		<-release // a store that does not answer the draw
+		return ratelimit.Decision{Mode: ratelimit.ModeLocal}
+	}}
+	const timeout = 50 * time.Millisecond
+	l := lease.New(deadlines{f, t}, lease.Config{Instance: "app1", Timeout: timeout})
+	defer l.Close(context.Background())
+	ctx := context.Background()
+	go func() { // the key turns hot: one of these requests draws, and hangs
+		for n := range 2 * lease.MinUnits {
+			_, _ = l.Decide(ctx, ratelimit.Request{Policy: fakePolicy, Key: "k", ID: fmt.Sprint(n)})
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.drawn() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no draw sent")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Decide(ctx, ratelimit.Request{Policy: fakePolicy, Key: "k", ID: "waiter"})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second): // the bound is 50 ms; before, it waited for the draw
+		t.Fatal("the request waited for the draw out past its timeout")
+	}
+}
+
+// deadlines checks that every request it passes on carries a deadline at
+// most the lease layer's Timeout from now.
+type deadlines struct {
+	next ratelimit.Limiter
+	t    *testing.T
+}
+
+func (d deadlines) Decide(ctx context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
+	if dl, ok := budget.Deadline(ctx); !ok || time.Until(dl) > 50*time.Millisecond {
+		d.t.Errorf("request %s passed on without its deadline (%v %v)", r.ID, dl, ok)
+	}
+	return d.next.Decide(ctx, r)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/budget"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -102,8 +103,19 @@ func (l *Limiter) decide(ctx context.Context, cs []call) {
 		}
 	}
 	if asked > 0 {
-		if ok, probe := l.br.admit(); ok {
-			l.ask(ctx, cs, asked, probe)
+		// What is left of the request's time for the store (a lease
+		// request that waited for another's draw has spent part of it).
+		timeout := l.cfg.Timeout
+		if dl, ok := budget.Deadline(ctx); ok {
+			timeout = min(timeout, time.Until(dl))
+		}
+		if timeout < minCall {
+			// Nothing left to wait: decided locally, no store failure.
+			for i := range cs {
+				cs[i].asked = false
+			}
+		} else if ok, probe := l.br.admit(); ok {
+			l.ask(ctx, cs, asked, probe, timeout)
 		}
 	}
 	for i := range cs {
@@ -113,11 +125,18 @@ func (l *Limiter) decide(ctx context.Context, cs []call) {
 	}
 }
 
+// minCall is the least time worth a store call: with less left of a
+// request's budget, it is decided locally.
+const minCall = time.Millisecond
+
 // ask sends the n asked calls of cs to the store in one call, bounded by
-// Timeout, and settles each answer; a call the store did not answer is
-// left to be decided locally.
-func (l *Limiter) ask(ctx context.Context, cs []call, n int, probe bool) {
-	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.Timeout)
+// timeout (Timeout, or less: what a request's budget has left), and settles
+// each answer; a call the store did not answer is left to be decided
+// locally. A call cut short by its budget that times out is not counted
+// against the store.
+func (l *Limiter) ask(ctx context.Context, cs []call, n int, probe bool, timeout time.Duration) {
+	short := timeout < l.cfg.Timeout
+	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	at := l.clock.now()
 	if n == 1 {
 		for i := range cs {
@@ -151,7 +170,7 @@ func (l *Limiter) ask(ctx context.Context, cs []call, n int, probe bool) {
 		if !c.asked {
 			continue
 		}
-		d, local, err := l.settle(c.k, c.sent(), c.id, c.d, c.err, at, !counted)
+		d, local, err := l.settle(c.k, c.sent(), c.id, c.d, c.err, at, !counted && !(short && (isTimeout(c.err) || errors.Is(c.err, store.ErrPending))))
 		if !local {
 			if err == nil && d.Mode == ratelimit.ModeRedis {
 				d.Weight = c.w
@@ -162,7 +181,7 @@ func (l *Limiter) ask(ctx context.Context, cs []call, n int, probe bool) {
 		counted = true
 		c.d, c.err = ratelimit.Decision{}, nil
 		if l.lateReplies && errors.Is(err, store.ErrPending) {
-			c.late = at.Add(l.cfg.Timeout + l.cfg.LateGrace)
+			c.late = at.Add(timeout + l.cfg.LateGrace)
 		}
 	}
 }
