@@ -73,20 +73,7 @@ func TestDrawOutDuringAReloadServesNothing(t *testing.T) {
 	l := lease.New(f, lease.Config{Instance: "app1"})
 	defer l.Close(context.Background())
 	ctx := context.Background()
-	drawDone := make(chan struct{})
-	go func() { // the key turns hot: one of these requests draws, and waits
-		defer close(drawDone)
-		for n := range 2 * lease.MinUnits {
-			_, _ = l.Decide(ctx, ratelimit.Request{Policy: fakePolicy, Key: "k", ID: fmt.Sprint(n)})
-		}
-	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for f.drawn() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no draw sent")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	drawDone := turnHot(t, l, f)
 	reloaded := fakePolicy
 	reloaded.Limit = 50_000
 	// Meets the entry of the old policy (its draw still out) and starts it
@@ -119,18 +106,7 @@ func TestWaitForADrawIsBounded(t *testing.T) {
 	l := lease.New(deadlines{f, t}, lease.Config{Instance: "app1", Timeout: timeout})
 	defer l.Close(context.Background())
 	ctx := context.Background()
-	go func() { // the key turns hot: one of these requests draws, and hangs
-		for n := range 2 * lease.MinUnits {
-			_, _ = l.Decide(ctx, ratelimit.Request{Policy: fakePolicy, Key: "k", ID: fmt.Sprint(n)})
-		}
-	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for f.drawn() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no draw sent")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	turnHot(t, l, f)
 	done := make(chan error, 1)
 	go func() {
 		_, err := l.Decide(ctx, ratelimit.Request{Policy: fakePolicy, Key: "k", ID: "waiter"})
@@ -158,4 +134,26 @@ func (d deadlines) Decide(ctx context.Context, r ratelimit.Request) (ratelimit.D
 		d.t.Errorf("request %s passed on without its deadline (%v %v)", r.ID, dl, ok)
 	}
 	return d.next.Decide(ctx, r)
+}
+
+// turnHot sends requests of key k until one of them draws (the fake's draw
+// then decides when it answers), and returns a channel closed once they
+// are all answered.
+func turnHot(t *testing.T, l *lease.Limiter, f *fakeStore) <-chan struct{} {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for n := range 2 * lease.MinUnits {
+			_, _ = l.Decide(context.Background(), ratelimit.Request{Policy: fakePolicy, Key: "k", ID: fmt.Sprint(n)})
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.drawn() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no draw sent")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return done
 }
