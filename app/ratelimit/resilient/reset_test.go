@@ -221,3 +221,59 @@ func TestResetHoldsAcrossAHeal(t *testing.T) {
 		t.Errorf("app1's journal: %+v, want the 20 units a policy from before the reset dropped and nothing pending", st)
 	}
 }
+
+// TestSecondApplicationKeepsLaterGrants: a reset made on app1 while Redis
+// is out for it holds there alone, and is applied once more a Timeout
+// later (for a late reply). app1 is back before then and, recovering
+// (app2, live before the outage, is gone), grants the key 10 units
+// locally: the second application forgets the key's cached refusal only,
+// so those grants stay journaled, to be replayed.
+func TestSecondApplicationKeepsLaterGrants(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	proxy := redistest.StartProxy(t, srv.Addr())
+	cfg := func(name string) resilient.Config {
+		c := recoveryConfig(name)
+		c.Timeout, c.ExpectedInstances, c.RecoveryWait = time.Second, 2, 30*time.Second
+		return c
+	}
+	app1, err := resilient.New(newStore(t, proxy.Addr()), cfg("app1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = app1.Close(context.Background()) })
+	app2, err := resilient.New(newStore(t, srv.Addr()), cfg("app2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "heartbeats", 5*time.Second, func() bool { return app1.Status().Live == 2 })
+	ctx := context.Background()
+	p := ratelimit.Policy{Name: "again", Algorithm: ratelimit.SlidingWindowLog, Limit: 400, Window: time.Hour}
+	if d, err := app1.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"}); err != nil || d.Mode != ratelimit.ModeRedis {
+		t.Fatalf("%+v %v", d, err)
+	}
+	proxy.Disable()
+	waitFor(t, "app1's breaker to open", 10*time.Second, func() bool {
+		_, _ = app1.Decide(ctx, ratelimit.Request{Policy: p, Key: "k:probe"})
+		return app1.Breaker() == resilient.Open
+	})
+	_ = app2.Close(ctx)
+	res, err := app1.Reset(ctx, "k", p)
+	if err != nil || res.Partial == nil {
+		t.Fatalf("reset with Redis out: %+v %v, want partial", res, err)
+	}
+	proxy.Enable()
+	waitFor(t, "app1 to recover", 5*time.Second, func() bool { return app1.Breaker() == resilient.Recovering })
+	for j := range 10 {
+		d, err := app1.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint("after-", j)})
+		if err != nil || !d.Allowed || d.Mode != ratelimit.ModeLocal {
+			t.Fatalf("grant %d while recovering: %+v %v", j, d, err)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // the second application is due and applied
+	if app1.Breaker() != resilient.Recovering {
+		t.Fatalf("app1 %s, want still recovering (waiting for app2)", app1.Breaker())
+	}
+	if st := app1.Status().Journal; st.Dropped != 0 || st.Pending < 10 {
+		t.Fatalf("app1's journal after the second application: %+v, want the 10 grants made after the reset pending, none dropped", st)
+	}
+}
