@@ -71,7 +71,7 @@ func (s *Server) adminRouter() http.Handler {
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	}
-	return mux
+	return s.adminGuard(s.cfg.AdminTokens, mux)
 }
 
 // readyz is 200 while the instance can serve, which includes a Redis outage

@@ -32,6 +32,11 @@ type Config struct {
 	// unless set (the compose stack sets :9090 for nginx's network and
 	// Prometheus).
 	AdminAddr string `env:"RL_ADMIN_ADDR" envDefault:"127.0.0.1:9090"`
+	// AdminTokens are the bearer tokens every /admin/* and /debug/*
+	// request must carry (RL_ADMIN_TOKEN, comma-separated so that a new
+	// one can be added before the old one goes; each at least 32 bytes).
+	// Without one the admin port must be loopback, unless Demo (admin.go).
+	AdminTokens []string `env:"RL_ADMIN_TOKEN" envSeparator:","`
 
 	// RedisURL and RedisAddrs select the shared store; both empty: memory
 	// mode (one instance, no Redis).

@@ -22,6 +22,9 @@ func (c *Config) validateGuards() error {
 		return configErr("RL_API_KEY_SECRET", "is the published demo secret, with which anyone can sign keys: "+
 			"set a secret of your own (openssl rand -base64 32), or RL_DEMO=true for a demo")
 	}
+	if err := c.validateAdminTokens(); err != nil {
+		return err
+	}
 	// At most a minute: a longer window only lengthens what a client
 	// repeating an id it could choose gets for free.
 	if c.ResendWindow < time.Millisecond || c.ResendWindow > time.Minute {
