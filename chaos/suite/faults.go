@@ -74,14 +74,7 @@ func clockStep(ctx context.Context, e *Env) (err error) {
 	}
 	stepped = false
 	e.Event("clock_step", app+" back")
-	if err := sleep(ctx, time.Until(start.Add(e.Fault))); err != nil {
-		return err
-	}
-	if err := e.Stack.StartRedis(ctx, false); err != nil {
-		return err
-	}
-	e.Event("redis_up", "restarted with its data")
-	return nil
+	return restartRedisAt(ctx, e, start.Add(e.Fault))
 }
 
 // lagFor is how long failover-lag cuts replication before it kills the
@@ -249,5 +242,18 @@ func killRestart(ctx context.Context, e *Env, down time.Duration, wipe bool) err
 	} else {
 		e.Event("redis_up", "restarted with its data")
 	}
+	return nil
+}
+
+// restartRedisAt waits until t, then restarts Redis with its data: the end
+// of a fault that began with Redis killed.
+func restartRedisAt(ctx context.Context, e *Env, t time.Time) error {
+	if err := sleep(ctx, time.Until(t)); err != nil {
+		return err
+	}
+	if err := e.Stack.StartRedis(ctx, false); err != nil {
+		return err
+	}
+	e.Event("redis_up", "restarted with its data")
 	return nil
 }

@@ -63,14 +63,7 @@ func reloadUnderLoad(ctx context.Context, e *Env) error {
 		e.Action(invariant.Event{Event: invariant.EventReload, Detail: fmt.Sprintf("%s (policy version %s)", ReloadAfter, v),
 			Instance: a, TSendMS: loadtest.UnixMS(sent), TRecvMS: loadtest.UnixMS(time.Now())})
 	}
-	if err := sleep(ctx, time.Until(start.Add(e.Fault))); err != nil {
-		return err
-	}
-	if err := e.Stack.StartRedis(ctx, false); err != nil {
-		return err
-	}
-	e.Event("redis_up", "restarted with its data")
-	return nil
+	return restartRedisAt(ctx, e, start.Add(e.Fault))
 }
 
 // changesOf returns the routes whose policy changed during the run (those

@@ -266,14 +266,7 @@ var All = []Scenario{
 				return err
 			}
 			e.Event("app_up", app)
-			if err := sleep(ctx, time.Until(start.Add(e.Fault))); err != nil {
-				return err
-			}
-			if err := e.Stack.StartRedis(ctx, false); err != nil {
-				return err
-			}
-			e.Event("redis_up", "restarted with its data")
-			return nil
+			return restartRedisAt(ctx, e, start.Add(e.Fault))
 		},
 	},
 	{

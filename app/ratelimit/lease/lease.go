@@ -245,19 +245,17 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 	}
 	for i, r := range reqs {
 		if r.Policy.Lease > 0 && !r.ReadOnly && r.Hold == 0 && !l.closed.Load() && r.Validate() == nil {
-			d, answered, e, size := l.try(ctx, r, pend)
+			d, answered, draw, size := l.try(ctx, r, pend)
 			if answered {
 				ds[i] = d
 				continue
 			}
-			if e != nil {
+			if draw.e != nil {
 				dr := r
 				dr.Cost, dr.Hold, dr.ID = size, r.Policy.Lease, l.ids.Next()
 				sent = append(sent, dr)
-				l.mu.Lock()
-				gen, cut, done := e.gen, e.cut, e.done
-				l.mu.Unlock()
-				pend = append(pend, pending{at: i, e: e, units: r.Units(), gen: gen, cut: cut, done: done})
+				draw.at, draw.units = i, r.Units()
+				pend = append(pend, draw)
 				continue
 			}
 		}
@@ -349,16 +347,16 @@ func keyOf(r ratelimit.Request) leaseKey { return leaseKey{r.Policy.Name, r.Key}
 
 // try answers r from its key's lease when it can, waiting once for a draw
 // that is out (unless the batch carries it: pend); else it returns the
-// entry and the size of a draw to send in r's place, or no entry: r goes to
-// the wrapped limiter as it came.
-func (l *Limiter) try(ctx context.Context, r ratelimit.Request, pend []pending) (_ ratelimit.Decision, answered bool, _ *entry, size int64) {
+// draw to send in r's place (its entry, generations and done channel) and
+// its size, or no entry: r goes to the wrapped limiter as it came.
+func (l *Limiter) try(ctx context.Context, r ratelimit.Request, pend []pending) (_ ratelimit.Decision, answered bool, draw pending, size int64) {
 	units := r.Units()
 	now := l.cfg.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.entry(r, now)
 	if e == nil {
-		return ratelimit.Decision{}, false, nil, 0
+		return ratelimit.Decision{}, false, pending{}, 0
 	}
 	e.observe(now, units)
 	waited := false
@@ -366,7 +364,7 @@ func (l *Limiter) try(ctx context.Context, r ratelimit.Request, pend []pending) 
 		if e.units >= units && now.Before(e.until) {
 			e.units -= units
 			l.stats.served.Add(1)
-			return e.answer(now), true, nil, 0
+			return e.answer(now), true, pending{}, 0
 		}
 		if !e.drawing || waited || slices.ContainsFunc(pend, func(p pending) bool { return p.e == e }) {
 			break
@@ -390,11 +388,11 @@ func (l *Limiter) try(ctx context.Context, r ratelimit.Request, pend []pending) 
 	// A request that waited for a draw does not send one: what is left of
 	// its time goes to a decision at its own cost.
 	if size = e.size(units); size <= units || waited || e.drawing || e.noDraw || now.Before(e.noDrawUntil) || !l.inStore() {
-		return ratelimit.Decision{}, false, nil, 0
+		return ratelimit.Decision{}, false, pending{}, 0
 	}
 	l.end(e)
 	e.drawing, e.done = true, make(chan struct{})
-	return ratelimit.Decision{}, false, e, size
+	return ratelimit.Decision{}, false, pending{e: e, gen: e.gen, cut: e.cut, done: e.done}, size
 }
 
 // entry returns r's entry, made if there is room; nil when the table is

@@ -283,7 +283,7 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req ratelimit.Request, u
 			// The store still decides (this call timed out, or waits
 			// behind a probe), and grants whatever refills or ages out:
 			// the share has only what the snapshot showed left
-			// (TestGrayFailureDoesNotGrantTheRefillTwice).
+			// (TestLateGrantOfAnUnseenKeyIsChargedInFull).
 			part.confirmed = math.MaxInt64
 		}
 		sh := l.keys.shard(k)
