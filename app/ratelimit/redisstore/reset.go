@@ -99,7 +99,8 @@ func fenceKey(k string) string { return k + ":reset" }
 // ReadResets calls apply for each reset logged after the entry after, in
 // order, with the reset's time, and returns the id of the last entry read
 // (after itself when there is none), to pass as after next time, and Redis'
-// time of the read (µs). With after empty it reads the log from its start:
+// time of the read (µs; when it read ResetLogMax entries and more may
+// follow, the time of the last reset read). With after empty it reads the log from its start:
 // an instance that starts may have reloaded a journal of grants from before
 // a reset it has not seen. An entry that does not parse is skipped.
 func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity, int64)) (string, int64, error) {
@@ -123,6 +124,7 @@ func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelim
 	if last == "" {
 		last = "0-0"
 	}
+	var lastAt int64
 	for _, x := range res {
 		e, ok := x.([]any)
 		if !ok || len(e) != 2 {
@@ -136,7 +138,13 @@ func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelim
 		last = entryID
 		if p, id, at, ok := parseReset(fields); ok {
 			apply(p, id, at)
+			lastAt = at
 		}
+	}
+	if len(res) >= ResetLogMax {
+		// More may follow: the read covers the resets up to the last one
+		// applied, not up to now (store.ReplayBatch.ResetsRead).
+		read = lastAt
 	}
 	return last, read, nil
 }
