@@ -1,6 +1,7 @@
 package service
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -54,6 +55,15 @@ type Config struct {
 	// of which stops waiting at its own. 0: one round trip per decision.
 	// At most RedisPoolSize are in flight (one connection each).
 	RedisPipelines int `env:"RL_REDIS_PIPELINES" envDefault:"4"`
+	// RedisTLS turns TLS on for RL_REDIS_ADDRS: every Cluster node, every
+	// Sentinel and the master it names. A rediss:// URL turns it on for
+	// RL_REDIS_URL. The files and the server name apply to both; without a
+	// CA file the system's roots verify the server (redistls.go).
+	RedisTLS           bool   `env:"RL_REDIS_TLS" envDefault:"false"`
+	RedisTLSCAFile     string `env:"RL_REDIS_TLS_CA_FILE"`
+	RedisTLSCertFile   string `env:"RL_REDIS_TLS_CERT_FILE"`
+	RedisTLSKeyFile    string `env:"RL_REDIS_TLS_KEY_FILE"`
+	RedisTLSServerName string `env:"RL_REDIS_TLS_SERVER_NAME"`
 	// HashState keeps the token bucket's and GCRA's state in Redis as
 	// releases before the string form did (redisstore.WithHashState), for
 	// a rolling upgrade from one.
@@ -118,8 +128,20 @@ type Config struct {
 	GRPCAddr           string `env:"RL_GRPC_ADDR"`
 	RLSConfigDir       string `env:"RL_RLS_CONFIG_DIR"`
 	RLSResponseHeaders bool   `env:"RL_RLS_RESPONSE_HEADERS" envDefault:"false"`
+	// GRPCTLSCertFile and GRPCTLSKeyFile serve GRPCAddr over TLS; with
+	// GRPCTLSClientCAFile every caller must present a certificate signed
+	// by one of its CAs (mTLS) (rlstls.go).
+	GRPCTLSCertFile     string `env:"RL_GRPC_TLS_CERT_FILE"`
+	GRPCTLSKeyFile      string `env:"RL_GRPC_TLS_KEY_FILE"`
+	GRPCTLSClientCAFile string `env:"RL_GRPC_TLS_CLIENT_CA_FILE"`
 	// RLS is the loaded RLSConfigDir.
 	RLS *envoyrls.Config `env:"-"`
+	// RedisTLSConfig is the TLS configuration built from the RL_REDIS_TLS*
+	// settings; nil: plaintext (or a rediss:// URL's defaults).
+	// GRPCTLSConfig is the gRPC door's, from the RL_GRPC_TLS* ones; nil:
+	// plaintext.
+	RedisTLSConfig *tls.Config `env:"-"`
+	GRPCTLSConfig  *tls.Config `env:"-"`
 
 	// Policies is the loaded and validated policy file.
 	Policies PolicySet `env:"-"`
@@ -266,6 +288,12 @@ func (c *Config) validate() error {
 	}
 	if c.RedisPipelines < 0 {
 		return configErr("RL_REDIS_PIPELINES", "must be 0 (off) or more, got %d", c.RedisPipelines)
+	}
+	if err := c.validateRedisTLS(); err != nil {
+		return err
+	}
+	if err := c.validateGRPCTLS(); err != nil {
+		return err
 	}
 	if c.ExpectedInstances < 1 {
 		return configErr("RL_EXPECTED_INSTANCES", "must be at least 1, got %d", c.ExpectedInstances)
