@@ -96,7 +96,8 @@ func (c *Compose) Up(ctx context.Context, needs string) (Info, error) {
 		files = ComposeFileProxy
 	}
 	// --remove-orphans in make down takes away a proxy the last run added.
-	c.r.env = []string{"COMPOSE_FILE=" + files}
+	tokens, token := AdminTokens()
+	c.r.env = []string{"COMPOSE_FILE=" + files, "RL_ADMIN_TOKEN=" + tokens}
 	if err := c.r.run(ctx, "make", "--no-print-directory", "down"); err != nil {
 		return Info{}, err
 	}
@@ -120,7 +121,7 @@ func (c *Compose) Up(ctx context.Context, needs string) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	info := Info{NginxURL: "http://" + nginx, RedisAddr: redisAddr, UpstreamURL: "http://" + nginx + "/static/", RLSAddr: rls}
+	info := Info{NginxURL: "http://" + nginx, RedisAddr: redisAddr, UpstreamURL: "http://" + nginx + "/static/", RLSAddr: rls, AdminToken: token}
 	if needs == NeedsLatency {
 		api, err := c.published(ctx, "toxiproxy", "8474")
 		if err != nil {

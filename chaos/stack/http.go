@@ -51,6 +51,7 @@ func (h httpAPI) setClock(ctx context.Context, info Info, app string, offset tim
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+info.AdminToken)
 	resp, err := h.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("%s clock: %w", app, err)

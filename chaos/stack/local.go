@@ -45,9 +45,10 @@ type Local struct {
 // NewLocal returns the native stack of the repository at root; command
 // output goes to log.
 func NewLocal(root string, log io.Writer) *Local {
+	tokens, _ := AdminTokens()
 	return &Local{
 		httpAPI: newHTTPAPI(),
-		r:       runner{root: root, log: log},
+		r:       runner{root: root, log: log, env: []string{"RL_ADMIN_TOKEN=" + tokens}},
 	}
 }
 
@@ -214,6 +215,7 @@ func (l *Local) readInfo() (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
+	_, info.AdminToken = AdminTokens()
 	l.info = info
 	return info, nil
 }

@@ -61,6 +61,25 @@ type Info struct {
 	Sentinels        []Node `json:"sentinels"`
 	MasterName       string `json:"master_name"`
 	ReplicationProxy string `json:"replication_proxy"`
+	// AdminToken is the bearer token the apps' /admin/* and /debug/*
+	// accept (RL_ADMIN_TOKEN): not in stack.json, the suite gives it to
+	// the stacks it starts (AdminTokens).
+	AdminToken string `json:"-"`
+}
+
+// DemoAdminToken is the demo stacks' RL_ADMIN_TOKEN when none is set.
+const DemoAdminToken = "fleetlimit-demo-admin-token-change-me"
+
+// AdminTokens returns RL_ADMIN_TOKEN from the environment (comma-separated,
+// the apps accept each), else the demo stacks' default, and the first of
+// them, which the suite sends.
+func AdminTokens() (all, first string) {
+	all = os.Getenv("RL_ADMIN_TOKEN")
+	if strings.TrimSpace(all) == "" {
+		all = DemoAdminToken
+	}
+	first, _, _ = strings.Cut(all, ",")
+	return all, strings.TrimSpace(first)
 }
 
 // ReadInfo reads a stack file (.run/stack.json, as scripts/local-up.sh

@@ -201,6 +201,7 @@ func stackEnv(runDir string, base int, password string) []string {
 		"LOCAL_GRPC_PORT_BASE="+port(base+offGRPCBase),
 		"REDIS_PASSWORD="+password,
 		"RL_API_KEY_SECRET="+stackSecret,
+		"RL_ADMIN_TOKEN="+stackAdminToken,
 		// The demo's 50 ms per Redis call is for an idle machine; under
 		// `make test` (every package's -race tests at once) a call can miss
 		// it, and one answer decided locally spoils the exact counts the
@@ -421,6 +422,9 @@ func (s *stack) mustGet(t *testing.T, path string, hdr http.Header) reply {
 
 // stackSecret is the test stack's RL_API_KEY_SECRET.
 const stackSecret = "stacktest-secret-" + "0123456789"
+
+// stackAdminToken is the test stack's RL_ADMIN_TOKEN.
+const stackAdminToken = "stacktest-admin-token-" + "0123456789abcdef"
 
 // withKey returns headers carrying a valid API key whose identity is id
 // (characters an id cannot hold become '-'; at most apikey.MaxIDBytes).

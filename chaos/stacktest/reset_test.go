@@ -15,8 +15,10 @@ import (
 // checkReset: a key spent on the sliding window log through nginx is
 // refused by every instance (after the first refusal, from each one's
 // cache: without a reset they would refuse it for the whole window). One
-// POST /admin/reset on one app's admin port lifts it on all four within a
-// heartbeat or so: every instance admits it again.
+// POST /admin/reset on one app's admin port, with the stack's admin token,
+// lifts it on all four within a heartbeat or so: every instance admits it
+// again. Without the token (or with another) the reset is refused (401) and
+// lifts nothing.
 func checkReset(t *testing.T, s *stack, run string) {
 	const route, policy = "/api/sliding-window-log", "sliding-window-log"
 	id := "reset-" + run
@@ -41,11 +43,36 @@ func checkReset(t *testing.T, s *stack, run string) {
 		t.Fatalf("refused by %v only, want every instance (nginx round robin)", refused)
 	}
 
-	resp, err := s.client.Post(s.info.Apps[0].AdminURL+"/admin/reset", "application/json",
-		strings.NewReader(fmt.Sprintf(`{"key": "k:%s", "policy": %q}`, id, policy)))
-	if err != nil {
-		t.Fatal(err)
+	reset := func(token string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, s.info.Apps[0].AdminURL+"/admin/reset",
+			strings.NewReader(fmt.Sprintf(`{"key": "k:%s", "policy": %q}`, id, policy)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := s.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
 	}
+	// Without the stack's admin token: refused, and the key stays spent.
+	for _, token := range []string{"", stackSecret + "-not-the-admin-token"} {
+		resp := reset(token)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("POST /admin/reset with token %q: %d, want 401", token, resp.StatusCode)
+		}
+	}
+	if r := s.mustGet(t, route, withKey(id)); r.status != http.StatusTooManyRequests {
+		t.Fatalf("after refused resets the spent key answered %d by %s, want 429", r.status, r.servedBy())
+	}
+	resp := reset(stackAdminToken)
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	var res struct {

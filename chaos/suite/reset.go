@@ -160,6 +160,7 @@ func (e *Env) resetKey(ctx context.Context, app, adminURL string, k loadtest.Key
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+e.Info.AdminToken)
 	sent := time.Now()
 	resp, err := e.Client.Do(req)
 	if err != nil {

@@ -45,6 +45,11 @@ func (f *fakeFleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		app, path = "app"+rest[:1], rest[1:]
 	}
 	if path == "/admin/reset" {
+		// As the apps do: the stack's admin token or 401.
+		if r.Header.Get("Authorization") != "Bearer "+fakeAdminToken {
+			http.Error(w, "no valid bearer token", http.StatusUnauthorized)
+			return
+		}
 		f.reset(w, r, app)
 		return
 	}
@@ -124,10 +129,13 @@ func (s *fakeStack) cut(app string) bool {
 
 func (s *fakeStack) setDown(v bool) { s.mu.Lock(); s.redisDown = v; s.mu.Unlock() }
 
+// fakeAdminToken is the fake stack's admin token.
+const fakeAdminToken = "fake-admin-token-0123456789abcdef0123"
+
 func (s *fakeStack) Name() string { return "fake" }
 func (s *fakeStack) Up(context.Context, string) (stack.Info, error) {
 	s.record("up")
-	info := stack.Info{NginxURL: s.url}
+	info := stack.Info{NginxURL: s.url, AdminToken: fakeAdminToken}
 	for i := 1; i <= 4; i++ {
 		u := fmt.Sprintf("%s/app%d", s.url, i)
 		info.Apps = append(info.Apps, stack.App{Name: fmt.Sprintf("app%d", i), URL: u, AdminURL: u})

@@ -72,6 +72,8 @@
 #   of envoyproxy/ratelimit YAML files)
 #   RL_API_KEY_SECRET (default: the demo secret, fleetlimit-demo-secret-change-me, which
 #   the apps accept in demo mode only: RL_DEMO, default true here)
+#   RL_ADMIN_TOKEN (the bearer token of the apps' /admin/* and /debug/*; default: the demo
+#   token, fleetlimit-demo-admin-token-change-me, accepted in demo mode only)
 #   LOCAL_READY_TIMEOUT=30 (seconds)  LOCAL_SKIP_BUILD=1 (use the binaries in bin/ as is)
 #   LOCAL_REDIS_TIMEOUT=50ms (RL_REDIS_TIMEOUT of the apps)
 #   LOCAL_LOG_LEVEL=debug (RL_LOG_LEVEL of the apps: debug logs a line per request)
@@ -155,6 +157,8 @@ ls_load_settings() {
     LOCAL_RLS_CONFIG_DIR=$(cd "$LOCAL_RLS_CONFIG_DIR" && pwd)
     # The API-key secret (comma-separated; the first signs): the demo's unless set.
     RL_API_KEY_SECRET=${RL_API_KEY_SECRET:-fleetlimit-demo-secret-change-me}
+    # The admin endpoints' bearer token (comma-separated; the first is the one scripts send).
+    RL_ADMIN_TOKEN=${RL_ADMIN_TOKEN:-fleetlimit-demo-admin-token-change-me}
     if [[ -n $LOCAL_POLICY_FILE ]]; then
         [[ -f $LOCAL_POLICY_FILE ]] || ls_die "LOCAL_POLICY_FILE=$LOCAL_POLICY_FILE: no such file"
         LOCAL_POLICY_FILE=$(cd "$(dirname "$LOCAL_POLICY_FILE")" && pwd)/$(basename "$LOCAL_POLICY_FILE")
@@ -197,7 +201,7 @@ ls_save_settings() {
         for v in LOCAL_TOPOLOGY LOCAL_HOST LOCAL_NGINX_PORT LOCAL_REDIS_PORT LOCAL_PROXY_API_PORT \
             LOCAL_APP_PORT_BASE LOCAL_ADMIN_PORT_BASE LOCAL_VIA_PORT_BASE LOCAL_SENTINEL_PORT_BASE \
             LOCAL_READY_TIMEOUT LOCAL_REDIS_TIMEOUT LOCAL_POLICY_FILE LOCAL_POLICY_DIR REDIS_PASSWORD \
-            RL_API_KEY_SECRET LOCAL_REDIS_DIRECT LOCAL_LOG_LEVEL LOCAL_GOMAXPROCS \
+            RL_API_KEY_SECRET RL_ADMIN_TOKEN LOCAL_REDIS_DIRECT LOCAL_LOG_LEVEL LOCAL_GOMAXPROCS \
             LOCAL_PROMETHEUS LOCAL_PROMETHEUS_PORT LOCAL_STATIC_PORT LOCAL_RLS_PORT LOCAL_GRPC_PORT_BASE \
             LOCAL_RLS_CONFIG_DIR; do
             printf '%s=%q\n' "$v" "${!v}"
@@ -546,8 +550,9 @@ ls_start_app() {
         "RL_TRUSTED_PROXIES=127.0.0.1/32,::1/128"
         "RL_JOURNAL_DIR=$RUN_DIR/$a/journal"
         "RL_API_KEY_SECRET=$RL_API_KEY_SECRET"
-        # The default secret is the published demo one: allowed only in demo mode
-        # (RL_DEMO=false with a secret of your own leaves it).
+        "RL_ADMIN_TOKEN=$RL_ADMIN_TOKEN"
+        # The default secret and token are published: allowed only in demo mode
+        # (RL_DEMO=false with a secret and a token of your own leaves it).
         "RL_DEMO=${RL_DEMO:-true}"
         # nginx overwrites X-Request-Id ($request_id): a resend is counted once.
         "RL_TRUST_REQUEST_ID=true"

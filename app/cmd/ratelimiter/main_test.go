@@ -71,6 +71,9 @@ func TestConfigErrorExits2WithOneLine(t *testing.T) {
 		{"RL_POLICY_FILE=/nonexistent.json", `ratelimiter: RL_POLICY_FILE: open /nonexistent.json`},
 		// The README publishes it: refused outside demo mode (RL_DEMO).
 		{"RL_API_KEY_SECRET=fleetlimit-demo-secret-change-me", `ratelimiter: RL_API_KEY_SECRET: is the published demo secret`},
+		{"RL_ADMIN_TOKEN=fleetlimit-demo-admin-token-change-me", `ratelimiter: RL_ADMIN_TOKEN: is the published demo token`},
+		// An admin port on every interface needs a token.
+		{"RL_ADMIN_ADDR=:0", `ratelimiter: RL_ADMIN_TOKEN: required: RL_ADMIN_ADDR :0 is not a loopback address`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.env, func(t *testing.T) {

@@ -16,11 +16,20 @@ import (
 // RL_DEMO=true.
 const DemoAPIKeySecret = "fleetlimit-demo-secret-change-me"
 
+// DemoAdminToken is the admin token the demo stacks set unless
+// RL_ADMIN_TOKEN is given. It is published too, so the service refuses it
+// unless RL_DEMO=true.
+const DemoAdminToken = "fleetlimit-demo-admin-token-change-me"
+
 // validateGuards checks the guard settings (see Config).
 func (c *Config) validateGuards() error {
 	if slices.Contains(c.APIKeySecrets, DemoAPIKeySecret) && !c.Demo {
 		return configErr("RL_API_KEY_SECRET", "is the published demo secret, with which anyone can sign keys: "+
 			"set a secret of your own (openssl rand -base64 32), or RL_DEMO=true for a demo")
+	}
+	if slices.Contains(c.AdminTokens, DemoAdminToken) && !c.Demo {
+		return configErr("RL_ADMIN_TOKEN", "is the published demo token, with which anyone can reset any client's limits: "+
+			"set a token of your own (openssl rand -base64 32), or RL_DEMO=true for a demo")
 	}
 	if err := c.validateAdminTokens(); err != nil {
 		return err
