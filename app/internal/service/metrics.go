@@ -23,6 +23,7 @@ type metrics struct {
 	requests     *prometheus.CounterVec   // route, code
 	transitions  *prometheus.CounterVec   // from, to
 	uncounted    prometheus.Counter
+	nearLimit    *prometheus.CounterVec
 	recovery     *recoveryMetrics
 }
 
@@ -55,8 +56,12 @@ func newMetrics() *metrics {
 		Name: "ratelimit_uncounted_requests_total",
 		Help: "Requests whose handler ran without a counted decision: a policy failed open (its limiter failed, or its failure mode is open while Redis is out).",
 	})
+	m.nearLimit = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ratelimit_near_limit_total",
+		Help: "Admissions that left at most 20% of the policy's quota (remaining <= limit/5), by policy and mode; a subset of ratelimit_decisions_total{result=\"allowed\"}.",
+	}, []string{"policy", "mode"})
 	m.recovery = newRecoveryMetrics(time.Now)
-	m.reg.MustRegister(m.decisions, m.errors, m.redisLatency, m.requests, m.transitions, m.uncounted, m.recovery.duration,
+	m.reg.MustRegister(m.decisions, m.nearLimit, m.errors, m.redisLatency, m.requests, m.transitions, m.uncounted, m.recovery.duration,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -95,8 +100,16 @@ func (m *metrics) count(req ratelimit.Request, d ratelimit.Decision, err error) 
 	result := "allowed"
 	if !d.Allowed {
 		result = "denied"
+	} else if nearLimit(d) {
+		m.nearLimit.WithLabelValues(req.Policy.Name, string(d.Mode)).Inc()
 	}
 	m.decisions.WithLabelValues(req.Policy.Name, result, string(d.Mode)).Inc()
+}
+
+// nearLimit reports whether an admission left at most a fifth of the
+// quota: envoyproxy/ratelimit's near_limit, at its default ratio (0.8).
+func nearLimit(d ratelimit.Decision) bool {
+	return d.Allowed && d.Limit > 0 && d.Remaining*5 <= d.Limit
 }
 
 // observeRedis records one Redis call (the redisstore hooks call it).
