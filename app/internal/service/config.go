@@ -120,8 +120,8 @@ type Config struct {
 	// this instance's wall clock (the chaos suite's clock-step scenario):
 	// for the chaos stacks only.
 	DebugClock bool `env:"RL_DEBUG_CLOCK" envDefault:"false"`
-	// GRPCAddr is where Envoy's rate limit service v3 is served (plaintext
-	// gRPC); empty: not served. RLSConfigDir is its configuration, a
+	// GRPCAddr is where Envoy's rate limit service v3 is served (gRPC,
+	// plaintext unless GRPCTLSCertFile); empty: not served. RLSConfigDir is its configuration, a
 	// directory of envoyproxy/ratelimit YAML files (required with
 	// GRPCAddr); RLSResponseHeaders adds the rate-limit headers to its
 	// answers (docs/DOORS.md).

@@ -2,11 +2,13 @@ package service
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -17,7 +19,8 @@ import (
 // rlsDoor serves Envoy's rate limit service v3 (package envoyrls) on
 // RL_GRPC_ADDR, deciding through the same instrumented limiter as the HTTP
 // routes, with the gRPC health service (for Envoy's and nginx's checks)
-// and server reflection (for grpcurl).
+// and server reflection (for grpcurl); over TLS or mTLS with
+// RL_GRPC_TLS* (rlstls.go).
 type rlsDoor struct {
 	srv    *grpc.Server
 	ln     net.Listener
@@ -47,7 +50,12 @@ func (s *Server) startRLS() (*rlsDoor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on RL_GRPC_ADDR %s: %w", s.cfg.GRPCAddr, err)
 	}
-	d := &rlsDoor{srv: grpc.NewServer(), ln: ln, health: health.NewServer()}
+	var srvOpts []grpc.ServerOption
+	tlsCfg := s.cfg.GRPCTLSConfig
+	if tlsCfg != nil {
+		srvOpts = append(srvOpts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	d := &rlsDoor{srv: grpc.NewServer(srvOpts...), ln: ln, health: health.NewServer()}
 	svc.Register(d.srv)
 	healthpb.RegisterHealthServer(d.srv, d.health)
 	reflection.Register(d.srv)
@@ -58,7 +66,8 @@ func (s *Server) startRLS() (*rlsDoor, error) {
 	}()
 	s.log.Info("serving Envoy's rate limit service", slog.String("grpc_addr", ln.Addr().String()),
 		slog.Any("domains", s.cfg.RLS.Domains()), slog.Any("files", s.cfg.RLS.Files()),
-		slog.Bool("response_headers", s.cfg.RLSResponseHeaders))
+		slog.Bool("response_headers", s.cfg.RLSResponseHeaders), slog.Bool("tls", tlsCfg != nil),
+		slog.Bool("mtls", tlsCfg != nil && tlsCfg.ClientAuth == tls.RequireAndVerifyClientCert))
 	return d, nil
 }
 
