@@ -32,7 +32,7 @@ MODULES = $(shell $(GO) list -m -f '{{.Dir}}')
 CHAOS_SCENARIO_FLAG = $(if $(strip $(SCENARIOS)),-scenarios $(SCENARIOS))
 
 .PHONY: help up down offline-images local-up local-down test chaos-local chaos bench lint generate tidy \
-	deps check-config nginx-conf build keys reload
+	deps check-config nginx-conf build keys reload top
 
 help: ## list the targets
 	@echo "usage: make TARGET"
@@ -62,6 +62,9 @@ keys: ## print N API keys the running stack accepts (signed with its RL_API_KEY_
 
 reload: ## every instance of the running stack (native, else compose) re-reads its policy file; prints each one's policy version, and why a bad file changed nothing
 	@$(if $(strip $(TOPOLOGY)),FLEET_TOPOLOGY=$(strip $(TOPOLOGY)) )scripts/reload.sh
+
+top: ## the identities the running stack (native, else compose) refused most over the last minute, summed over its instances; make top POLICY=<name>
+	@$(if $(strip $(TOPOLOGY)),FLEET_TOPOLOGY=$(strip $(TOPOLOGY)) )scripts/top.sh $(POLICY)
 
 build: ## build bin/ratelimiter
 	$(GO) build -o bin/ratelimiter ./app/cmd/ratelimiter

@@ -59,6 +59,7 @@ func (s *Server) adminRouter() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
 	mux.HandleFunc("GET /status", s.status)
 	mux.HandleFunc("POST /admin/reset", s.reset)
+	mux.HandleFunc("GET /admin/top", s.top)
 	if s.cfg.DebugClock {
 		mux.HandleFunc("/debug/clock", s.clock.serve)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/fleetlimit/fleetlimit/app/internal/topk"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
@@ -25,6 +26,7 @@ type metrics struct {
 	uncounted    prometheus.Counter
 	nearLimit    *prometheus.CounterVec
 	recovery     *recoveryMetrics
+	top          *topk.Tracker // the identities refused most, for GET /admin/top (top.go); never a label
 }
 
 func newMetrics() *metrics {
@@ -61,6 +63,7 @@ func newMetrics() *metrics {
 		Help: "Admissions that left at most 20% of the policy's quota (remaining <= limit/5), by policy and mode; a subset of ratelimit_decisions_total{result=\"allowed\"}.",
 	}, []string{"policy", "mode"})
 	m.recovery = newRecoveryMetrics(time.Now)
+	m.top = topk.New(topEntries, topWindow)
 	m.reg.MustRegister(m.decisions, m.nearLimit, m.errors, m.redisLatency, m.requests, m.transitions, m.uncounted, m.recovery.duration,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -100,6 +103,9 @@ func (m *metrics) count(req ratelimit.Request, d ratelimit.Decision, err error) 
 	result := "allowed"
 	if !d.Allowed {
 		result = "denied"
+		if m.top != nil && !req.ReadOnly {
+			m.top.Observe(time.Now(), req.Policy.Name, req.Key)
+		}
 	} else if nearLimit(d) {
 		m.nearLimit.WithLabelValues(req.Policy.Name, string(d.Mode)).Inc()
 	}

@@ -1,0 +1,116 @@
+package service
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/internal/topk"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
+)
+
+// The size of GET /admin/top's tracker (metrics.top): topEntries
+// identities per policy and half-window, looking back topWindow at most.
+// Memory: at most 2·topEntries entries per policy, whatever the clients.
+const (
+	topEntries = topk.DefaultK
+	topWindow  = topk.DefaultWindow
+)
+
+// topResponse is the body of GET /admin/top.
+type topResponse struct {
+	Instance string `json:"instance"`
+	// WindowSeconds is the longest time looked back; Since is where the
+	// window starts now: the start of the previous half-window period
+	// (aligned to the Unix epoch), so the refusals of the last 30 to 60 s.
+	WindowSeconds int         `json:"window_seconds"`
+	Since         time.Time   `json:"since"`
+	Policies      []topPolicy `json:"policies"`
+}
+
+type topPolicy struct {
+	Policy string `json:"policy"`
+	// Shadow: the policy in force under this name is a dry run; its
+	// refusals were reported, not enforced.
+	Shadow bool       `json:"shadow,omitempty"`
+	Top    []topEntry `json:"top"`
+}
+
+// topEntry is one identity: refused is an upper bound of its refusals in
+// the window, refused - error a lower bound (Space-Saving; error is 0 while
+// a policy refused at most topEntries distinct identities per period).
+type topEntry struct {
+	Identity string `json:"identity"`
+	Refused  uint64 `json:"refused"`
+	Error    uint64 `json:"error"`
+}
+
+// top serves GET /admin/top: per policy, the identities this instance
+// refused most over the last minute, most refused first. Every refusal a
+// limiter decided counts once (whatever its cost), through any door (HTTP,
+// /check, Envoy's rate limit service), fail-closed refusals included, a
+// shadow policy's too (marked "shadow" when the policy in force under that
+// name is one; an RLS shadow descriptor's refusals are not told apart); a
+// read-only request (a read, an Envoy hits_addend of 0) counts nothing.
+// Query: policy=<name> (repeatable) lists those policies only, each even
+// without refusals; n=<1..topEntries> (default topEntries) the identities
+// per policy. Anything else is a 400 problem.
+func (s *Server) top(w http.ResponseWriter, r *http.Request) {
+	tr := s.metrics.top
+	q := r.URL.Query()
+	n := tr.K()
+	var names []string
+	for key, values := range q {
+		switch key {
+		case "n":
+			v, err := strconv.Atoi(values[len(values)-1])
+			if err != nil || v < 1 || v > tr.K() {
+				topProblem(w, r, fmt.Sprintf("n must be a whole number from 1 to %d, got %q", tr.K(), values[len(values)-1]))
+				return
+			}
+			n = v
+		case "policy":
+			for _, name := range values {
+				if err := ratelimit.ValidateName(name); err != nil {
+					topProblem(w, r, fmt.Sprintf("policy %q: %v", name, err))
+					return
+				}
+				names = append(names, name)
+			}
+		default:
+			topProblem(w, r, fmt.Sprintf("unknown parameter %q: want policy=<name> or n=<1..%d>", key, tr.K()))
+			return
+		}
+	}
+	now := time.Now()
+	if names == nil {
+		names = tr.Policies(now)
+	}
+	set := s.Policies()
+	out := topResponse{Instance: s.cfg.Instance, WindowSeconds: int(tr.Window() / time.Second),
+		Since: tr.Since(now).UTC(), Policies: make([]topPolicy, 0, len(names))}
+	for _, name := range names {
+		p := topPolicy{Policy: name, Top: []topEntry{}}
+		if in, ok := set.Policy(name); ok {
+			p.Shadow = in.Shadow
+		}
+		for _, e := range tr.Top(now, name, n) {
+			p.Top = append(p.Top, topEntry{Identity: e.Identity, Refused: e.Refused, Error: e.Error})
+		}
+		out.Policies = append(out.Policies, p)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// topProblem answers a GET /admin/top it cannot use with a 400 problem.
+func topProblem(w http.ResponseWriter, r *http.Request, detail string) {
+	body, _ := json.Marshal(httplimit.Problem{Type: httplimit.ProblemInvalidRequest, Title: "Bad Request",
+		Status: http.StatusBadRequest, Detail: detail, Instance: r.URL.Path})
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusBadRequest)
+	_, _ = w.Write(append(body, '\n'))
+}
