@@ -64,8 +64,9 @@ func main() {
 	os.Exit(1)
 }
 
-// run runs the service until ctx ends, re-reading its policy file on every
-// SIGHUP (service.Server.Reload: a bad file is logged and changes nothing).
+// run runs the service until ctx ends, re-reading its policy file and its
+// rate limit service configuration on every SIGHUP (service.Server.Reload: a
+// bad file is logged and changes nothing).
 func run(ctx context.Context) error {
 	// Subscribed before the start, so a SIGHUP that comes during it is not
 	// the default action (exit).

@@ -29,10 +29,17 @@ import (
 type Config struct {
 	domains map[string]*node
 	files   []string
+	version string
 }
 
 // Files lists the files the configuration was loaded from.
 func (c *Config) Files() []string { return slices.Clone(c.files) }
+
+// Version identifies the configuration: the first 16 hex digits of a
+// SHA-256 of every file's name and content, in load order ("" for the zero
+// value). Instances that report different versions do not run the same
+// files.
+func (c *Config) Version() string { return c.version }
 
 // Domains lists the configured domains, sorted.
 func (c *Config) Domains() []string {
@@ -90,7 +97,9 @@ const maxFileBytes = 4 << 20
 
 // Load reads every configuration file of dir (names ending in .yaml or
 // .yml, not starting with '.', in name order; symbolic links are followed)
-// and validates them together. An error names the file and, where it can,
+// and validates them together. A Kubernetes ConfigMap's volume is read once:
+// its files are the top-level symbolic links (x.yaml -> ..data/x.yaml), and
+// ..data and the timestamped directories behind it start with '.'. An error names the file and, where it can,
 // the line; a directory without such a file is an error that names it.
 func Load(dir string) (*Config, error) {
 	entries, err := os.ReadDir(dir)
@@ -101,7 +110,7 @@ func Load(dir string) (*Config, error) {
 	var data [][]byte
 	for _, e := range entries {
 		n := e.Name()
-		if strings.HasPrefix(n, ".") || !(strings.HasSuffix(n, ".yaml") || strings.HasSuffix(n, ".yml")) {
+		if !configFile(n) {
 			continue
 		}
 		path := filepath.Join(dir, n)
@@ -136,7 +145,7 @@ func Parse(names []string, data [][]byte) (*Config, error) {
 	if len(names) != len(data) {
 		return nil, errors.New("envoyrls: names and contents differ in number")
 	}
-	c := &Config{domains: map[string]*node{}, files: slices.Clone(names)}
+	c := &Config{domains: map[string]*node{}, files: slices.Clone(names), version: version(names, data)}
 	seen := map[string]string{} // domain -> file
 	policies := map[string]string{}
 	for i, name := range names {
@@ -150,6 +159,24 @@ func Parse(names []string, data [][]byte) (*Config, error) {
 		seen[domain], c.domains[domain] = name, root
 	}
 	return c, nil
+}
+
+// configFile reports whether Load reads the directory entry called name.
+func configFile(name string) bool {
+	return !strings.HasPrefix(name, ".") && (strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml"))
+}
+
+// version is Config.Version of the files given by name and content.
+func version(names []string, data [][]byte) string {
+	h := sha256.New()
+	for i, n := range names {
+		for _, b := range [][]byte{[]byte(n), data[i]} {
+			_, _ = h.Write(strconv.AppendInt(nil, int64(len(b)), 10))
+			_, _ = h.Write([]byte{':'})
+			_, _ = h.Write(b)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // fileError is an error at a line of a file.

@@ -122,14 +122,23 @@ func New(limiter ratelimit.Limiter, cfg *Config, opts ...Option) *Service {
 	return s
 }
 
-// SetConfig replaces the configuration; calls in progress finish with the
-// one they started with.
+// SetConfig replaces the configuration (nil: no domain): the calls that
+// follow are decided by it, and calls in progress finish with the one they
+// started with (ShouldRateLimit reads it once). A descriptor configured
+// alike in both keeps its policy name, so its counts carry over; so does
+// one whose rate changed but not its unit, algorithm or unit_multiplier
+// (the store keys state by ratelimit.Policy.Fingerprint, which leaves the
+// limit out); one whose unit or algorithm changed starts afresh. Safe for
+// concurrent use.
 func (s *Service) SetConfig(cfg *Config) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
 	s.config.Store(cfg)
 }
+
+// Config returns the configuration in force.
+func (s *Service) Config() *Config { return s.config.Load() }
 
 // Register registers the service on a gRPC server.
 func (s *Service) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }

@@ -29,13 +29,15 @@ var pendingSeries = map[string]bool{}
 
 // exportedSeries are the series names the service can export: every metric
 // family its registries describe, in memory mode and in Redis mode (the
-// resilient limiter's families), with a histogram's or summary's
-// _bucket, _sum and _count.
+// resilient limiter's families) and with the rate limit service (its
+// configuration's families), with a histogram's or summary's _bucket, _sum
+// and _count.
 func exportedSeries(t *testing.T) map[string]bool {
 	t.Helper()
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	out := map[string]bool{}
-	for _, env := range []map[string]string{nil, {"RL_REDIS_URL": "redis://" + deadAddr(t) + "/0"}} {
+	rls := map[string]string{"RL_GRPC_ADDR": "127.0.0.1:0", "RL_RLS_CONFIG_DIR": filepath.Join("..", "..", "..", "envoy", "ratelimit")}
+	for _, env := range []map[string]string{nil, {"RL_REDIS_URL": "redis://" + deadAddr(t) + "/0"}, rls} {
 		s, _ := startServer(t, env)
 		ch := make(chan *prometheus.Desc)
 		go func() {

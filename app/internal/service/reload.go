@@ -1,6 +1,7 @@
 // Policies replaced while the service runs: on SIGHUP (cmd/ratelimiter
-// calls Server.Reload) and when RL_POLICY_FILE changes (its size, mtime and
-// inode are polled every RL_HEARTBEAT_INTERVAL). The file is parsed and
+// calls Server.Reload, which also reloads the rate limit service's
+// configuration, rlsreload.go) and when RL_POLICY_FILE changes (its size,
+// mtime and inode are polled every RL_HEARTBEAT_INTERVAL). The file is parsed and
 // validated first; a bad one keeps the policies in force and says why in
 // the log, /status and ratelimit_policy_reload_errors_total.
 //
@@ -10,14 +11,17 @@
 // the new ones. The limiter itself is shared: it takes the policy with each
 // request, and every store keys state by the policy's fingerprint
 // (ratelimit.Policy.Fingerprint in Redis keys and the journal,
-// internal/statekey in memory), so a policy whose limit, window, burst or
-// algorithm changed starts from fresh state and never meets the old one.
+// internal/statekey in memory), so a policy whose window or algorithm
+// changed starts from fresh state and never meets the old one, and one
+// whose limit or burst changed keeps each key's usage, judged against the
+// new limit.
 // TestReloadOnFileChange guards both.
 
 package service
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"os"
@@ -93,6 +97,9 @@ type PolicyStatus struct {
 	// the policies of PolicyVersion stayed in force.
 	PolicyReloadError   string     `json:"policy_reload_error"`
 	PolicyReloadErrorAt *time.Time `json:"policy_reload_error_at,omitempty"`
+	// RLSStatus is the rate limit service's configuration, reloaded by the
+	// same rules (rlsreload.go); nil, and absent, without RL_GRPC_ADDR.
+	*RLSStatus
 }
 
 // newPolicyState builds the public router of set.
@@ -123,12 +130,15 @@ func (s *Server) servePublic(w http.ResponseWriter, r *http.Request) {
 func (s *Server) Policies() PolicySet { return s.policy.Load().set }
 
 // Reload re-reads RL_POLICY_FILE and, when it is valid and differs from the
-// policies in force, applies it to the requests that follow. A bad file
-// changes nothing: the error is returned, logged, counted and shown in
-// /status until a reload succeeds. Without RL_POLICY_FILE the embedded
-// default stays. Safe for concurrent use; cmd/ratelimiter calls it on
-// SIGHUP.
-func (s *Server) Reload() error { return s.reload("signal") }
+// policies in force, applies it to the requests that follow; then it does
+// the same with RL_RLS_CONFIG_DIR when the rate limit service is served. A
+// bad file changes nothing of its own kind: the error is returned, logged,
+// counted and shown in /status until a reload succeeds. Without
+// RL_POLICY_FILE the embedded default stays. Safe for concurrent use;
+// cmd/ratelimiter calls it on SIGHUP.
+func (s *Server) Reload() error {
+	return errors.Join(s.reload("signal"), s.reloadRLS("signal"))
+}
 
 // reload is Reload, with what triggered it for the log.
 func (s *Server) reload(trigger string) error {
@@ -171,10 +181,12 @@ func (s *Server) reload(trigger string) error {
 	return nil
 }
 
-// watchPolicyFile reloads the policy file whenever its stamp changes,
-// checking every interval until ctx ends; the first check reads the file
-// whatever its stamp, so a change between the start's read and the first
-// stamp is not missed. It closes done when it returns.
+// watchPolicyFile reloads the policy file (when RL_POLICY_FILE is set) and
+// the rate limit service's configuration directory (when it is served)
+// whenever its stamp changes, checking every interval until ctx ends; the
+// first check reads them whatever their stamps, so a change between the
+// start's read and the first stamp is not missed. It closes done when it
+// returns.
 func (s *Server) watchPolicyFile(ctx context.Context, interval time.Duration, done chan<- struct{}) {
 	defer close(done)
 	t := time.NewTicker(interval)
@@ -186,12 +198,17 @@ func (s *Server) watchPolicyFile(ctx context.Context, interval time.Duration, do
 			return
 		case <-t.C:
 		}
-		s.reloads.mu.Lock()
-		changed := first || !stampOf(s.cfg.PolicyFile).same(s.reloads.stamp)
-		s.reloads.mu.Unlock()
-		if changed {
-			// The error is in the log, the metrics and /status.
-			_ = s.reload("file_changed")
+		if s.cfg.PolicyFile != "" {
+			s.reloads.mu.Lock()
+			changed := first || !stampOf(s.cfg.PolicyFile).same(s.reloads.stamp)
+			s.reloads.mu.Unlock()
+			if changed {
+				// The error is in the log, the metrics and /status.
+				_ = s.reload("file_changed")
+			}
+		}
+		if first || s.rlsChanged() {
+			_ = s.reloadRLS("file_changed") // as above; nothing without RL_GRPC_ADDR
 		}
 		first = false
 	}
@@ -205,6 +222,7 @@ func (s *Server) policyStatus() PolicyStatus {
 		PolicyFile:     s.cfg.PolicyFile,
 		PolicyLoadedAt: cur.loadedAt.UTC(),
 		PolicyReloads:  s.reloads.attempts.Load(),
+		RLSStatus:      s.rlsStatus(),
 	}
 	if e := s.reloads.lastErr.Load(); e != nil {
 		at := e.at.UTC()

@@ -22,9 +22,11 @@ import (
 // and server reflection (for grpcurl); over TLS or mTLS with
 // RL_GRPC_TLS* (rlstls.go).
 type rlsDoor struct {
-	srv    *grpc.Server
-	ln     net.Listener
-	health *health.Server
+	srv     *grpc.Server
+	ln      net.Listener
+	health  *health.Server
+	svc     *envoyrls.Service
+	reloads rlsReloads // of RL_RLS_CONFIG_DIR (rlsreload.go)
 }
 
 // startRLS listens on cfg.GRPCAddr and serves in the background; nil when
@@ -55,7 +57,10 @@ func (s *Server) startRLS() (*rlsDoor, error) {
 	if tlsCfg != nil {
 		srvOpts = append(srvOpts, grpc.Creds(credentials.NewTLS(tlsCfg)))
 	}
-	d := &rlsDoor{srv: grpc.NewServer(srvOpts...), ln: ln, health: health.NewServer()}
+	d := &rlsDoor{srv: grpc.NewServer(srvOpts...), ln: ln, health: health.NewServer(), svc: svc}
+	d.reloads.stamp = envoyrls.Stamp(s.cfg.RLSConfigDir)
+	d.reloads.loadedAt.Store(s.started.UnixNano())
+	s.metrics.reg.MustRegister(rlsCollector{d})
 	svc.Register(d.srv)
 	healthpb.RegisterHealthServer(d.srv, d.health)
 	reflection.Register(d.srv)
@@ -65,7 +70,7 @@ func (s *Server) startRLS() (*rlsDoor, error) {
 		}
 	}()
 	s.log.Info("serving Envoy's rate limit service", slog.String("grpc_addr", ln.Addr().String()),
-		slog.Any("domains", s.cfg.RLS.Domains()), slog.Any("files", s.cfg.RLS.Files()),
+		slog.Any("domains", s.cfg.RLS.Domains()), slog.Any("files", s.cfg.RLS.Files()), slog.String("rls_config_version", s.cfg.RLS.Version()),
 		slog.Bool("response_headers", s.cfg.RLSResponseHeaders), slog.Bool("tls", tlsCfg != nil),
 		slog.Bool("mtls", tlsCfg != nil && tlsCfg.ClientAuth == tls.RequireAndVerifyClientCert))
 	return d, nil

@@ -146,7 +146,7 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 		slog.String("public_addr", s.PublicAddr()), slog.String("admin_addr", s.AdminAddr()),
 		slog.Int("routes", len(cfg.Policies.Routes)), slog.String("policy_version", cfg.Policies.Version),
 		slog.Bool("debug_headers", cfg.DebugHeaders))
-	if cfg.PolicyFile != "" {
+	if cfg.PolicyFile != "" || s.rls != nil {
 		var watchCtx context.Context
 		watchCtx, s.stopWatch = context.WithCancel(ctx)
 		s.watchDone = make(chan struct{})
