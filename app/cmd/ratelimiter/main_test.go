@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/redistest"
 )
 
 // binary is the ratelimiter built once by TestMain.
@@ -94,6 +95,28 @@ func TestConfigErrorExits2WithOneLine(t *testing.T) {
 				t.Errorf("stdout = %q, want nothing", stdout.String())
 			}
 		})
+	}
+}
+
+// TestRedisTLSWrongCAExits2: a Redis whose certificate the CA file does
+// not sign stops the start like any bad setting (exit 2, one line naming
+// RL_REDIS_TLS_CA_FILE), rather than running on the fallback for good.
+func TestRedisTLSWrongCAExits2(t *testing.T) {
+	certs := redistest.NewCertificates(t)
+	srv := redistest.StartServer(t, redistest.ServerOptions{TLS: &redistest.TLSOptions{Certs: certs}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := command(ctx, t, nil, "RL_REDIS_ADDRS="+srv.Addr(), "RL_REDIS_TLS=true", "RL_REDIS_TLS_CA_FILE="+certs.OtherCAFile,
+		"RL_REDIS_TLS_CERT_FILE="+certs.ClientCert, "RL_REDIS_TLS_KEY_FILE="+certs.ClientKey)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if code := exitCode(cmd.Run()); code != 2 {
+		t.Errorf("exit code %d, want 2", code)
+	}
+	lines := strings.Split(strings.TrimSuffix(stderr.String(), "\n"), "\n")
+	want := "ratelimiter: RL_REDIS_TLS_CA_FILE: " + srv.Addr() + "'s certificate is not signed by a CA in RL_REDIS_TLS_CA_FILE"
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], want) {
+		t.Errorf("stderr = %q, want one line starting with %q", stderr.String(), want)
 	}
 }
 

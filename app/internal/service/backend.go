@@ -38,8 +38,11 @@ type backend struct {
 //
 // No Redis configured: the in-memory store (mode "memory"). Redis
 // configured: the Redis store wrapped in the resilient limiter (circuit
-// breaker, fallback budget, journal and replay). Nothing is dialled here, so
-// an unreachable Redis does not stop the start: the fallback serves.
+// breaker, fallback budget, journal and replay). An unreachable Redis does
+// not stop the start: the fallback serves. With TLS to Redis, each
+// configured address gets one handshake first (checkRedisTLS), so that a
+// wrong CA or an expired certificate stops the start with a *ConfigError
+// naming the setting instead of passing for an outage.
 func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) (*backend, error) {
 	if !cfg.RedisEnabled() {
 		mem := memstore.New(memstore.WithCapacity(cfg.KeyCapacity))
@@ -54,6 +57,14 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 			},
 		}, nil
 	}
+	if cfg.RedisTLSConfig != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*max(cfg.RedisTimeout, redisTLSCheckMin))
+		err := checkRedisTLS(ctx, cfg, log)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
 	// go-redis logs through one process-wide logger: this instance's slog
 	// (with several servers in one process, the last one started).
 	redis.SetLogger(newRedisLogger(log, time.Second, time.Now))
@@ -65,6 +76,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 		Password:   cfg.RedisPassword,
 		Timeout:    cfg.RedisTimeout,
 		PoolSize:   cfg.RedisPoolSize,
+		TLS:        cfg.RedisTLSConfig,
 		// A reply is read until the limiter's late window ends.
 		LateReplies: cfg.LateWindow,
 	}

@@ -137,7 +137,8 @@ type Config struct {
 	// RLS is the loaded RLSConfigDir.
 	RLS *envoyrls.Config `env:"-"`
 	// RedisTLSConfig is the TLS configuration built from the RL_REDIS_TLS*
-	// settings; nil: plaintext (or a rediss:// URL's defaults).
+	// settings when TLS is on (RL_REDIS_TLS or a rediss:// URL); nil:
+	// plaintext.
 	// GRPCTLSConfig is the gRPC door's, from the RL_GRPC_TLS* ones; nil:
 	// plaintext.
 	RedisTLSConfig *tls.Config `env:"-"`

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -13,7 +14,9 @@ import (
 // client.
 type ClientConfig struct {
 	// URL is a redis:// or rediss:// URL of a standalone server. It
-	// excludes Addrs.
+	// excludes Addrs. A rediss:// URL turns TLS on, verifying the server
+	// against the system's roots and the URL's host (or, with TLS set,
+	// as TLS says).
 	URL string
 	// Addrs are host:port addresses: one standalone server; several
 	// Cluster nodes (or set Cluster); or Sentinels when MasterName is set.
@@ -33,6 +36,17 @@ type ClientConfig struct {
 	// deadline (Store.OnLate): the client's read timeout is Timeout plus
 	// this, and every call is bounded by its context instead. 0: none.
 	LateReplies time.Duration
+	// TLS, when set, makes every connection TLS: to a standalone server,
+	// to every Cluster node (the seeds and those the slot map names), to
+	// every Sentinel and to the master (or replica) it names. It wins over
+	// a rediss:// URL's own settings; a redis:// URL with TLS set is an
+	// error (no silent plaintext). Without a ServerName, each connection
+	// verifies the host it dials (a rediss:// URL's host, a node's address
+	// as the Cluster or the Sentinels announce it): set ServerName when
+	// the certificates name a host that the announced addresses do not.
+	// The config is cloned, not kept. Nil: plaintext, unless the URL is
+	// rediss://.
+	TLS *tls.Config
 }
 
 // Options returns the universal options for the configuration, tuned for a
@@ -65,7 +79,17 @@ func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
 		}
 		o.Addrs = []string{u.Addr}
 		o.DB = u.DB
-		o.TLSConfig = u.TLSConfig
+		switch {
+		case c.TLS == nil:
+			o.TLSConfig = u.TLSConfig
+		case u.TLSConfig == nil:
+			return nil, errors.New("redisstore: a redis:// URL with TLS set: use rediss://")
+		default:
+			o.TLSConfig = c.TLS.Clone()
+			if o.TLSConfig.ServerName == "" {
+				o.TLSConfig.ServerName = u.TLSConfig.ServerName
+			}
+		}
 		if o.Username == "" {
 			o.Username = u.Username
 		}
@@ -74,6 +98,8 @@ func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
 		}
 	case len(c.Addrs) == 0:
 		return nil, errors.New("redisstore: no Redis URL or addresses")
+	case c.TLS != nil:
+		o.TLSConfig = c.TLS.Clone()
 	}
 	o.IsClusterMode = c.Cluster
 	o.MaxRetries = -1
@@ -113,6 +139,11 @@ func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
 	// (resilient's Warm; TestWarm, TestRecoveryWarmsThePool).
 	o.MinIdleConns = 0
 	o.DisableIdentity = true
+	// Our dialer does the TLS handshake. go-redis hands Dialer to every
+	// connection it makes (Cluster nodes, Sentinels, the master a Sentinel
+	// names) and wraps TLSConfig around a connection only in its own
+	// default dialers, which Dialer replaces: TLSConfig stays set only so
+	// that go-redis knows TLS is on, and no handshake happens twice.
 	o.Dialer = newDialer(o.DialTimeout, o.TLSConfig).DialContext
 	return o, nil
 }

@@ -3,7 +3,8 @@
 // third-party store or wrapper (as package conformance serves them). It is
 // the standalone-server part of the library's own test helper: see
 // StartServer for what runs, and Require for the rule when redis-server is
-// missing (skip, or fail when CI is set).
+// missing (skip, or fail when CI is set). NewCertificates and
+// ServerOptions.TLS start a server that speaks TLS only.
 package redistest
 
 import (
@@ -15,8 +16,21 @@ import (
 // Server is a running redis-server (Addr, Client, Kill, Restart, ...).
 type Server = redistest.Server
 
-// ServerOptions configures StartServer (AOF, Password, extra Args).
+// ServerOptions configures StartServer (AOF, Password, extra Args, TLS).
 type ServerOptions = redistest.ServerOptions
+
+// TLSOptions makes a server speak TLS only (ServerOptions.TLS): its
+// certificates, whether a client certificate is required, an expired
+// server certificate.
+type TLSOptions = redistest.TLSOptions
+
+// Certificates is a throwaway PKI in PEM files: a CA, server and client
+// certificates it signs (valid and expired), an unrelated CA, and
+// ClientTLS, a client config that trusts the CA.
+type Certificates = redistest.Certificates
+
+// NewCertificates writes a fresh Certificates to a t.TempDir.
+func NewCertificates(t testing.TB) *Certificates { return redistest.NewCertificates(t) }
 
 // StartServer starts a redis-server on a free loopback port in its own
 // t.TempDir, returns once it answers, and kills it in t.Cleanup.

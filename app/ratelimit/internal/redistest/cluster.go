@@ -22,10 +22,11 @@ const (
 )
 
 // Cluster is a Redis Cluster of three masters without replicas, started by
-// StartCluster; the zero value is not usable. Its methods are safe for concurrent use; WaitHealthy must be
+// StartCluster or StartClusterTLS; the zero value is not usable. Its methods are safe for concurrent use; WaitHealthy must be
 // called from the test's goroutine.
 type Cluster struct {
 	nodes []*Server
+	tls   *TLSOptions // nil: plaintext
 
 	mu    sync.Mutex
 	owner [clusterSlots]int8 // index in nodes of each slot's master, from WaitHealthy
@@ -44,16 +45,35 @@ type Cluster struct {
 // for it to recover.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
+	return startCluster(t, nil)
+}
+
+// StartClusterTLS is StartCluster with every node speaking TLS only, with
+// certs (TLSOptions{Certs: certs}: a client certificate is required), the
+// cluster bus included (--tls-cluster yes). The nodes announce their TLS
+// ports, so a TLS cluster client finds every node; ClusterOptions and
+// Client carry certs.ClientTLS.
+func StartClusterTLS(t testing.TB, certs *Certificates) *Cluster {
+	t.Helper()
+	return startCluster(t, &TLSOptions{Certs: certs})
+}
+
+// startCluster starts a cluster, plaintext or with tlsOpts.
+func startCluster(t testing.TB, tlsOpts *TLSOptions) *Cluster {
+	t.Helper()
 	cli := Require(t, "redis-cli")
-	c := &Cluster{}
+	c := &Cluster{tls: tlsOpts}
 	for range 3 {
 		c.nodes = append(c.nodes, startServer(t, serverSpec{
 			clusterBus: true,
-			opts: ServerOptions{Args: []string{
-				"--cluster-enabled", "yes",
-				"--cluster-config-file", "nodes.conf",
-				"--cluster-node-timeout", "2000",
-			}},
+			opts: ServerOptions{
+				Args: []string{
+					"--cluster-enabled", "yes",
+					"--cluster-config-file", "nodes.conf",
+					"--cluster-node-timeout", "2000",
+				},
+				TLS: tlsOpts,
+			},
 		}))
 	}
 	t.Cleanup(func() {
@@ -65,7 +85,11 @@ func StartCluster(t testing.TB) *Cluster {
 
 	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
 	defer cancel()
-	args := append(append([]string{"--cluster", "create"}, c.Addrs()...), "--cluster-yes")
+	var args []string
+	if tlsOpts != nil {
+		args = tlsOpts.cliArgs()
+	}
+	args = append(append(append(args, "--cluster", "create"), c.Addrs()...), "--cluster-yes")
 	cmd := exec.CommandContext(ctx, cli, args...)
 	cmd.WaitDelay = time.Second
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -91,7 +115,7 @@ func (c *Cluster) Addrs() []string {
 // tests that need a client with their own timeouts. The caller closes the
 // clients it makes.
 func (c *Cluster) ClusterOptions() *redis.ClusterOptions {
-	return &redis.ClusterOptions{Addrs: c.Addrs(), DisableIdentity: true}
+	return &redis.ClusterOptions{Addrs: c.Addrs(), TLSConfig: c.nodes[0].ClientTLS(), DisableIdentity: true}
 }
 
 // Client returns a go-redis cluster client with default options. It is the
@@ -163,8 +187,12 @@ func (c *Cluster) readSlots(ctx context.Context) ([clusterSlots]int8, error) {
 		for _, sh := range shards {
 			master := ""
 			for _, node := range sh.Nodes {
+				port := node.Port
+				if c.tls != nil {
+					port = node.TLSPort // Port is 0: there is no plaintext port
+				}
 				if node.Role == "master" {
-					master = net.JoinHostPort(node.IP, strconv.FormatInt(node.Port, 10))
+					master = net.JoinHostPort(node.IP, strconv.FormatInt(port, 10))
 				}
 			}
 			if master == "" {

@@ -2,6 +2,9 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -425,4 +428,181 @@ func testProxyFaults(t *testing.T) {
 	}
 	p.ClearToxics()
 	eventually(t, 5*time.Second, "PING after the blackhole", ok)
+}
+
+// TestServerTLS: a TLS server answers the helper's client (which presents
+// the client certificate) and nothing else: not plaintext, not a client
+// without a certificate unless OptionalClientCert; with ExpiredCert the
+// helper still reaches it, and Certificates.ClientTLS fails on the expiry.
+func TestServerTLS(t *testing.T) {
+	t.Parallel()
+	certs := NewCertificates(t)
+	srv := StartServer(t, ServerOptions{TLS: &TLSOptions{Certs: certs}})
+	ctx := t.Context()
+	if err := srv.Client().Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET over TLS: %v", err)
+	}
+	// The server names 127.0.0.1, localhost and redis.test.
+	for _, name := range []string{"localhost", "redis.test"} {
+		o := srv.Options()
+		o.TLSConfig.ServerName = name
+		if err := fastClient(t, o).Ping(ctx).Err(); err != nil {
+			t.Errorf("PING with ServerName %s: %v", name, err)
+		}
+	}
+
+	plain := srv.Options()
+	plain.TLSConfig = nil
+	if err := fastClient(t, plain).Ping(ctx).Err(); err == nil {
+		t.Error("plaintext PING to a TLS-only server succeeded")
+	}
+	noCert := srv.Options()
+	noCert.TLSConfig.Certificates = nil
+	if err := fastClient(t, noCert).Ping(ctx).Err(); err == nil {
+		t.Error("PING without a client certificate succeeded, want a refusal")
+	}
+
+	optional := StartServer(t, ServerOptions{TLS: &TLSOptions{Certs: certs, OptionalClientCert: true}})
+	noCert = optional.Options()
+	noCert.TLSConfig.Certificates = nil
+	if err := fastClient(t, noCert).Ping(ctx).Err(); err != nil {
+		t.Errorf("PING without a client certificate, optional: %v", err)
+	}
+
+	expired := StartServer(t, ServerOptions{TLS: &TLSOptions{Certs: certs, ExpiredCert: true}})
+	if err := expired.Client().Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING through Options to a server with an expired certificate: %v", err)
+	}
+	o := expired.Options()
+	o.TLSConfig = certs.ClientTLS()
+	var invalid x509.CertificateInvalidError
+	if err := fastClient(t, o).Ping(ctx).Err(); !errors.As(err, &invalid) || invalid.Reason != x509.Expired {
+		t.Errorf("PING with ClientTLS to an expired certificate: %v, want x509.Expired", err)
+	}
+}
+
+// TestCertificates: every certificate chains to its CA (or not, for the
+// other CA) with the names and validity Certificates promises.
+func TestCertificates(t *testing.T) {
+	t.Parallel()
+	certs := NewCertificates(t)
+	load := func(path string) *x509.Certificate {
+		t.Helper()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		block, _ := pem.Decode(b)
+		if block == nil {
+			t.Fatalf("%s: no PEM block", path)
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	pool := func(path string) *x509.CertPool {
+		p := x509.NewCertPool()
+		p.AddCert(load(path))
+		return p
+	}
+	for _, tc := range []struct {
+		cert, key, ca, name string
+		usage               x509.ExtKeyUsage
+		want                error // nil, or an error of the wanted type
+	}{
+		{certs.ServerCert, certs.ServerKey, certs.CAFile, "127.0.0.1", x509.ExtKeyUsageServerAuth, nil},
+		{certs.ServerCert, certs.ServerKey, certs.CAFile, "redis.test", x509.ExtKeyUsageServerAuth, nil},
+		{certs.ServerCert, certs.ServerKey, certs.CAFile, "localhost", x509.ExtKeyUsageClientAuth, nil},
+		{certs.ClientCert, certs.ClientKey, certs.CAFile, "", x509.ExtKeyUsageClientAuth, nil},
+		{certs.ServerCert, certs.ServerKey, certs.OtherCAFile, "127.0.0.1", x509.ExtKeyUsageServerAuth, x509.UnknownAuthorityError{}},
+		{certs.ServerCert, certs.ServerKey, certs.CAFile, "other.test", x509.ExtKeyUsageServerAuth, x509.HostnameError{}},
+		{certs.ExpiredServerCert, certs.ExpiredServerKey, certs.CAFile, "127.0.0.1", x509.ExtKeyUsageServerAuth, x509.CertificateInvalidError{Reason: x509.Expired}},
+		{certs.ExpiredClientCert, certs.ExpiredClientKey, certs.CAFile, "", x509.ExtKeyUsageClientAuth, x509.CertificateInvalidError{Reason: x509.Expired}},
+	} {
+		if _, err := tls.LoadX509KeyPair(tc.cert, tc.key); err != nil {
+			t.Errorf("%s with %s: %v", filepath.Base(tc.cert), filepath.Base(tc.key), err)
+		}
+		_, err := load(tc.cert).Verify(x509.VerifyOptions{Roots: pool(tc.ca), DNSName: tc.name, KeyUsages: []x509.ExtKeyUsage{tc.usage}})
+		if got, want := fmt.Sprintf("%T", err), fmt.Sprintf("%T", tc.want); got != want {
+			t.Errorf("%s for %q under %s: %v, want a %s", filepath.Base(tc.cert), tc.name, filepath.Base(tc.ca), err, want)
+		}
+		if ci, ok := tc.want.(x509.CertificateInvalidError); ok {
+			if got, _ := err.(x509.CertificateInvalidError); got.Reason != ci.Reason {
+				t.Errorf("%s: %v, want reason %d", filepath.Base(tc.cert), err, ci.Reason)
+			}
+		}
+	}
+}
+
+// TestClusterTLS: a Cluster whose every node speaks TLS only is created
+// and serves keys on all three masters through a TLS cluster client; a
+// plaintext cluster client gets nowhere.
+func TestClusterTLS(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	cl := StartClusterTLS(t, NewCertificates(t))
+	t.Logf("TLS cluster ready in %v", time.Since(start).Round(time.Millisecond))
+	ctx := t.Context()
+	const keys = 100
+	for i := range keys {
+		if err := cl.Client().Set(ctx, "key:"+strconv.Itoa(i), i, 0).Err(); err != nil {
+			t.Fatalf("SET: %v", err)
+		}
+	}
+	total := int64(0)
+	for _, n := range cl.Nodes() {
+		size, err := n.Client().DBSize(ctx).Result()
+		if err != nil || size == 0 {
+			t.Errorf("DBSIZE on %s = %d, %v; want some keys", n.Addr(), size, err)
+		}
+		total += size
+	}
+	if total != keys {
+		t.Errorf("nodes hold %d keys in all, want %d", total, keys)
+	}
+	o := cl.ClusterOptions()
+	o.TLSConfig, o.MaxRetries, o.DialTimeout = nil, -1, time.Second
+	plain := redis.NewClusterClient(o)
+	defer plain.Close()
+	if err := plain.Set(ctx, "k", "v", 0).Err(); err == nil {
+		t.Error("SET through a plaintext cluster client succeeded")
+	}
+}
+
+// TestSentinelTLS: with every process on TLS, the failover client reaches
+// the master through the Sentinels, the replica replicates, and a forced
+// failover moves the client to the new master.
+func TestSentinelTLS(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	s := StartSentinelTLS(t, NewCertificates(t))
+	t.Logf("TLS sentinels ready in %v", time.Since(start).Round(time.Millisecond))
+	ctx := t.Context()
+	fc := s.FailoverClient()
+	if err := fc.Set(ctx, "before", "1", 0).Err(); err != nil {
+		t.Fatalf("SET before failover: %v", err)
+	}
+	if n, err := s.Master().Client().Wait(ctx, 1, 5000).Result(); err != nil || n < 1 {
+		t.Fatalf("WAIT 1 = %d, %v", n, err)
+	}
+	s.Failover(t)
+	eventually(t, 15*time.Second, "failover client on the new master", func(ctx context.Context) error {
+		if err := fc.Set(ctx, "after", "1", 0).Err(); err != nil {
+			return err
+		}
+		info, err := fc.Info(ctx, "server").Result()
+		if err != nil {
+			return err
+		}
+		// tcp_port is the TLS port when the plaintext one is 0.
+		if port := infoField(info, "tcp_port"); port != strconv.Itoa(s.Master().Port()) {
+			return fmt.Errorf("client talks to port %s, want %d", port, s.Master().Port())
+		}
+		return nil
+	})
+	if got, err := fc.Get(ctx, "before").Result(); err != nil || got != "1" {
+		t.Errorf("GET before = %q, %v; want 1", got, err)
+	}
 }

@@ -23,7 +23,7 @@ const (
 )
 
 // Sentinel is a master and one replica monitored by three Sentinels, started
-// by StartSentinel; the zero value is not usable. Its methods are safe for concurrent use; those taking a
+// by StartSentinel or StartSentinelTLS; the zero value is not usable. Its methods are safe for concurrent use; those taking a
 // testing.TB must be called from the test's goroutine.
 type Sentinel struct {
 	sentinels []*Server
@@ -43,14 +43,33 @@ type Sentinel struct {
 // the two other Sentinels. Everything is stopped in t.Cleanup.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
+	return startSentinel(t, nil)
+}
+
+// StartSentinelTLS is StartSentinel with every process speaking TLS only,
+// with certs (TLSOptions{Certs: certs}: a client certificate is
+// required): the master, the replica, which replicates over TLS, and the
+// Sentinels, which listen on their TLS port and reach the nodes and each
+// other over TLS (--tls-replication yes). FailoverOptions and
+// FailoverClient carry certs.ClientTLS.
+func StartSentinelTLS(t testing.TB, certs *Certificates) *Sentinel {
+	t.Helper()
+	return startSentinel(t, &TLSOptions{Certs: certs})
+}
+
+// startSentinel starts a Sentinel set, plaintext or with tlsOpts.
+func startSentinel(t testing.TB, tlsOpts *TLSOptions) *Sentinel {
+	t.Helper()
 	s := &Sentinel{}
+	opts := ServerOptions{TLS: tlsOpts}
 	// The nodes read redis.conf so that the CONFIG REWRITE that Sentinel sends
 	// with each role change persists it, as in a real deployment: a node
 	// restarted after a failover comes back with its new role. That is also
 	// why the replica's replicaof is in its config rather than on its command
 	// line, where it would win over the rewritten file.
-	s.master = startServer(t, serverSpec{confFile: "redis.conf"})
+	s.master = startServer(t, serverSpec{opts: opts, confFile: "redis.conf"})
 	s.replica = startServer(t, serverSpec{
+		opts:     opts,
 		confFile: "redis.conf",
 		conf:     fmt.Sprintf("replicaof 127.0.0.1 %d\n", s.master.port),
 	})
@@ -68,7 +87,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 		"", // the port and dir are passed as arguments, see Server.argv
 	}, "\n")
 	for range 3 {
-		s.sentinels = append(s.sentinels, startServer(t, serverSpec{confFile: "sentinel.conf", conf: conf, sentinel: true}))
+		s.sentinels = append(s.sentinels, startServer(t, serverSpec{opts: opts, confFile: "sentinel.conf", conf: conf, sentinel: true}))
 	}
 	t.Cleanup(func() {
 		s.clientOnce.Do(func() {}) // no client can be created from now on
@@ -142,6 +161,7 @@ func (s *Sentinel) FailoverOptions() *redis.FailoverOptions {
 	return &redis.FailoverOptions{
 		MasterName:      sentinelMasterName,
 		SentinelAddrs:   s.SentinelAddrs(),
+		TLSConfig:       s.sentinels[0].ClientTLS(),
 		DisableIdentity: true,
 	}
 }

@@ -6,6 +6,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -37,9 +38,13 @@ type ServerOptions struct {
 	AOF bool
 	// Args are extra redis-server arguments, appended after the defaults, for
 	// example {"--maxmemory", "10mb"}. For a repeated directive the last one
-	// wins, so Args can override a default, except --port, --bind and --dir,
-	// which the helper relies on.
+	// wins, so Args can override a default, except --port (--tls-port with
+	// TLS), --bind and --dir, which the helper relies on.
 	Args []string
+	// TLS, when set, makes the server speak TLS only (see TLSOptions):
+	// Addr is then its TLS port, and Options, Client and the helper's own
+	// probes connect over TLS with Certs' client certificate.
+	TLS *TLSOptions
 }
 
 // serverSpec is what startServer needs beyond ServerOptions to start the
@@ -72,6 +77,8 @@ type Server struct {
 	sentinel bool
 	password string
 	port     int // set once, before StartServer returns
+	tls      *TLSOptions
+	cluster  bool // a Cluster node (--tls-cluster yes with TLS)
 	keep     map[string]bool
 
 	mu   sync.Mutex
@@ -124,13 +131,21 @@ func StartServer(t testing.TB, opts ServerOptions) *Server {
 // startServer starts the flavour of redis-server that spec describes.
 func startServer(t testing.TB, spec serverSpec) *Server {
 	t.Helper()
+	if spec.opts.TLS != nil && spec.opts.TLS.Certs == nil {
+		t.Fatal("redistest: TLSOptions without Certs")
+	}
 	s := &Server{
 		bin:      Require(t, "redis-server"),
 		dir:      t.TempDir(),
 		args:     append([]string(nil), spec.opts.Args...),
 		aof:      spec.opts.AOF,
 		password: spec.opts.Password,
+		cluster:  spec.clusterBus,
 		keep:     map[string]bool{logName: true, "nodes.conf": true},
+	}
+	if spec.opts.TLS != nil {
+		o := *spec.opts.TLS
+		s.tls = &o
 	}
 	if spec.confFile != "" {
 		conf := filepath.Join(s.dir, spec.confFile)
@@ -224,8 +239,12 @@ func (s *Server) spawn() (*process, error) {
 // argv is the redis-server command line for s.
 func (s *Server) argv() []string {
 	argv := append([]string(nil), s.prefix...)
+	if s.tls != nil {
+		argv = append(argv, s.tls.args(s.port, s.cluster)...)
+	} else {
+		argv = append(argv, "--port", strconv.Itoa(s.port))
+	}
 	argv = append(argv,
-		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
 		"--daemonize", "no",
@@ -285,8 +304,8 @@ func (s *Server) probeOptions() *redis.Options {
 	return o
 }
 
-// Addr returns the server's address, "127.0.0.1:<port>". It does not change
-// across Restart.
+// Addr returns the server's address, "127.0.0.1:<port>" (the TLS port
+// with ServerOptions.TLS). It does not change across Restart.
 func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 
 // Port returns the server's TCP port.
@@ -300,15 +319,26 @@ func (s *Server) Dir() string { return s.dir }
 // across all its runs.
 func (s *Server) LogPath() string { return filepath.Join(s.dir, logName) }
 
-// Options returns fresh go-redis options for the server (address and
-// password), for tests that need a client with their own timeouts. The
-// caller closes the clients it makes.
+// Options returns fresh go-redis options for the server (address,
+// password and, with ServerOptions.TLS, a TLS config that presents the
+// client certificate), for tests that need a client with their own
+// timeouts. The caller closes the clients it makes.
 func (s *Server) Options() *redis.Options {
 	return &redis.Options{
 		Addr:            s.Addr(),
 		Password:        s.password,
+		TLSConfig:       s.ClientTLS(),
 		DisableIdentity: true, // CLIENT SETINFO needs Redis 7.2
 	}
+}
+
+// ClientTLS returns a fresh copy of the TLS config that Options carries,
+// or nil for a plaintext server.
+func (s *Server) ClientTLS() *tls.Config {
+	if s.tls == nil {
+		return nil
+	}
+	return s.tls.clientTLS()
 }
 
 // Client returns a go-redis client for the server with default options. It is
