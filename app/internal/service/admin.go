@@ -60,6 +60,7 @@ func (s *Server) adminRouter() http.Handler {
 	mux.HandleFunc("GET /status", s.status)
 	mux.HandleFunc("POST /admin/reset", s.reset)
 	mux.HandleFunc("GET /admin/top", s.top)
+	mux.HandleFunc("GET /admin/keys", s.keys)
 	if s.cfg.DebugClock {
 		mux.HandleFunc("/debug/clock", s.clock.serve)
 	}

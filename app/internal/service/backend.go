@@ -29,6 +29,9 @@ type backend struct {
 	// error is a bad request (nothing was reset). In memory mode the
 	// result is neither Fleet nor Partial: this instance is all there is.
 	reset func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error)
+	// inspect reads identity's state under policies, counting nothing
+	// (GET /admin/keys, keys.go).
+	inspect func(ctx context.Context, identity string, policies []ratelimit.Policy) []keyPolicy
 	// lostWrites counts the times Redis was found to have lost
 	// acknowledged writes (nil without Redis).
 	lostWrites func() uint64
@@ -55,6 +58,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 			reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error) {
 				return resilient.ResetResult{}, mem.Reset(ctx, identity, policies)
 			},
+			inspect: inspectMemory(mem),
 		}, nil
 	}
 	if cfg.RedisTLSConfig != nil {
@@ -164,6 +168,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 		reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error) {
 			return rl.Reset(ctx, identity, policies...)
 		},
+		inspect:    inspectRedis(store, rl, leased, cfg.RedisTimeout),
 		lostWrites: store.LostWrites,
 	}, nil
 }
