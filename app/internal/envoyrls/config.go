@@ -81,6 +81,12 @@ type Limit struct {
 	Policy ratelimit.Policy
 	// RateLimit is what DescriptorStatus.current_limit reports.
 	RateLimit *pb.RateLimitResponse_RateLimit
+	// Descriptor is the configured descriptor's path below its domain, as
+	// envoyproxy/ratelimit builds its stat key: each level's key, with
+	// "_" and the value where the configuration names one, joined by "."
+	// ("api_search.user_id"). It names the descriptor in the metrics
+	// (Hits), so it never holds a value that only a client sent.
+	Descriptor string
 	// Name is the rate_limit's name, which replaces refers to.
 	Name     string
 	Replaces []string
@@ -371,6 +377,7 @@ func (p *parser) descriptors(parent *node, list *yaml.Node, path string) error {
 				return err
 			}
 			child.limit.Shadow = shadow
+			child.limit.Descriptor = full[len(p.domain)+1:]
 		}
 		if err := p.descriptors(child, fields["descriptors"], full); err != nil {
 			return err

@@ -75,6 +75,7 @@ type Service struct {
 	trusted  []netip.Prefix
 	trustIDs bool
 	logger   *slog.Logger
+	stats    func(Hits)
 }
 
 // Option configures a Service.
@@ -108,6 +109,39 @@ func WithTrustedProxies(prefixes []netip.Prefix) Option {
 // passes the client's through would let the client repeat one id for
 // admissions that are not counted. As httplimit.WithTrustedRequestIDs.
 func WithTrustedRequestIDs() Option { return func(s *Service) { s.trustIDs = true } }
+
+// Hits are the hits (hits_addend) of one limited descriptor of one call,
+// counted as envoyproxy/ratelimit counts its per-descriptor stats
+// (ratelimit.service.rate_limit.<domain>.<descriptor>.*) where the two
+// count alike; docs/DOORS.md maps one to the other.
+type Hits struct {
+	// Domain is the request's domain, one the configuration names.
+	Domain string
+	// Descriptor is the matched configured descriptor's path
+	// (Limit.Descriptor); "override" for a limit override
+	// (RateLimitOverride) that matched no configured descriptor.
+	Descriptor string
+	// Total is every hit: WithinLimit + OverLimit.
+	Total uint64
+	// WithinLimit counts the hits of an admitted call, OverLimit those of
+	// a refused one (a call is admitted or refused whole: a refusal counts
+	// nothing), shadow-mode descriptors' included.
+	WithinLimit, OverLimit uint64
+	// NearLimit counts the admitted hits that took the descriptor's count
+	// past envoyproxy/ratelimit's near-limit threshold, floor(0.8 ×
+	// capacity): a part of WithinLimit.
+	NearLimit uint64
+	// ShadowMode counts the hits over the limit of a shadow_mode
+	// descriptor, answered OK: a part of OverLimit.
+	ShadowMode uint64
+}
+
+// WithStats calls record with the Hits of every limited descriptor of
+// every call decided (none for an unknown domain, a descriptor that
+// matches no configured one, an unlimited or replaced one, a call that
+// fails). record is called on the call's goroutine: it must be quick and
+// safe for concurrent use.
+func WithStats(record func(Hits)) Option { return func(s *Service) { s.stats = record } }
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(s *Service) { s.logger = l } }
@@ -254,11 +288,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 			slog.String("policy", reqs[j].Policy.Name), slog.String("error", err.Error()))
 		return nil, status.Error(codes.Unavailable, "the rate limiter could not decide")
 	}
-	return s.answer(ctx, checks, ds), nil
+	return s.answer(ctx, req.GetDomain(), checks, ds), nil
 }
 
-// answer builds the response from the decisions.
-func (s *Service) answer(ctx context.Context, checks []check, ds []ratelimit.Decision) *pb.RateLimitResponse {
+// answer builds the response from the decisions, and counts them (WithStats).
+func (s *Service) answer(ctx context.Context, domain string, checks []check, ds []ratelimit.Decision) *pb.RateLimitResponse {
 	resp := &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, len(checks))}
 	// What the headers describe: every limited descriptor, in order, with
 	// the decision its status reports.
@@ -302,6 +336,9 @@ func (s *Service) answer(ctx context.Context, checks []check, ds []ratelimit.Dec
 		if over && !c.limit.Shadow {
 			st.Code = pb.RateLimitResponse_OVER_LIMIT
 			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+		}
+		if s.stats != nil {
+			s.stats(hits(domain, c, d, over))
 		}
 		decided[i], limited = d, append(limited, i)
 	}
@@ -377,6 +414,38 @@ func headers(checks []check, limited []int, decided []ratelimit.Decision) (http.
 	return hdr, best
 }
 
+// hits counts descriptor c of a call in domain, decided d (over: refused,
+// shadow mode or not).
+func hits(domain string, c *check, d ratelimit.Decision, over bool) Hits {
+	h := Hits{Domain: domain, Descriptor: c.limit.Descriptor, Total: c.hits}
+	if over {
+		h.OverLimit = c.hits
+		if c.limit.Shadow {
+			h.ShadowMode = c.hits
+		}
+		return h
+	}
+	h.WithinLimit = c.hits
+	h.NearLimit = nearHits(d.Limit, d.Remaining, c.hits)
+	return h
+}
+
+// nearHits is how many of the hits just admitted took the count (capacity
+// minus remaining) past floor(0.8 × capacity), envoyproxy/ratelimit's
+// near-limit threshold at its default ratio: with a capacity of 10, the 9th
+// and the 10th hit.
+func nearHits(capacity, remaining int64, hits uint64) uint64 {
+	if capacity <= 0 {
+		return 0
+	}
+	after := capacity - min(max(remaining, 0), capacity)
+	threshold := capacity - (capacity+4)/5 // floor(4 × capacity / 5)
+	if after <= threshold {
+		return 0
+	}
+	return min(hits, uint64(after-threshold))
+}
+
 // blockedName is the stand-in policy name of the blocked descriptor at
 // index i of a call (see headers).
 func blockedName(i int) string { return "rls-blocked-" + strconv.Itoa(i) }
@@ -417,7 +486,10 @@ func override(domain string, base *Limit, o *rlv3.RateLimitDescriptor_RateLimitO
 	if m := o.GetUnitMultiplier(); m != nil {
 		multiplier = max(1, m.GetValue())
 	}
-	l := &Limit{RateLimit: &pb.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: units[u].unit}}
+	l := &Limit{RateLimit: &pb.RateLimitResponse_RateLimit{RequestsPerUnit: o.GetRequestsPerUnit(), Unit: units[u].unit}, Descriptor: "override"}
+	if base != nil {
+		l.Descriptor = base.Descriptor
+	}
 	if multiplier > 1 {
 		l.RateLimit.UnitMultiplier = o.GetUnitMultiplier()
 	}

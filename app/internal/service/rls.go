@@ -47,6 +47,7 @@ func (s *Server) startRLS() (*rlsDoor, error) {
 	if s.cfg.DebugHeaders {
 		opts = append(opts, envoyrls.WithDebug(s.cfg.Instance))
 	}
+	opts = append(opts, envoyrls.WithStats(newRLSHits(s.metrics.reg).record)) // rlsmetrics.go
 	svc := envoyrls.New(s.limiter, s.cfg.RLS, opts...)
 	ln, err := net.Listen("tcp", s.cfg.GRPCAddr)
 	if err != nil {
