@@ -45,8 +45,9 @@ type backend struct {
 // not stop the start: the fallback serves. With TLS to Redis, each
 // configured address gets one handshake first (checkRedisTLS), so that a
 // wrong CA or an expired certificate stops the start with a *ConfigError
-// naming the setting instead of passing for an outage.
-func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) (*backend, error) {
+// naming the setting instead of passing for an outage. With tracing on
+// (tr not nil), the Redis clients and the recoveries make spans.
+func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, tr *tracing) (*backend, error) {
 	if !cfg.RedisEnabled() {
 		mem := memstore.New(memstore.WithCapacity(cfg.KeyCapacity))
 		m.watchLocal(mem.Len, mem.Evictions)
@@ -96,6 +97,21 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 		_ = client.Close()
 		return nil, fmt.Errorf("redis client: %w", err)
 	}
+	// The replays' calls carry no request's span: each is a trace.
+	if err := errors.Join(tr.instrumentRedis(client, true), tr.instrumentRedis(replayClient, false)); err != nil {
+		_ = client.Close()
+		_ = replayClient.Close()
+		return nil, fmt.Errorf("redis tracing: %w", err)
+	}
+	onTransition := m.observeTransition
+	var recoveries *recoverySpans
+	if tr != nil {
+		recoveries = &recoverySpans{tracer: tr.tracer}
+		onTransition = func(from, to resilient.BreakerState) {
+			m.observeTransition(from, to)
+			recoveries.observe(from, to)
+		}
+	}
 	opts := []redisstore.Option{
 		redisstore.WithReplayClient(replayClient),
 		redisstore.WithTimeout(cfg.RedisTimeout),
@@ -130,12 +146,15 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time) 
 		JournalDir:        cfg.JournalDir,
 		JournalMax:        cfg.JournalMax,
 		Logger:            log,
-		OnTransition:      m.observeTransition,
+		OnTransition:      onTransition,
 	})
 	if err != nil {
 		_ = client.Close()
 		_ = replayClient.Close()
 		return nil, &ConfigError{Var: "RL_JOURNAL_DIR", Err: err}
+	}
+	if recoveries != nil {
+		recoveries.limiter.Store(rl)
 	}
 	// Lease mode for the policies that opt in (ratelimit.Policy.Lease);
 	// every other request goes straight to rl.

@@ -53,7 +53,7 @@ func (s *Server) startRLS() (*rlsDoor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on RL_GRPC_ADDR %s: %w", s.cfg.GRPCAddr, err)
 	}
-	var srvOpts []grpc.ServerOption
+	srvOpts := s.tracing.grpcServerOptions() // none when tracing is off
 	tlsCfg := s.cfg.GRPCTLSConfig
 	if tlsCfg != nil {
 		srvOpts = append(srvOpts, grpc.Creds(credentials.NewTLS(tlsCfg)))

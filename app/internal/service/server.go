@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,8 +40,9 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	backend *backend
-	limiter ratelimit.Limiter // the backend's, instrumented: what every door decides with
+	limiter ratelimit.Limiter // the backend's, instrumented (and traced: tracing.go): what every door decides with
 	rls     *rlsDoor          // nil: RL_GRPC_ADDR is empty
+	tracing *tracing          // nil: off (tracing.go)
 	started time.Time
 	resets  *prometheus.CounterVec // POST /admin/reset by result (reset.go)
 
@@ -97,7 +99,15 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 	if cfg.DebugClock {
 		logger.Warn("RL_DEBUG_CLOCK is on: POST /debug/clock on the admin port moves this instance's wall clock (chaos stacks only)")
 	}
-	if s.backend, err = newBackend(cfg, s.metrics, logger, s.clock.Now); err != nil {
+	if s.tracing, err = newTracing(getenv, cfg.Instance, logger); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil { // every failed return below has set err
+			_ = s.tracing.shutdown(context.Background())
+		}
+	}()
+	if s.backend, err = newBackend(cfg, s.metrics, logger, s.clock.Now, s.tracing); err != nil {
 		return nil, err
 	}
 	s.metrics.watchStatus(s.backend.status)
@@ -107,13 +117,13 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 	if cfg.APIKeys == nil {
 		logger.Warn("RL_API_KEY_SECRET is not set: every X-API-Key is refused (401), clients are limited per address")
 	}
-	s.limiter = s.metrics.instrument(s.backend.limiter)
+	s.limiter = s.tracing.limiter(s.metrics.instrument(s.backend.limiter))
 	s.policy.Store(s.newPolicyState(cfg.Policies, s.started))
 	s.metrics.reg.MustRegister(policyCollector{s})
 
 	errorLog := log.New(stderr, "", log.LstdFlags)
 	s.public = &http.Server{
-		Handler:           http.HandlerFunc(s.servePublic),
+		Handler:           s.tracing.handler(http.HandlerFunc(s.servePublic)),
 		ReadHeaderTimeout: 5 * time.Second,
 		IdleTimeout:       90 * time.Second,
 		MaxHeaderBytes:    64 << 10,
@@ -203,9 +213,16 @@ func (s *Server) shutdownOn(ctx context.Context) {
 	}
 	closing, cancelClose := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancelClose()
+	var flushed sync.WaitGroup // the spans still queued, beside the limiter's close
+	flushed.Go(func() {
+		if err := s.tracing.shutdown(closing); err != nil {
+			s.log.Warn("flushing the traces", slog.String("error", err.Error()))
+		}
+	})
 	if err := s.backend.close(closing); err != nil {
 		s.log.Warn("closing the limiter", slog.String("error", err.Error()))
 	}
+	flushed.Wait()
 	if failure != nil {
 		s.waitErr = failure
 	}
@@ -300,6 +317,7 @@ func (s *Server) logRequests(limits *httplimit.Middleware, next http.Handler) ht
 			route = rc.RoutePattern()
 		}
 		s.metrics.requests.WithLabelValues(route, strconv.Itoa(sw.status)).Inc()
+		s.tracing.nameSpan(r, route)
 		// nginx's access log has every request (with this id); here a
 		// line per request only at debug, and always for a 5xx. At info,
 		// a line per request doubled the CPU the compose stack spent on

@@ -233,7 +233,9 @@ func (c *coalescer) flush(batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.Background(), context.CancelFunc(func() {})
+	// The first caller's values (its trace span: the pipeline's Redis calls
+	// show under its decision), none of its cancellation.
+	ctx, cancel := context.WithoutCancel(live[0].ctx), context.CancelFunc(func() {})
 	if unbounded {
 		deadline = time.Time{}
 	}
