@@ -21,8 +21,7 @@ import (
 // the resilient limiter with its journal, and the HTTP middleware. The
 // README's "Using the library" quotes this example.
 func Example() {
-	// Where Redis is, and a directory that outlives the process (a volume,
-	// in a container) for the journal of the grants made while Redis is out.
+	// Where Redis is; the journal's directory must outlive the process.
 	redisURL, journalDir := os.Getenv("RL_REDIS_URL"), os.Getenv("RL_JOURNAL_DIR")
 
 	// Decisions: a call slower than timeout is decided locally. Its reply
@@ -33,9 +32,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	// Replays after an outage send up to 1000 keys a pipeline: a client of
-	// their own, whose timeouts are the replay budget (the decisions' 50 ms
-	// would cut them).
+	// Replays: a client of their own, whose timeouts are the replay budget.
 	const replayTimeout = 2 * time.Second
 	replayClient, err := redisstore.NewClient(redisstore.ClientConfig{URL: redisURL, Timeout: replayTimeout, PoolSize: 2})
 	if err != nil {
@@ -58,8 +55,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// Close stops the heartbeats and leaves the fleet at once, so that the
-	// other instances do not hold this one's share back.
+	// Close leaves the fleet at once: the others stop holding this one's share.
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
