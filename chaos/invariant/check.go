@@ -233,6 +233,8 @@ func Check(in Input) []Row {
 	}
 	// reset_held
 	rows = append(rows, ResetHeldRows(all, in.Phases, in.Policies, in.Events)...)
+	// rls_config_reloaded
+	rows = append(rows, RLSConfigRow(all, in.Policies, in.Events, in.Statuses)...)
 	// reconciled and uncounted
 	rows = append(rows, ReconciledRow(in.Statuses))
 	rows = append(rows, UncountedRows(in.Phases, in.Statuses)...)

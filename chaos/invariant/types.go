@@ -46,6 +46,7 @@ const (
 	FailoverMS    = "failover_ms"
 	RecoveryMS    = "recovery_ms"
 	ResetHeld     = "reset_held"
+	RLSConfig     = "rls_config_reloaded"
 )
 
 // AllRoutes is the route of rows about the whole fleet.
@@ -79,6 +80,9 @@ type Event struct {
 	// TSendMS and TRecvMS bracket the action (Unix ms).
 	TSendMS float64 `json:"t_send_ms,omitempty"`
 	TRecvMS float64 `json:"t_recv_ms,omitempty"`
+	// Version is the configuration version Instance reported
+	// (EventRLSConfig, EventRLSReload).
+	Version string `json:"version,omitempty"`
 }
 
 // Events the invariants read.
@@ -93,6 +97,14 @@ const (
 	// EventReload: Instance re-read its policy file, changed by the
 	// scenario (the new policy version in Detail).
 	EventReload = "reload"
+	// EventRLSReload: Instance re-read its rate limit service
+	// configuration, changed by the scenario without a signal (the app
+	// noticed the directory change), and reported Version; Route is the
+	// door route whose requests that configuration decides.
+	EventRLSReload = "rls_reload"
+	// EventRLSConfig: Instance's rate limit service configuration version
+	// before the load (Version).
+	EventRLSConfig = "rls_config"
 )
 
 // Phase is one phase of a run: [StartMS, EndMS) in Unix milliseconds.

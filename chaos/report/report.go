@@ -85,7 +85,9 @@ type Report struct {
 	RedisCheck map[string]any `json:"redis_check,omitempty"`
 	// ResetChecks are reset_held's figures for each reset key.
 	ResetChecks []invariant.ResetCheck `json:"reset_checks,omitempty"`
-	Pass        bool                   `json:"pass"`
+	// RLSConfigChecks are rls_config_reloaded's figures for each instance.
+	RLSConfigChecks []invariant.RLSConfigCheck `json:"rls_config_checks,omitempty"`
+	Pass            bool                       `json:"pass"`
 }
 
 // JudgedPolicies converts the report's policies back for the invariants:

@@ -77,13 +77,18 @@ func (c *Compose) Unsupported(needs string) string {
 	case NeedsResetPartition:
 		return "the compose stack publishes no app port, and the reset keys' requests go straight to app1 (make chaos-local runs it)"
 	case NeedsReload:
-		return "the compose stack's apps share one bind-mounted policy file, so a change reaches them all at once (make chaos-local runs it)"
+		return "the compose stack's apps share one bind-mounted policy file and RLS configuration, so a change reaches them all at once (make chaos-local runs it)"
 	}
 	return ""
 }
 
 // SetPolicies implements Stack: not on the compose stack (Unsupported).
 func (c *Compose) SetPolicies(context.Context, string, string) (string, error) {
+	return "", &UnsupportedError{Fault: NeedsReload, Reason: c.Unsupported(NeedsReload)}
+}
+
+// SetRLSConfig implements Stack: not on the compose stack (Unsupported).
+func (c *Compose) SetRLSConfig(context.Context, string, string) (string, error) {
 	return "", &UnsupportedError{Fault: NeedsReload, Reason: c.Unsupported(NeedsReload)}
 }
 

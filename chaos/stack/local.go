@@ -40,6 +40,10 @@ type Local struct {
 	// policyDir holds each app's own policy file, <app>.json (Up with
 	// NeedsReload); "" when they share one.
 	policyDir string
+	// rlsDir holds each app's own rate limit service configuration,
+	// <app>/ laid out as a ConfigMap mount (Up with NeedsReload); "" when
+	// they share one.
+	rlsDir string
 }
 
 // NewLocal returns the native stack of the repository at root; command
@@ -96,14 +100,19 @@ func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 		// for it (the demo's would refuse most of it).
 		r.env = append(r.env, "LOCAL_POLICY_FILE="+filepath.Join(l.r.root, PolicyFile))
 	}
-	l.policyDir = ""
+	l.policyDir, l.rlsDir = "", ""
 	if needs == NeedsReload {
-		dir, err := l.newPolicyDir()
+		dir, err := l.newRunDir("chaos-policies")
 		if err != nil {
 			return Info{}, err
 		}
 		l.policyDir = dir
 		r.env = append(r.env, "LOCAL_POLICY_DIR="+dir)
+		if dir, err = l.newRunDir("chaos-rls"); err != nil {
+			return Info{}, err
+		}
+		l.rlsDir = dir
+		r.env = append(r.env, "LOCAL_RLS_CONFIG_PER_APP_DIR="+dir)
 	}
 	if os.Getenv("LOCAL_RLS_CONFIG_DIR") == "" {
 		r.env = append(r.env, "LOCAL_RLS_CONFIG_DIR="+filepath.Join(l.r.root, RLSConfigDir))

@@ -146,6 +146,14 @@ type Stack interface {
 	// /status), or why it kept the ones in force. The other apps keep
 	// theirs. Needs a stack started with NeedsReload.
 	SetPolicies(ctx context.Context, app, path string) (version string, err error)
+	// SetRLSConfig gives app the rate limit service configuration in the
+	// directory srcDir (relative to the repository, or absolute) as a
+	// Kubernetes ConfigMap update does (a new directory, the ..data
+	// symlink swapped), without a signal: the app notices it by itself.
+	// It returns the rls_config_version the app reports once it has (its
+	// /status), or why it kept the configuration in force. The other apps
+	// keep theirs. Needs a stack started with NeedsReload.
+	SetRLSConfig(ctx context.Context, app, srcDir string) (version string, err error)
 	// Unsupported says why a fault ("latency", ...) cannot be injected on
 	// this stack; "" if it can.
 	Unsupported(fault string) string

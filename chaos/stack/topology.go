@@ -49,8 +49,9 @@ const (
 	NeedsResetPartition = "reset-partition"
 )
 
-// NeedsReload (Stack.Up) gives each app a policy file of its own, so that
-// a policy change reaches the instances one at a time (Stack.SetPolicies).
+// NeedsReload (Stack.Up) gives each app a policy file and a rate limit
+// service configuration of its own, so that a change reaches the instances
+// one at a time (Stack.SetPolicies, Stack.SetRLSConfig).
 const NeedsReload = "reload"
 
 // nodeAt returns the data node listening on addr.

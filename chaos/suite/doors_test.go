@@ -1,6 +1,9 @@
 package suite
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -68,5 +71,27 @@ func TestRouteMixes(t *testing.T) {
 		if _, ok := cfg.routeMix["/api/gcra"]; ok {
 			t.Errorf("%+v: /api/gcra has a mix of its own", info)
 		}
+	}
+}
+
+// TestReloadRLSKeepsTheDoorsDescriptor: reload-under-load's RLS
+// configuration is the stack's file as it is with a descriptor added after
+// it, so the door's descriptor (its limit, its counts) stays and only the
+// version changes.
+func TestReloadRLSKeepsTheDoorsDescriptor(t *testing.T) {
+	before, err := os.ReadFile(filepath.Join("..", "..", stack.RLSConfigDir, "chaos.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.ReadFile(filepath.Join("..", "..", ReloadRLS, "chaos.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(after, before) || !bytes.Contains(after[len(before):], []byte("\n  - key: ")) {
+		t.Errorf("%s/chaos.yaml is not %s/chaos.yaml with a descriptor added", ReloadRLS, stack.RLSConfigDir)
+	}
+	entries, err := os.ReadDir(filepath.Join("..", "..", ReloadRLS))
+	if err != nil || len(entries) != 1 {
+		t.Errorf("%s: %d entries (%v), want chaos.yaml only", ReloadRLS, len(entries), err)
 	}
 }

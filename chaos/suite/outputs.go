@@ -37,6 +37,7 @@ func analyze(rep *report.Report, reqs []invariant.Request) {
 	}
 	rep.Invariants = invariant.Check(in)
 	rep.ResetChecks = invariant.ResetChecks(reqs, rep.Phases, in.Policies, rep.Events)
+	rep.RLSConfigChecks = invariant.RLSConfigChecks(reqs, in.Policies, rep.Events, rep.Statuses)
 	rep.Failover, _ = invariant.Failover(reqs, rep.Phases, rep.Affected, in.FailedAtMS)
 	rep.Totals = invariant.ComputeTotals(reqs, rep.Phases)
 }

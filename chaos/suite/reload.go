@@ -1,12 +1,16 @@
 package suite
 
-// reload-under-load: the policy file changes under load and reaches the
-// instances one at a time, during a Redis outage. The invariants judge each
-// key against the policy in force (invariant.Change), from the reload
-// events and the policies learned before the load and after it.
+// reload-under-load: the policy file and the rate limit service's
+// configuration change under load and reach the instances one at a time,
+// during a Redis outage. The invariants judge each key against the policy
+// in force (invariant.Change), from the reload events and the policies
+// learned before the load and after it; the configuration change leaves the
+// door's descriptor as it was (its keys are judged as in any scenario), and
+// rls_config_reloaded checks that it reached every instance.
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -26,8 +30,28 @@ const (
 	ReloadAfter  = "chaos/reload/after.json"
 )
 
+// ReloadRLS is the rate limit service configuration of reload-under-load,
+// relative to the repository: the stack's (stack.RLSConfigDir) with one
+// descriptor added that no load uses, so its version changes while the
+// door's descriptor, its limit and its counts stay.
+const ReloadRLS = "chaos/reload/rls"
+
+// rlsVersion reads an app's rls_config_version from its /status ("": none).
+func rlsVersion(ctx context.Context, e *Env, app string) string {
+	b, err := e.Stack.Status(ctx, app)
+	if err != nil {
+		return ""
+	}
+	var st struct {
+		Version string `json:"rls_config_version"`
+	}
+	_ = json.Unmarshal(b, &st)
+	return st.Version
+}
+
 // reloadSetup gives every app the first policy file, before the policies
-// are learned and the load starts.
+// are learned and the load starts, and records its RLS configuration
+// version (rls_config_reloaded wants the change to move it).
 func reloadSetup(ctx context.Context, e *Env) error {
 	for _, a := range e.Info.AppNames() {
 		v, err := e.Stack.SetPolicies(ctx, a, ReloadBefore)
@@ -35,14 +59,18 @@ func reloadSetup(ctx context.Context, e *Env) error {
 			return err
 		}
 		e.Event("policy_file", fmt.Sprintf("%s: %s (policy version %s), before the load", a, ReloadBefore, v))
+		e.Action(invariant.Event{Event: invariant.EventRLSConfig, Instance: a, Version: rlsVersion(ctx, e, a),
+			Detail: "the RLS configuration before the load"})
 	}
 	return nil
 }
 
-// reloadUnderLoad SIGKILLs Redis, gives the apps the second policy file one
-// at a time, at 1/8, 3/8, 5/8 and 7/8 of the fault (each reload recorded
-// with the bracket of its call), and restarts Redis with its data at the
-// end of the fault.
+// reloadUnderLoad SIGKILLs Redis, gives the apps ReloadRLS and then the
+// second policy file one at a time, at 1/8, 3/8, 5/8 and 7/8 of the fault
+// (each reload recorded with the bracket of its call), and restarts Redis
+// with its data at the end of the fault. The configuration goes first:
+// SetRLSConfig returns once the app's own watch has read it, so the policy
+// change's SIGHUP, which re-reads both, cannot be what applied it.
 func reloadUnderLoad(ctx context.Context, e *Env) error {
 	apps := e.Info.AppNames()
 	start := time.Now()
@@ -56,7 +84,14 @@ func reloadUnderLoad(ctx context.Context, e *Env) error {
 			return err
 		}
 		sent := time.Now()
-		v, err := e.Stack.SetPolicies(ctx, a, ReloadAfter)
+		v, err := e.Stack.SetRLSConfig(ctx, a, ReloadRLS)
+		if err != nil {
+			return err
+		}
+		e.Action(invariant.Event{Event: invariant.EventRLSReload, Detail: ReloadRLS + " (..data swapped, no signal)",
+			Instance: a, Route: RLSRoute, Version: v, TSendMS: loadtest.UnixMS(sent), TRecvMS: loadtest.UnixMS(time.Now())})
+		sent = time.Now()
+		v, err = e.Stack.SetPolicies(ctx, a, ReloadAfter)
 		if err != nil {
 			return err
 		}

@@ -353,9 +353,11 @@ var All = []Scenario{
 	},
 	{
 		Name: "reload-under-load",
-		Fault: "Redis SIGKILLed for the fault duration (restarted with its data) while the policy file changes, reaching " +
-			"the instances one at a time (SIGHUP each, spread over the fault): the token bucket's limit lowered, GCRA's " +
-			"raised, the lease route's lease shortened (chaos/reload/)",
+		Fault: "Redis SIGKILLed for the fault duration (restarted with its data) while the RLS configuration and the " +
+			"policy file change, reaching the instances one at a time (spread over the fault): the RLS configuration's " +
+			"..data symlink swapped, no signal (a descriptor no load uses added; the door's unchanged), then the policy " +
+			"file replaced and SIGHUP: the token bucket's limit lowered, GCRA's raised, the lease route's lease " +
+			"shortened (chaos/reload/)",
 		Needs:    stack.NeedsReload,
 		Affected: allApps,
 		Setup:    reloadSetup,

@@ -2,6 +2,7 @@ package suite
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -111,6 +112,9 @@ type fakeStack struct {
 	partitioned map[string]bool
 	calls       []string
 	unsupported string
+	// rls is each app's rls_config_version once SetRLSConfig changed it
+	// (else "rls-v0").
+	rls map[string]string
 }
 
 var _ stack.Stack = (*fakeStack)(nil)
@@ -189,12 +193,23 @@ func (s *fakeStack) SetClock(_ context.Context, app string, offset time.Duration
 	return nil
 }
 func (s *fakeStack) Status(_ context.Context, app string) ([]byte, error) {
+	s.mu.Lock()
+	rls := cmp.Or(s.rls[app], "rls-v0")
+	s.mu.Unlock()
 	return []byte(`{"instance":"` + app + `","journal_size":0,"limiter":{"local_grants":5,"journal":{"granted":5,"reloaded":0,` +
-		`"replayed":3,"present":1,"dropped":1,"duplicate_units":0,"pending":0}},"uncounted_requests":0}`), nil
+		`"replayed":3,"present":1,"dropped":1,"duplicate_units":0,"pending":0}},"uncounted_requests":0,` +
+		`"rls_config_version":"` + rls + `","rls_config_reload_error":""}`), nil
 }
 func (s *fakeStack) SetPolicies(_ context.Context, app, path string) (string, error) {
 	s.record("policies " + app + " " + path)
 	return "v-" + filepath.Base(path), nil
+}
+func (s *fakeStack) SetRLSConfig(_ context.Context, app, dir string) (string, error) {
+	s.record("rls " + app + " " + dir)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rls[app] = "rls-" + filepath.Base(dir)
+	return s.rls[app], nil
 }
 func (s *fakeStack) Unsupported(fault string) string {
 	if fault == "latency" {
@@ -204,7 +219,7 @@ func (s *fakeStack) Unsupported(fault string) string {
 }
 
 func newFake(t *testing.T) *fakeStack {
-	st := &fakeStack{partitioned: map[string]bool{}}
+	st := &fakeStack{partitioned: map[string]bool{}, rls: map[string]string{}}
 	srv := httptest.NewServer(&fakeFleet{limiters: map[string]ideal.Limiter{}, cut: st.cut})
 	t.Cleanup(srv.Close)
 	st.url = srv.URL
@@ -608,22 +623,51 @@ func TestReloadUnderLoad(t *testing.T) {
 	}
 	want = append(want, "kill redis")
 	for i := 1; i <= 4; i++ {
-		want = append(want, fmt.Sprintf("policies app%d %s", i, ReloadAfter))
+		want = append(want, fmt.Sprintf("rls app%d %s", i, ReloadRLS), fmt.Sprintf("policies app%d %s", i, ReloadAfter))
 	}
 	want = append(want, "start redis wipe=false", "down")
 	if !slices.Equal(st.calls, want) {
 		t.Errorf("calls %v, want %v", st.calls, want)
 	}
-	var reloads []string
+	var reloads, rlsReloads []string
 	for _, e := range rep.Events {
-		if e.Event == invariant.EventReload {
+		switch e.Event {
+		case invariant.EventReload:
 			reloads = append(reloads, e.Instance)
-			if e.TSendMS <= 0 || e.TRecvMS < e.TSendMS {
-				t.Errorf("reload %+v: no bracket", e)
+		case invariant.EventRLSReload:
+			rlsReloads = append(rlsReloads, e.Instance)
+			if e.Version != "rls-rls" || e.Route != RLSRoute {
+				t.Errorf("RLS reload %+v: want version rls-rls on %s", e, RLSRoute)
+			}
+		default:
+			continue
+		}
+		if e.TSendMS <= 0 || e.TRecvMS < e.TSendMS {
+			t.Errorf("reload %+v: no bracket", e)
+		}
+	}
+	apps := []string{"app1", "app2", "app3", "app4"}
+	if !slices.Equal(reloads, apps) || !slices.Equal(rlsReloads, apps) {
+		t.Errorf("reloads %v, RLS reloads %v", reloads, rlsReloads)
+	}
+	// rls_config_reloaded: every app runs the new version after settle.
+	// The fake fleet has no rate limit service, so the door is not
+	// judged and no door request is asked for.
+	rows := 0
+	for _, row := range rep.Invariants {
+		if row.Name == invariant.RLSConfig {
+			rows++
+			if !row.Pass || row.Route != RLSRoute || row.Phase != invariant.Settle {
+				t.Errorf("row %+v", row)
 			}
 		}
 	}
-	if !slices.Equal(reloads, []string{"app1", "app2", "app3", "app4"}) {
-		t.Errorf("reloads %v", reloads)
+	if rows != 1 || len(rep.RLSConfigChecks) != 4 {
+		t.Fatalf("%d rls_config_reloaded rows, checks %+v", rows, rep.RLSConfigChecks)
+	}
+	for _, c := range rep.RLSConfigChecks {
+		if c.Before != "rls-v0" || c.Changed != "rls-rls" || c.Final != "rls-rls" || c.Problem != "" {
+			t.Errorf("check %+v", c)
+		}
 	}
 }

@@ -70,6 +70,11 @@
 #   LOCAL_GRPC_PORT_BASE=7080 (appN's RL_GRPC_ADDR on base+N)
 #   LOCAL_RLS_CONFIG_DIR (default envoy/ratelimit: the apps' RL_RLS_CONFIG_DIR, a directory
 #   of envoyproxy/ratelimit YAML files)
+#   LOCAL_RLS_CONFIG_PER_APP_DIR (optional: each app reads its own RL_RLS_CONFIG_DIR,
+#   <dir>/<app>/, laid out as a Kubernetes ConfigMap mount (..data -> ..<timestamp>/,
+#   x.yaml -> ..data/x.yaml) with a copy of LOCAL_RLS_CONFIG_DIR's files, made when the app
+#   starts and the copy is missing; the chaos suite's reload-under-load swaps ..data one app
+#   at a time)
 #   RL_API_KEY_SECRET (default: the demo secret, fleetlimit-demo-secret-change-me, which
 #   the apps accept in demo mode only: RL_DEMO, default true here)
 #   RL_ADMIN_TOKEN (the bearer token of the apps' /admin/* and /debug/*; default: the demo
@@ -155,6 +160,11 @@ ls_load_settings() {
     LOCAL_RLS_CONFIG_DIR=${LOCAL_RLS_CONFIG_DIR:-$LS_ROOT/envoy/ratelimit}
     [[ -d $LOCAL_RLS_CONFIG_DIR ]] || ls_die "LOCAL_RLS_CONFIG_DIR=$LOCAL_RLS_CONFIG_DIR: no such directory"
     LOCAL_RLS_CONFIG_DIR=$(cd "$LOCAL_RLS_CONFIG_DIR" && pwd)
+    LOCAL_RLS_CONFIG_PER_APP_DIR=${LOCAL_RLS_CONFIG_PER_APP_DIR:-}
+    if [[ -n $LOCAL_RLS_CONFIG_PER_APP_DIR ]]; then
+        mkdir -p "$LOCAL_RLS_CONFIG_PER_APP_DIR"
+        LOCAL_RLS_CONFIG_PER_APP_DIR=$(cd "$LOCAL_RLS_CONFIG_PER_APP_DIR" && pwd)
+    fi
     # The API-key secret (comma-separated; the first signs): the demo's unless set.
     RL_API_KEY_SECRET=${RL_API_KEY_SECRET:-fleetlimit-demo-secret-change-me}
     # The admin endpoints' bearer token (comma-separated; the first is the one scripts send).
@@ -203,7 +213,7 @@ ls_save_settings() {
             LOCAL_READY_TIMEOUT LOCAL_REDIS_TIMEOUT LOCAL_POLICY_FILE LOCAL_POLICY_DIR REDIS_PASSWORD \
             RL_API_KEY_SECRET RL_ADMIN_TOKEN LOCAL_REDIS_DIRECT LOCAL_LOG_LEVEL LOCAL_GOMAXPROCS \
             LOCAL_PROMETHEUS LOCAL_PROMETHEUS_PORT LOCAL_STATIC_PORT LOCAL_RLS_PORT LOCAL_GRPC_PORT_BASE \
-            LOCAL_RLS_CONFIG_DIR; do
+            LOCAL_RLS_CONFIG_DIR LOCAL_RLS_CONFIG_PER_APP_DIR; do
             printf '%s=%q\n' "$v" "${!v}"
         done
     } >"$STACK_ENV.tmp"
@@ -530,6 +540,33 @@ ls_urlencode() {
     echo "$out"
 }
 
+# ls_rls_config_dir <app>: the app's RL_RLS_CONFIG_DIR. With LOCAL_RLS_CONFIG_PER_APP_DIR,
+# <dir>/<app>/, made when missing as kubelet lays out a ConfigMap volume: the files in
+# ..<timestamp>/, ..data a symlink to it, each file a symlink through ..data (an update
+# writes a new ..<timestamp>/ and renames a new ..data over the old one).
+ls_rls_config_dir() {
+    local a=$1
+    if [[ -z $LOCAL_RLS_CONFIG_PER_APP_DIR ]]; then
+        echo "$LOCAL_RLS_CONFIG_DIR"
+        return
+    fi
+    local dir=$LOCAL_RLS_CONFIG_PER_APP_DIR/$a
+    if [[ ! -e $dir/..data ]]; then
+        local ts f name
+        ts=..$(date -u +%Y_%m_%d_%H_%M_%S.%N)
+        rm -rf "$dir"
+        mkdir -p "$dir/$ts"
+        for f in "$LOCAL_RLS_CONFIG_DIR"/*.yaml "$LOCAL_RLS_CONFIG_DIR"/*.yml; do
+            [[ -f $f ]] || continue
+            name=$(basename "$f")
+            cp "$f" "$dir/$ts/$name"
+            ln -s "..data/$name" "$dir/$name"
+        done
+        ln -s "$ts" "$dir/..data"
+    fi
+    echo "$dir"
+}
+
 ls_start_app() {
     local a=$1
     mkdir -p "$RUN_DIR/$a/journal"
@@ -560,7 +597,7 @@ ls_start_app() {
         # POST /debug/clock on its admin port); off unless asked.
         "RL_DEBUG_CLOCK=${RL_DEBUG_CLOCK:-false}"
         "RL_GRPC_ADDR=$LOCAL_HOST:$(ls_grpc_port "$a")"
-        "RL_RLS_CONFIG_DIR=$LOCAL_RLS_CONFIG_DIR"
+        "RL_RLS_CONFIG_DIR=$(ls_rls_config_dir "$a")"
         "RL_RLS_RESPONSE_HEADERS=true"
     )
     case $LOCAL_TOPOLOGY in
