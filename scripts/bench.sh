@@ -148,4 +148,32 @@ YAML
     export STACK_REDIS_PASSWORD
     stack_args=(-stack "http://127.0.0.1:$base" -stack-redis "127.0.0.1:$((base + 1))" -rls "127.0.0.1:$((base + 16))")
 fi
+stamp=$dir/started
+touch "$stamp"
 bin/bench -redis "127.0.0.1:$port" "${stack_args[@]}" "${cluster_args[@]}" "$@"
+
+# Tracing off must cost the decision path nothing: the service's instrumented limiter with
+# no tracing, with tracing off (what a deployment without OTEL_* runs), and on (sampled,
+# unsampled), after the stack is down. Into bench-out/tracing.txt, and appended to
+# docs/BENCHMARKS.md when this run wrote it.
+wrote=0
+if [[ docs/BENCHMARKS.md -nt $stamp ]]; then wrote=1; fi
+cleanup
+trap - EXIT
+mkdir -p bench-out
+(cd app && go test -run '^$' -bench BenchmarkDecisionTracing -benchmem -count 5 ./internal/service/) |
+    grep '^Benchmark' >bench-out/tracing.txt
+if ((wrote)); then
+    {
+        echo
+        echo "## Tracing on the decision path"
+        echo
+        echo "The service's decision (in memory) with no tracing wrapper, with tracing off (no"
+        echo "\`OTEL_*\` set: nothing installed), and on (sampled, unsampled); five runs each"
+        echo "(\`go test -bench BenchmarkDecisionTracing -benchmem ./app/internal/service/\`):"
+        echo
+        echo '```'
+        cat bench-out/tracing.txt
+        echo '```'
+    } >>docs/BENCHMARKS.md
+fi
