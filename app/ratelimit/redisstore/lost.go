@@ -39,10 +39,12 @@ import (
 //go:embed lua/raise.lua
 var raiseLua string
 
-// lagLua replaces the generation ARGV[1] with ARGV[2]; a generation that
+var raiseScript = redis.NewScript(helpersLua + raiseLua)
+
+// lagScript replaces the generation ARGV[1] with ARGV[2]; a generation that
 // changed meanwhile is kept (another instance noticed first, or the data is
 // gone altogether). Reply: the generation now.
-const lagLua = `local g = redis.call('GET', KEYS[1])
+var lagScript = redis.NewScript(`local g = redis.call('GET', KEYS[1])
 if g == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2])
   return ARGV[2]
@@ -51,7 +53,7 @@ if not g then
   redis.call('SET', KEYS[1], ARGV[3])
   return ARGV[3]
 end
-return g`
+return g`)
 
 // lagPrefix marks a generation that replaced one whose shard lost only its
 // recent writes.
@@ -99,7 +101,7 @@ func (l *Store) LostWrites() uint64 { return l.seen.lost.Load() }
 // shard's generation: gen, or a new "lag-" one if n is not above the
 // counter answered under gen before the call was sent (the shard lost
 // writes).
-func (l *Store) checkCounter(ctx context.Context, client redis.ScriptingFunctionsCmdable, floors map[string]seenCounter, shard, genKey, gen string, n int64) (string, error) {
+func (l *Store) checkCounter(ctx context.Context, client redis.Scripter, floors map[string]seenCounter, shard, genKey, gen string, n int64) (string, error) {
 	floor, known := floors[shard]
 	if !known || floor.gen != gen || n > floor.n {
 		l.seen.mu.Lock()
@@ -112,7 +114,7 @@ func (l *Store) checkCounter(ctx context.Context, client redis.ScriptingFunction
 		l.seen.mu.Unlock()
 		return gen, nil
 	}
-	next, err := fcall(ctx, client, fnLag, []string{genKey}, gen, lagPrefix+randomHex(), randomHex()).Text()
+	next, err := lagScript.Run(ctx, client, []string{genKey}, gen, lagPrefix+randomHex(), randomHex()).Text()
 	if err != nil {
 		return "", classify(ctx, err)
 	}
@@ -193,7 +195,7 @@ func (l *Store) Raise(ctx context.Context, floors []store.Floor) ([]int64, []err
 		}
 		return raised, errs
 	}
-	if err := loadLibrary(ctx, client); err != nil {
+	if err := raiseScript.Load(ctx, client).Err(); err != nil {
 		for i := range errs {
 			errs[i] = classify(ctx, err)
 		}
@@ -231,7 +233,7 @@ func (l *Store) Raise(ctx context.Context, floors []store.Floor) ([]int64, []err
 			}
 			args = append(args, fmt.Sprintf("%s%d:", prefix, i))
 		}
-		cmds[i] = pipe.FCall(ctx, fnRaise, []string{l.keyOf(p, f.Identity)}, args...)
+		cmds[i] = raiseScript.EvalSha(ctx, pipe, []string{l.keyOf(p, f.Identity)}, args...)
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx)
