@@ -19,6 +19,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=scripts/lib/local-stack.sh
 source scripts/lib/local-stack.sh
+# shellcheck source=scripts/lib/running-stack.sh
+source scripts/lib/running-stack.sh
 
 die() {
     echo "reload: $*" >&2
@@ -45,55 +47,11 @@ print("\x1f".join(str(d.get(k) or "").replace("\x1f", " ").replace("\n", " ")
 
 # ---- which stack ----------------------------------------------------------------------
 CURL=$(ls_find_bin curl) || die "curl not found (apt-get install curl)"
-stack=${RELOAD_STACK:-}
-native_running() {
-    [[ -f $STACK_JSON ]] || return 1
-    local a
-    for a in "${APPS[@]}"; do
-        ls_service_pid "$a" >/dev/null && return 0
-    done
-    return 1
-}
-compose_running() {
-    command -v docker >/dev/null 2>&1 || return 1
-    [[ -n $(scripts/compose.sh ps -q app1 2>/dev/null) ]]
-}
-if [[ -z $stack ]]; then
-    if native_running; then
-        stack=native
-    elif compose_running; then
-        stack=compose
-    else
-        die "no running stack: neither a native one ($STACK_JSON) nor the compose one (make local-up or make up)"
-    fi
-fi
+rs_pick_stack RELOAD_STACK "${RELOAD_STACK:-}"
 
-# admin URLs, one per app, and how to signal them
+# admin URLs, one per app
 declare -A admin
-case $stack in
-native)
-    ls_load_settings --saved
-    [[ -f $STACK_JSON ]] || die "no native stack is up ($STACK_JSON missing)"
-    for a in "${APPS[@]}"; do
-        admin[$a]="http://$LOCAL_HOST:$(ls_admin_port "$a")"
-    done
-    ;;
-compose)
-    # shellcheck source=scripts/lib/compose-topology.sh
-    source scripts/lib/compose-topology.sh
-    compose_topology "${FLEET_TOPOLOGY:-single}"
-    for a in "${APPS[@]}"; do
-        n=$(ls_app_index "$a")
-        var=APP${n}_ADMIN_PORT
-        port=${!var:-}
-        if [[ -z $port && -f .env ]]; then
-            port=$(sed -n "s/^$var=//p" .env | tail -n 1)
-        fi
-        admin[$a]="http://127.0.0.1:${port:-909$n}"
-    done
-    ;;
-*) die "RELOAD_STACK=$stack: want native or compose" ;;
-esac
+rs_admin_urls
 
 # ---- signal -----------------------------------------------------------------------------
 declare -A before before_rls

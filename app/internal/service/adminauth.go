@@ -87,12 +87,24 @@ func (s *Server) adminGuard(tokens []string, next http.Handler) http.Handler {
 		refused.Inc()
 		s.log.LogAttrs(r.Context(), slog.LevelWarn, "admin request refused: no valid bearer token",
 			slog.String("path", r.URL.Path), slog.String("remote", r.RemoteAddr), slog.Bool("token_sent", ok && got != ""))
-		body, _ := json.Marshal(httplimit.Problem{Type: ProblemAdminUnauthorized, Title: "Unauthorized",
-			Status: http.StatusUnauthorized, Detail: "admin endpoints need Authorization: Bearer <RL_ADMIN_TOKEN>", Instance: r.URL.Path})
-		w.Header().Set("Content-Type", "application/problem+json")
-		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("WWW-Authenticate", `Bearer realm="fleetlimit-admin"`)
-		w.WriteHeader(http.StatusUnauthorized)
-		_, _ = w.Write(append(body, '\n'))
+		writeAdminProblem(w, httplimit.Problem{Type: ProblemAdminUnauthorized, Title: "Unauthorized",
+			Status: http.StatusUnauthorized, Detail: "admin endpoints need Authorization: Bearer <RL_ADMIN_TOKEN>", Instance: r.URL.Path})
 	})
+}
+
+// badAdminRequest answers an admin request it cannot use (a bad key,
+// policy or parameter) with a 400 problem.
+func badAdminRequest(w http.ResponseWriter, r *http.Request, detail string) {
+	writeAdminProblem(w, httplimit.Problem{Type: httplimit.ProblemInvalidRequest, Title: "Bad Request",
+		Status: http.StatusBadRequest, Detail: detail, Instance: r.URL.Path})
+}
+
+// writeAdminProblem writes p as an RFC 9457 body with p.Status.
+func writeAdminProblem(w http.ResponseWriter, p httplimit.Problem) {
+	body, _ := json.Marshal(p)
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(append(body, '\n'))
 }

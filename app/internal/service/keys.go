@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -89,13 +88,13 @@ func (s *Server) keys(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	for name, values := range q {
 		if name != "key" && name != "policy" || len(values) != 1 {
-			keysProblem(w, r, "the query is key=<k:API key id or ip:address> and, optionally, policy=<name>, each once")
+			badAdminRequest(w, r, "the query is key=<k:API key id or ip:address> and, optionally, policy=<name>, each once")
 			return
 		}
 	}
 	identity, err := resetIdentity(q.Get("key"))
 	if err != nil {
-		keysProblem(w, r, err.Error())
+		badAdminRequest(w, r, err.Error())
 		return
 	}
 	set := s.Policies()
@@ -103,7 +102,7 @@ func (s *Server) keys(w http.ResponseWriter, r *http.Request) {
 	if name := q.Get("policy"); name != "" {
 		p, ok := set.Policy(name)
 		if !ok {
-			keysProblem(w, r, fmt.Sprintf("unknown policy %q", name))
+			badAdminRequest(w, r, fmt.Sprintf("unknown policy %q", name))
 			return
 		}
 		policies = []ratelimit.Policy{p}
@@ -119,16 +118,6 @@ func (s *Server) keys(w http.ResponseWriter, r *http.Request) {
 	out := keysResponse{Instance: s.cfg.Instance, Key: identity, Mode: st.Mode, Breaker: st.Breaker,
 		Policies: s.backend.inspect(r.Context(), identity, policies)}
 	writeJSON(w, http.StatusOK, out)
-}
-
-// keysProblem answers a GET /admin/keys it cannot use with a 400 problem.
-func keysProblem(w http.ResponseWriter, r *http.Request, detail string) {
-	body, _ := json.Marshal(httplimit.Problem{Type: httplimit.ProblemInvalidRequest, Title: "Bad Request",
-		Status: http.StatusBadRequest, Detail: detail, Instance: r.URL.Path})
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusBadRequest)
-	_, _ = w.Write(append(body, '\n'))
 }
 
 // newKeyPolicy describes p, with no state yet.

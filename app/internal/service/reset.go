@@ -96,12 +96,7 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request) {
 // badReset answers a reset it cannot use with a 400 problem.
 func (s *Server) badReset(w http.ResponseWriter, r *http.Request, detail string) {
 	s.resets.WithLabelValues("invalid").Inc()
-	body, _ := json.Marshal(httplimit.Problem{Type: httplimit.ProblemInvalidRequest, Title: "Bad Request",
-		Status: http.StatusBadRequest, Detail: detail, Instance: r.URL.Path})
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusBadRequest)
-	_, _ = w.Write(append(body, '\n'))
+	badAdminRequest(w, r, detail)
 }
 
 // resetIdentity checks a reset's key and returns the identity the

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -9,7 +8,6 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/internal/topk"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
 )
 
 // The size of GET /admin/top's tracker (metrics.top): topEntries
@@ -68,20 +66,20 @@ func (s *Server) top(w http.ResponseWriter, r *http.Request) {
 		case "n":
 			v, err := strconv.Atoi(values[len(values)-1])
 			if err != nil || v < 1 || v > tr.K() {
-				topProblem(w, r, fmt.Sprintf("n must be a whole number from 1 to %d, got %q", tr.K(), values[len(values)-1]))
+				badAdminRequest(w, r, fmt.Sprintf("n must be a whole number from 1 to %d, got %q", tr.K(), values[len(values)-1]))
 				return
 			}
 			n = v
 		case "policy":
 			for _, name := range values {
 				if err := ratelimit.ValidateName(name); err != nil {
-					topProblem(w, r, fmt.Sprintf("policy %q: %v", name, err))
+					badAdminRequest(w, r, fmt.Sprintf("policy %q: %v", name, err))
 					return
 				}
 				names = append(names, name)
 			}
 		default:
-			topProblem(w, r, fmt.Sprintf("unknown parameter %q: want policy=<name> or n=<1..%d>", key, tr.K()))
+			badAdminRequest(w, r, fmt.Sprintf("unknown parameter %q: want policy=<name> or n=<1..%d>", key, tr.K()))
 			return
 		}
 	}
@@ -103,14 +101,4 @@ func (s *Server) top(w http.ResponseWriter, r *http.Request) {
 		out.Policies = append(out.Policies, p)
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-// topProblem answers a GET /admin/top it cannot use with a 400 problem.
-func topProblem(w http.ResponseWriter, r *http.Request, detail string) {
-	body, _ := json.Marshal(httplimit.Problem{Type: httplimit.ProblemInvalidRequest, Title: "Bad Request",
-		Status: http.StatusBadRequest, Detail: detail, Instance: r.URL.Path})
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusBadRequest)
-	_, _ = w.Write(append(body, '\n'))
 }
