@@ -465,7 +465,7 @@ func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight
 		!atLeastAsStrict(w, e.refusedW) {
 		return ratelimit.Decision{}, false
 	}
-	margin := refusalMargin.Microseconds() + l.offset.load().errUS
+	margin := refusalMargin.Microseconds() + l.offsetErr()
 	if req.ID == e.resendID && now < e.resendUntil+margin {
 		return ratelimit.Decision{}, false // a resend of an admitted request: the store admits it
 	}
@@ -487,16 +487,17 @@ func atLeastAsStrict(w, was ratelimit.Weight) bool {
 	return num*wden >= wnum*den
 }
 
-// learnOffset records the store's clock, read at storeNow between sent and
-// recv: the reply's time is taken as the middle of the round trip. Both
-// decisions and heartbeats teach it, so the offset is known from the first
-// heartbeat and follows a local clock that steps.
+// learnOffset offers the store's clock, read at storeNow between sent and
+// recv, as the offset (offsetHolder.offer): the reply's time is taken as
+// the middle of the round trip. Both decisions and heartbeats teach it, so
+// the offset is known from the first heartbeat and follows a store clock
+// that steps.
 func (l *Limiter) learnOffset(storeNow int64, sent, recv time.Time) {
 	if storeNow <= 0 {
 		return
 	}
-	mid := sent.UnixMicro() + recv.Sub(sent).Microseconds()/2
-	l.offset.store(storeOffset{us: storeNow - mid, errUS: recv.Sub(sent).Microseconds()/2 + 1})
+	half := recv.Sub(sent).Microseconds() / 2
+	l.offset.offer(storeOffset{us: storeNow - sent.UnixMicro() - half, errUS: half + 1, at: recv.UnixMicro()})
 }
 
 func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id store.Identity) key {
@@ -517,6 +518,9 @@ func (l *Limiter) confirmedAt() int64 {
 
 // storeNow estimates the store's clock in µs.
 func (l *Limiter) storeNow() int64 { return l.clock.now().UnixMicro() + l.offset.load().us }
+
+// offsetErr is how far storeNow may be off now (µs).
+func (l *Limiter) offsetErr() int64 { return l.offset.load().errAt(l.clock.now().UnixMicro()) }
 
 // fleetSize is the number of instances that may be granting: live and
 // suspect, as the last heartbeat said; ExpectedInstances before the first.

@@ -57,7 +57,7 @@ func (l *Limiter) replayPass(ctx context.Context) error {
 		pending[i].ResetsRead = read
 	}
 	// The store's clock now, at the earliest it can read (netOfRefill).
-	now := l.storeNow() - l.offset.load().errUS
+	now := l.storeNow() - l.offsetErr()
 	// A token bucket or GCRA key goes as one charge: its grants net of the
 	// refill its share would have wasted (netOfRefill), over all of the
 	// key's batches of the same share. A key's grants can sit in several
