@@ -45,7 +45,9 @@ type backend struct {
 // not stop the start: the fallback serves. With TLS to Redis, each
 // configured address gets one handshake first (checkRedisTLS), so that a
 // wrong CA or an expired certificate stops the start with a *ConfigError
-// naming the setting instead of passing for an outage. With tracing on
+// naming the setting instead of passing for an outage. A Redis older than
+// 7.0 (no functions) stops the start the same way (checkRedisVersion); one
+// that does not answer is let through. With tracing on
 // (tr not nil), the Redis clients and the recoveries make spans.
 func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, tr *tracing) (*backend, error) {
 	if !cfg.RedisEnabled() {
@@ -88,6 +90,13 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, 
 	client, err := redisstore.NewClient(cc)
 	if err != nil {
 		return nil, fmt.Errorf("redis client: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*max(cfg.RedisTimeout, redisTLSCheckMin))
+	err = checkRedisVersion(ctx, cfg, client, log)
+	cancel()
+	if err != nil {
+		_ = client.Close()
+		return nil, err
 	}
 	// Replays and restores on a client of their own: go-redis cuts every
 	// socket read at the client's read timeout, whatever the context says.

@@ -9,7 +9,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -31,34 +30,6 @@ var batchCodes = map[ratelimit.Algorithm]int{
 	ratelimit.SlidingWindowLog:     4,
 }
 
-// batchSrc is the batch script: every helper once, each algorithm's body
-// (the same file its own decision script runs) as a function, then the loop
-// of lua/batch.lua. The helpers and functions are made once per call, not
-// once per decision.
-var batchSrc = func() string {
-	var b strings.Builder
-	b.WriteString(arithLua + fillLua + counterLua + stateLua + decideLua + onceLua)
-	for _, a := range ratelimit.Algorithms {
-		fmt.Fprintf(&b, "local function decide_%d()\n%s\nend\n", batchCodes[a], algorithmLua[a])
-	}
-	b.WriteString(batchLua)
-	return b.String()
-}()
-
-var (
-	batchScript = redis.NewScript(batchSrc)
-	// decideSrcs are the scripts a decision may need, which Ping loads.
-	decideSrcs = append(slices.Collect(maps.Values(decideSrc)), batchSrc)
-	// sourceOf is the source of each decision script.
-	sourceOf = func() map[*redis.Script]string {
-		m := map[*redis.Script]string{batchScript: batchSrc}
-		for a, s := range scripts {
-			m[s] = decideSrc[a]
-		}
-		return m
-	}()
-)
-
 // maxBatch bounds the requests of one batch script call, so that one call
 // holds Redis for a bounded time; a larger group goes as several calls in
 // the same pipeline.
@@ -67,14 +38,15 @@ const maxBatch = 64
 // batchArgs is the number of batch script arguments per request.
 const batchArgs = 9
 
-// scriptCall is one script call of a pipeline: the requests it decides
-// (indices into the pipeline's requests), and its command once sent.
+// scriptCall is one function call of a pipeline: the requests it decides
+// (indices into the pipeline's requests), the function, and its command
+// once sent.
 type scriptCall struct {
-	at     []int
-	script *redis.Script
-	keys   []string
-	args   []any
-	cmd    *redis.Cmd
+	at   []int
+	fn   string
+	keys []string
+	args []any
+	cmd  *redis.Cmd
 }
 
 // groupOf returns, for a request's key, the group of requests one batch
@@ -140,11 +112,11 @@ func (l *Store) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []
 			if len(at) == 1 {
 				r := reqs[at[0]]
 				p := r.Policy
-				calls = append(calls, &scriptCall{at: at, script: scripts[p.Algorithm], keys: []string{keys[at[0]]},
+				calls = append(calls, &scriptCall{at: at, fn: fnDecide[p.Algorithm], keys: []string{keys[at[0]]},
 					args: l.scriptArgs(r, now)})
 				continue
 			}
-			c := &scriptCall{at: at, script: batchScript, keys: make([]string, 0, len(at)), args: make([]any, 0, 3+batchArgs*len(at))}
+			c := &scriptCall{at: at, fn: fnBatch, keys: make([]string, 0, len(at)), args: make([]any, 0, 3+batchArgs*len(at))}
 			c.args = append(c.args, now, l.resend, hashFlag(l.hashState))
 			for _, i := range at {
 				r := reqs[i]
@@ -160,9 +132,9 @@ func (l *Store) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []
 
 // pipeline sends valid requests (with IDs) in one pipeline (on a Cluster,
 // one per node): the requests of one node, or one slot, as one call of the
-// batch script (scriptCalls). A script Redis does not have cached (after a
-// restart or a SCRIPT FLUSH) is loaded and only the calls that failed for
-// it are sent again, so nothing is counted twice.
+// batch function (scriptCalls). When a node lacks the library (after a
+// restart or a FUNCTION FLUSH), it is loaded and only the calls that
+// failed for it are sent again, so nothing is counted twice.
 func (l *Store) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
 	if len(reqs) == 1 { // a lone call: a plain command costs less than a pipeline
@@ -180,28 +152,22 @@ func (l *Store) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratel
 	}
 	calls := l.scriptCalls(reqs, all, now)
 	_, single := l.client.(*redis.Client)
-	// A single Redis' first batch call carries the script (EVAL), which
-	// the calls after it in the pipeline then find cached: the batch
-	// script is not loaded with the algorithms' scripts a lone decision
-	// loads, and a NOSCRIPT would cost the pipeline a second round trip.
-	eval := single && !l.batchLoaded.Load()
-	send := func(which []*scriptCall, load []*redis.Script) {
+	// The library is loaded only where a call found it missing (below):
+	// a load where it is (Ping loads it at start and after an outage)
+	// would cost Redis little, but its "already exists" error reply would
+	// mark each traced pipeline failed.
+	send := func(which []*scriptCall, load bool) {
 		pipe := pl.Pipeline()
-		for _, s := range load {
-			pipe.ScriptLoad(ctx, sourceOf[s])
+		if load {
+			pipe.FunctionLoad(ctx, librarySrc)
 		}
 		for _, c := range which {
-			if eval && c.script == batchScript {
-				c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
-				eval = false
-				continue
-			}
-			c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+			c.cmd = pipe.FCall(ctx, c.fn, c.keys, c.args...)
 		}
 		_, _ = pipe.Exec(ctx)
 	}
 	start := time.Now()
-	send(calls, nil)
+	send(calls, false)
 	// CROSSSLOT: a server in Cluster mode behind a single client (a
 	// one-node Cluster) refused a batch of several slots before running
 	// it; its requests go again grouped per slot, as every later pipeline
@@ -209,7 +175,7 @@ func (l *Store) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratel
 	var refused []int
 	kept := calls[:0:0]
 	for _, c := range calls {
-		if c.script == batchScript && c.cmd.Err() != nil && redis.HasErrorPrefix(c.cmd.Err(), "CROSSSLOT") {
+		if c.fn == fnBatch && c.cmd.Err() != nil && redis.HasErrorPrefix(c.cmd.Err(), "CROSSSLOT") {
 			refused = append(refused, c.at...)
 			continue
 		}
@@ -218,42 +184,27 @@ func (l *Store) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratel
 	if len(refused) > 0 {
 		l.perSlot.Store(true)
 		retry := l.scriptCalls(reqs, refused, now)
-		eval = !l.batchLoaded.Load() // a refused call was not run, nor cached
-		send(retry, nil)
+		send(retry, false)
 		calls = append(kept, retry...)
 	}
-	// NOSCRIPT: the script never ran, so sending the call again counts it
-	// once. Each missing script is loaded once, however many calls of the
-	// pipeline needed it (after a Redis restart, all of them do: a load per
-	// call, one round trip each, held a shared pipeline for hundreds of ms).
-	// On a single Redis the loads lead the pipeline that sends the calls
-	// again, which the server runs in order: one round trip for both.
+	// Function not found: the node lacks the library (a restart without
+	// persistence, a FUNCTION FLUSH, a failover to a replica that never
+	// had it) and the call never ran, so sending it again counts it once.
+	// The library is loaded once, however many calls of the pipeline
+	// needed it (after a restart, all of them do). On a single Redis the
+	// load leads the pipeline that sends the calls again, which the server
+	// runs in order: one round trip for both.
 	var again []*scriptCall
-	var missing []*redis.Script
-	loaded := map[*redis.Script]bool{}
 	for _, c := range calls {
-		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			ok, tried := loaded[c.script]
-			if !tried {
-				if single {
-					missing, ok = append(missing, c.script), true
-				} else {
-					ok = c.script.Load(ctx, l.client).Err() == nil
-				}
-				loaded[c.script] = ok
-			}
-			if ok {
-				again = append(again, c)
-			}
+		if functionMissing(c.cmd.Err()) {
+			again = append(again, c)
 		}
 	}
 	if len(again) > 0 {
-		send(again, missing)
-	}
-	for _, c := range calls {
-		if c.script == batchScript && c.cmd.Err() == nil {
-			l.batchLoaded.Store(true)
-			break
+		if single {
+			send(again, true)
+		} else if loadLibrary(ctx, l.client) == nil {
+			send(again, false)
 		}
 	}
 	latency := time.Since(start)
@@ -286,7 +237,7 @@ func (c *scriptCall) reply(n int, a ratelimit.Algorithm) (ratelimit.Decision, er
 	if err != nil {
 		return ratelimit.Decision{}, err
 	}
-	if c.script != batchScript {
+	if c.fn != fnBatch {
 		return parseReply(a, res)
 	}
 	if len(res) != len(c.at) {

@@ -117,29 +117,31 @@ func TestCoalescingLoneCaller(t *testing.T) {
 	}
 }
 
-// TestBatchAfterScriptFlushLoadsOnce: after Redis lost its script cache (a
-// restart), a pipeline of 200 decisions (several batch script calls, a
-// batch holding at most 64) loads each missing script once, not once per
-// call (which held the shared pipeline for a round trip per call right
-// when Redis came back), and every decision still counts once.
-func TestBatchAfterScriptFlushLoadsOnce(t *testing.T) {
+// TestBatchAfterFunctionFlushLoadsOnce: after Redis lost its functions (a
+// restart without persistence, FUNCTION FLUSH), a pipeline of 200
+// decisions (several batch function calls, a batch holding at most 64)
+// loads the library once, not once per call (which held the shared
+// pipeline for a round trip per call right when Redis came back), and
+// every decision still counts once: exactly the limit's members in the
+// key's log in Redis.
+func TestBatchAfterFunctionFlushLoadsOnce(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
 	l := redisstore.New(c)
 	ctx := context.Background()
-	p := ratelimit.Policy{Name: "flush", Algorithm: ratelimit.GCRA, Limit: 30, Window: time.Hour}
+	p := ratelimit.Policy{Name: "flush", Algorithm: ratelimit.SlidingWindowLog, Limit: 30, Window: time.Hour}
 	warm := []ratelimit.Request{{Policy: p, Key: "warm"}, {Policy: p, Key: "warm"}}
 	if _, errs := l.DecideBatch(ctx, warm); errs[0] != nil || errs[1] != nil {
 		t.Fatal(errs)
 	}
-	if err := c.ScriptFlush(ctx).Err(); err != nil {
+	if err := c.FunctionFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	reqs := make([]ratelimit.Request, 200)
 	for i := range reqs {
 		reqs[i] = ratelimit.Request{Policy: p, Key: "k"}
 	}
-	scriptLoads := func() int64 { return commandCalls(t, c, "script|load") }
+	scriptLoads := func() int64 { return commandCalls(t, c, "function|load") }
 	before := scriptLoads()
 	ds, errs := l.DecideBatch(ctx, reqs)
 	admitted := 0
@@ -155,29 +157,62 @@ func TestBatchAfterScriptFlushLoadsOnce(t *testing.T) {
 		t.Fatalf("%d admitted, want exactly 30", admitted)
 	}
 	if loads := scriptLoads() - before; loads != 1 {
-		t.Fatalf("%d SCRIPT LOADs for one pipeline, want 1", loads)
+		t.Fatalf("%d FUNCTION LOADs for one pipeline, want 1", loads)
+	}
+	if n, err := c.ZCard(ctx, l.Key(p, "k")).Result(); err != nil || n != 30 {
+		t.Fatalf("the key holds %d grants (%v), want exactly 30", n, err)
 	}
 }
 
 // TestPingLoadsScripts: a successful Ping (the breaker's probe) leaves the
-// decision scripts loaded, so the first decisions after a Redis restart do
-// not each pay NOSCRIPT and an EVAL of the whole script.
+// function library loaded, so the first decisions after a Redis restart
+// do not each pay "Function not found" and a FUNCTION LOAD.
 func TestPingLoadsScripts(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
 	l := redisstore.New(c)
 	ctx := context.Background()
-	if err := c.ScriptFlush(ctx).Err(); err != nil {
+	if err := c.FunctionFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
+	libs, err := c.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+	if err != nil || len(libs) != 1 || libs[0].Name != "fleetlimit_"+redisstore.LibraryVersion {
+		t.Fatalf("libraries after Ping: %+v %v, want fleetlimit_%s", libs, err, redisstore.LibraryVersion)
+	}
+	have := map[string]bool{}
+	for _, f := range libs[0].Functions {
+		have[f.Name] = true
+	}
 	for _, alg := range ratelimit.Algorithms {
-		ok, err := c.ScriptExists(ctx, redisstore.Script(alg).Hash()).Result()
-		if err != nil || len(ok) != 1 || !ok[0] {
-			t.Fatalf("%s: script not loaded after Ping (%v %v)", alg, ok, err)
+		if _, fn := redisstore.Library(alg); !have[fn] {
+			t.Fatalf("%s: function %s not loaded after Ping (%v)", alg, fn, have)
 		}
+	}
+}
+
+// TestLoadLibraryKeepsLoaded: loading the library where it is already
+// (every Ping after the first) succeeds and leaves one library, whose
+// functions still decide.
+func TestLoadLibraryKeepsLoaded(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c := newClient(t, srv.Addr())
+	l := redisstore.New(c)
+	ctx := context.Background()
+	for i := range 3 {
+		if err := l.Ping(ctx); err != nil {
+			t.Fatalf("Ping %d: %v", i, err)
+		}
+	}
+	libs, err := c.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+	if err != nil || len(libs) != 1 {
+		t.Fatalf("libraries: %+v %v, want one", libs, err)
+	}
+	p := ratelimit.Policy{Name: "kept", Algorithm: ratelimit.GCRA, Limit: 2, Window: time.Minute}
+	if d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"}); err != nil || !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("%+v %v", d, err)
 	}
 }
 

@@ -14,9 +14,9 @@ import (
 
 // redisCPU reads what a Redis server has spent so far: the process' CPU
 // (INFO cpu, user plus system) and the time its script commands ran with
-// their number of calls (INFO commandstats, EVAL and EVALSHA), in µs.
+// their number of calls (INFO commandstats, FCALL), in µs.
 func redisCPU(ctx context.Context, c *redis.Client) (cpu, scripts float64, calls int64, err error) {
-	cpu, n, scripts, err := redisstore.RedisInfo(ctx, c, "evalsha", "eval")
+	cpu, n, scripts, err := redisstore.RedisInfo(ctx, c, "fcall", "fcall_ro")
 	return cpu, scripts, int64(n), err
 }
 

@@ -14,7 +14,7 @@ func (l *Store) MarkerKey(b store.ReplayBatch) string { return l.markerKey(b) }
 
 // RedisInfo reads INFO cpu and commandstats (readRedisInfo): the process'
 // CPU so far in µs, and the calls and µs of commands, summed (as
-// commandstats names them: "evalsha", "script|load").
+// commandstats names them: "fcall", "function|load").
 func RedisInfo(ctx context.Context, c *redis.Client, commands ...string) (cpuUS, calls, us float64, err error) {
 	ri, err := readRedisInfo(ctx, c)
 	for _, command := range commands {

@@ -15,18 +15,16 @@ import (
 //go:embed lua/fleet.lua
 var fleetLua string
 
-var fleetScript = redis.NewScript(fleetLua)
-
 // FleetKey is the sorted set of instance heartbeats. It has a hash tag of its
 // own, so in a Cluster it lives on one slot.
 func (l *Store) FleetKey() string { return "{" + l.prefix + ":fleet}:instances" }
 
 // Ping checks that Redis answers, within the limiter's timeout. When it
-// does, the decision scripts are loaded too: a Redis that was restarted has
-// an empty script cache, and without this every decision after the outage
-// would pay EVALSHA, NOSCRIPT and EVAL of the whole script at once, a burst
-// of latency right when the fleet comes back (TestPingLoadsScripts,
-// TestScriptsReloadAfterFlush).
+// does, the function library is loaded too: a Redis that was restarted
+// without persistence has none, and without this every decision after the
+// outage would pay FCALL, "Function not found", FUNCTION LOAD and FCALL
+// again, a burst of latency right when the fleet comes back
+// (TestPingLoadsScripts, TestScriptsReloadAfterFlush).
 func (l *Store) Ping(ctx context.Context) error {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
@@ -39,10 +37,9 @@ func (l *Store) Ping(ctx context.Context) error {
 	if err != nil {
 		return classify(ctx, err)
 	}
-	if err := loadScripts(callCtx, l.client, decideSrcs); err != nil {
+	if err := loadLibrary(callCtx, l.client); err != nil {
 		return classify(ctx, err)
 	}
-	l.batchLoaded.Store(true)
 	return nil
 }
 
@@ -50,15 +47,19 @@ func (l *Store) Ping(ctx context.Context) error {
 // PoolSize-2, so the heartbeat and the first decisions always find one), so
 // the first decisions after a start do not each pay a dial: the client keeps
 // no idle connections warm on its own (see ClientConfig.Options). A Cluster
-// client, whose pools are per node, is left alone. Best effort.
+// client, whose pools are per node, is left alone. Before that it loads
+// the function library (on every master of a Cluster), so that the first
+// decisions on a Redis that never had it do not each meet "Function not
+// found" and load it. Best effort.
 func (l *Store) Warm(ctx context.Context, n int) {
+	// A dial takes longer than a call's timeout on a loaded machine.
+	callCtx, cancel := context.WithTimeout(ctx, max(l.timeout, 500*time.Millisecond))
+	defer cancel()
+	_ = loadLibrary(callCtx, l.client)
 	c, ok := l.client.(*redis.Client)
 	if !ok {
 		return
 	}
-	// A dial takes longer than a call's timeout on a loaded machine.
-	callCtx, cancel := context.WithTimeout(ctx, max(l.timeout, 500*time.Millisecond))
-	defer cancel()
 	// Held at once, then all handed back to the pool (holding a pool of 4
 	// whole, a Warm of 8 waited out the pool timeout, and the heartbeats
 	// with it).
@@ -166,7 +167,7 @@ func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.
 	keys := []string{l.FleetKey(), l.generationKey(), l.writesKey(), l.SyncKey()}
 	args := []any{instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op), stage}
 	res, err := lingering(l, callCtx, func(ctx context.Context) ([]any, error) {
-		return fleetScript.Run(ctx, l.client, keys, args...).Slice()
+		return fcall(ctx, l.client, fnFleet, keys, args...).Slice()
 	})
 	if err != nil {
 		return store.Fleet{}, classify(ctx, err)

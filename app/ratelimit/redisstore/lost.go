@@ -39,12 +39,10 @@ import (
 //go:embed lua/raise.lua
 var raiseLua string
 
-var raiseScript = redis.NewScript(helpersLua + raiseLua)
-
-// lagScript replaces the generation ARGV[1] with ARGV[2]; a generation that
+// lagLua replaces the generation ARGV[1] with ARGV[2]; a generation that
 // changed meanwhile is kept (another instance noticed first, or the data is
 // gone altogether). Reply: the generation now.
-var lagScript = redis.NewScript(`local g = redis.call('GET', KEYS[1])
+const lagLua = `local g = redis.call('GET', KEYS[1])
 if g == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2])
   return ARGV[2]
@@ -53,7 +51,7 @@ if not g then
   redis.call('SET', KEYS[1], ARGV[3])
   return ARGV[3]
 end
-return g`)
+return g`
 
 // lagPrefix marks a generation that replaced one whose shard lost only its
 // recent writes.
@@ -101,7 +99,7 @@ func (l *Store) LostWrites() uint64 { return l.seen.lost.Load() }
 // shard's generation: gen, or a new "lag-" one if n is not above the
 // counter answered under gen before the call was sent (the shard lost
 // writes).
-func (l *Store) checkCounter(ctx context.Context, client redis.Scripter, floors map[string]seenCounter, shard, genKey, gen string, n int64) (string, error) {
+func (l *Store) checkCounter(ctx context.Context, client redis.ScriptingFunctionsCmdable, floors map[string]seenCounter, shard, genKey, gen string, n int64) (string, error) {
 	floor, known := floors[shard]
 	if !known || floor.gen != gen || n > floor.n {
 		l.seen.mu.Lock()
@@ -114,7 +112,7 @@ func (l *Store) checkCounter(ctx context.Context, client redis.Scripter, floors 
 		l.seen.mu.Unlock()
 		return gen, nil
 	}
-	next, err := lagScript.Run(ctx, client, []string{genKey}, gen, lagPrefix+randomHex(), randomHex()).Text()
+	next, err := fcall(ctx, client, fnLag, []string{genKey}, gen, lagPrefix+randomHex(), randomHex()).Text()
 	if err != nil {
 		return "", classify(ctx, err)
 	}
@@ -195,7 +193,7 @@ func (l *Store) Raise(ctx context.Context, floors []store.Floor) ([]int64, []err
 		}
 		return raised, errs
 	}
-	if err := raiseScript.Load(ctx, client).Err(); err != nil {
+	if err := loadLibrary(ctx, client); err != nil {
 		for i := range errs {
 			errs[i] = classify(ctx, err)
 		}
@@ -233,7 +231,7 @@ func (l *Store) Raise(ctx context.Context, floors []store.Floor) ([]int64, []err
 			}
 			args = append(args, fmt.Sprintf("%s%d:", prefix, i))
 		}
-		cmds[i] = raiseScript.EvalSha(ctx, pipe, []string{l.keyOf(p, f.Identity)}, args...)
+		cmds[i] = pipe.FCall(ctx, fnRaise, []string{l.keyOf(p, f.Identity)}, args...)
 	}
 	if pipe.Len() > 0 {
 		_, _ = pipe.Exec(ctx)

@@ -1,7 +1,8 @@
 // Package redisstore is the Redis backend: every decision is one atomic Lua
-// script (EVALSHA, falling back to EVAL after a Redis restart) that takes its
-// time from Redis' TIME, so instances sharing a Redis never disagree about
-// the clock and never read-then-write from Go.
+// function call (FCALL of a function of this release's library, loaded
+// again when a node lacks it, library.go) that takes its time from Redis'
+// TIME, so instances sharing a Redis never disagree about the clock and
+// never read-then-write from Go. It needs Redis 7.0 or later (functions).
 //
 // Keys: every key of one identity shares a hash tag "{<prefix>:NNNN}" chosen
 // by hashing the identity into 1024 buckets, so a script touches one Cluster
@@ -60,14 +61,17 @@ var (
 	windowLogLua string
 )
 
-// decideSrc is the decision script of each algorithm, and scripts the same
-// as go-redis scripts. A decision script holds only the helpers its
+// algorithmLua is each algorithm's decision body, a function of the
+// library (library.go) that its single and batch functions call.
+// helpersLua is every helper, for the replay and repair functions.
+// decideSrc is the decision of each algorithm as an EVAL script, and
+// scripts the same as go-redis scripts: the store calls the library, and
+// these serve only tools (Script) and the benchmarks that compare the two
+// (BenchmarkScriptParts). A decision script holds only the helpers its
 // algorithm calls: Redis runs the whole script on every call, and each
 // helper defined is a closure made and collected per decision. The
-// algorithm's body (lua/<algorithm>.lua) follows its helpers and the call
-// of args (lua/decide.lua) that reads the request from KEYS and ARGV; the
-// batch script (batch.go) wraps the same bodies in functions.
-// helpersLua is every helper, for the replay and repair scripts.
+// algorithm's body follows its helpers and the call of args
+// (lua/decide.lua) that reads the request from KEYS and ARGV.
 var (
 	algorithmLua = map[ratelimit.Algorithm]string{
 		ratelimit.TokenBucket:          tokenBucketLua,
@@ -96,37 +100,6 @@ func newScripts(src map[ratelimit.Algorithm]string) map[ratelimit.Algorithm]*red
 	return out
 }
 
-// loadScripts puts srcs in the script cache of every node in one round trip
-// per node: a pipeline of SCRIPT LOADs, to every master and replica of a
-// Cluster at once. Loaded one by one they would cost a probe a round trip
-// per script, and on a Cluster a reload of the slot map before each: past
-// the probe's timeout on a loaded host, so that an instance recovers after
-// the others' RecoveryWait and they decide in Redis before its grants are
-// replayed (TestPingLoadsScripts, TestBatchAfterScriptFlushLoadsOnce).
-func loadScripts(ctx context.Context, client redis.Scripter, srcs []string) error {
-	load := func(ctx context.Context, c redis.Cmdable) error {
-		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, s := range srcs {
-				p.ScriptLoad(ctx, s)
-			}
-			return nil
-		})
-		return err
-	}
-	switch c := client.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error { return load(ctx, shard) })
-	case redis.Cmdable:
-		return load(ctx, c)
-	}
-	for _, s := range srcs {
-		if err := client.ScriptLoad(ctx, s).Err(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // Hooks observe decisions without the package importing a metrics library.
 // Each hook may be nil; hooks must be safe for concurrent use and fast.
 type Hooks struct {
@@ -140,11 +113,11 @@ type Hooks struct {
 // Store is a ratelimit.Limiter backed by Redis, and the store.Store that
 // resilient.New wraps. It is safe for concurrent use. Use New.
 type Store struct {
-	client redis.Scripter
+	client redis.ScriptingFunctionsCmdable
 	// replayClient carries replays and restores (default: client). Its
 	// own timeouts let a pipeline of thousands of batches take longer
 	// than one decision may.
-	replayClient redis.Scripter
+	replayClient redis.ScriptingFunctionsCmdable
 	prefix       string
 	timeout      time.Duration
 	resend       int64 // the resend window, µs (WithResendWindow)
@@ -160,9 +133,6 @@ type Store struct {
 	// lingering is how many heartbeats and pings are reading their
 	// replies past their callers' deadlines (linger.go).
 	lingering atomic.Int32
-	// batchLoaded: a batch script call succeeded, or Ping loaded it
-	// (batch.go).
-	batchLoaded atomic.Bool
 	// perSlot: a single client's server refused a batch of several hash
 	// slots (a one-node Cluster); batches hold one slot since (batch.go).
 	perSlot atomic.Bool
@@ -188,7 +158,9 @@ func WithTimeout(d time.Duration) Option { return func(l *Store) { l.timeout = d
 // fails as a whole, so a client tuned for 50 ms decisions cannot carry a
 // replay of thousands of keys: give replays a client whose timeouts are
 // the replay budget (see ClientConfig.Timeout).
-func WithReplayClient(c redis.Scripter) Option { return func(l *Store) { l.replayClient = c } }
+func WithReplayClient(c redis.ScriptingFunctionsCmdable) Option {
+	return func(l *Store) { l.replayClient = c }
+}
 
 // DefaultResendWindow is the resend window of WithResendWindow when none is
 // given. A proxy resends a request only within a bounded time of its first
@@ -235,7 +207,7 @@ func WithClock(now func() time.Time) Option { return func(l *Store) { l.now = no
 
 // New returns a Store using client, which may be a *redis.Client,
 // *redis.ClusterClient, *redis.Ring or any redis.UniversalClient.
-func New(client redis.Scripter, opts ...Option) *Store {
+func New(client redis.ScriptingFunctionsCmdable, opts ...Option) *Store {
 	l := &Store{client: client, prefix: "rl", ids: reqid.New(""), resend: DefaultResendWindow.Microseconds()}
 	for _, o := range opts {
 		o(l)
@@ -291,8 +263,9 @@ func (l *Store) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.De
 	return l.decideOne(callCtx, req)
 }
 
-// decideOne sends one valid request (with an ID) as a single EVALSHA
-// (EVAL after a NOSCRIPT), within ctx.
+// decideOne sends one valid request (with an ID) as a single FCALL (the
+// library loaded and the call sent again when the node lacks it), within
+// ctx.
 func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 	callCtx := ctx
 	var now int64
@@ -301,7 +274,7 @@ func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit
 	}
 	p := req.Policy
 	start := time.Now()
-	res, err := scripts[p.Algorithm].Run(callCtx, l.client, []string{l.Key(p, req.Key)}, l.scriptArgs(req, now)...).Slice()
+	res, err := fcall(callCtx, l.client, fnDecide[p.Algorithm], []string{l.Key(p, req.Key)}, l.scriptArgs(req, now)...).Slice()
 	latency := time.Since(start)
 	var d ratelimit.Decision
 	if err == nil {
@@ -436,8 +409,10 @@ var unavailablePrefixes = []string{"NOSCRIPT", "LOADING", "READONLY", "CLUSTERDO
 // unavailableMessages are error replies that Redis gives with the generic
 // ERR prefix but that mean it cannot serve now: a full connection table,
 // and a call too long for a client that has not authenticated (Redis
-// answers that before NOAUTH to a decision's EVALSHA).
-var unavailableMessages = []string{"ERR max number of clients reached", "ERR Protocol error: unauthenticated"}
+// answers that before NOAUTH to a decision's EVALSHA), and a function the
+// node lacks still after the library was loaded (a failover between the
+// load and the call).
+var unavailableMessages = []string{"ERR max number of clients reached", "ERR Protocol error: unauthenticated", "ERR Function not found"}
 
 // unavailableReply reports whether a Redis error reply means "cannot serve
 // now": it starts with one of unavailablePrefixes (Redis 7 passes the error
@@ -490,12 +465,12 @@ func isNetError(err error) bool {
 }
 
 // DecideBatch decides several requests in one round trip: one pipeline (on
-// a Cluster, one per node) holding one EVALSHA of the batch script for the
+// a Cluster, one per node) holding one FCALL of the batch function for the
 // requests of each node (each hash slot on a Cluster), which decides them
 // in order (batch.go, TestBatchDecidesAsOneByOne). Each request's decision and
-// error are what Decide would return for it. A script Redis does not have
-// cached (after a restart or a SCRIPT FLUSH) is loaded and only the calls
-// that failed for it are sent again, so nothing is counted twice.
+// error are what Decide would return for it. When a node lacks the library (after a restart or a FUNCTION FLUSH), it is
+// loaded and only the calls that failed for it are sent again, so nothing
+// is counted twice.
 func (l *Store) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
 	_, pipelines := l.client.(redis.Cmdable)
@@ -538,6 +513,8 @@ func (l *Store) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ra
 }
 
 // Script returns the decision script of algorithm a (nil for an unknown
-// one), for tools that drive Redis directly: the benchmark's ceiling runs
-// it with redis-benchmark. Its arguments are described in lua/decide.lua.
+// one), the same Lua as its function in the library (Library) as an
+// EVAL script, for tools that drive Redis directly: the benchmark's
+// ceiling runs it with redis-benchmark. Its arguments are described in
+// lua/decide.lua. The store itself calls the library's functions.
 func Script(a ratelimit.Algorithm) *redis.Script { return scripts[a] }

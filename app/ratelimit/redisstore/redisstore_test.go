@@ -277,6 +277,40 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("40 identities {x}N share %d slots: the client chose the slot", len(slots))
 		}
 	})
+	// A master without the library (restarted empty, flushed): a pipeline
+	// and single calls load it on every master and are counted once each.
+	t.Run("masters without the library", func(t *testing.T) {
+		ctx := context.Background()
+		c := cl.Client()
+		flush := func() {
+			if err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.FunctionFlush(ctx).Err() }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p := ratelimit.Policy{Name: "nolib", Algorithm: ratelimit.SlidingWindowLog, Limit: 5, Window: time.Minute}
+		reqs := make([]ratelimit.Request, 60)
+		for i := range reqs {
+			reqs[i] = ratelimit.Request{Policy: p, Key: fmt.Sprintf("client-%d", i)}
+		}
+		flush()
+		ds, errs := l.DecideBatch(ctx, reqs)
+		for i := range reqs {
+			if errs[i] != nil || !ds[i].Allowed {
+				t.Fatalf("batch, %s: %+v %v", reqs[i].Key, ds[i], errs[i])
+			}
+		}
+		flush()
+		for _, r := range reqs {
+			if d, err := l.Decide(ctx, r); err != nil || !d.Allowed {
+				t.Fatalf("single, %s: %+v %v", r.Key, d, err)
+			}
+		}
+		for _, r := range reqs {
+			if n, err := c.ZCard(ctx, l.Key(p, r.Key)).Result(); err != nil || n != 2 {
+				t.Fatalf("%s holds %d grants (%v), want exactly 2", r.Key, n, err)
+			}
+		}
+	})
 }
 
 func TestSentinelFailover(t *testing.T) {
@@ -388,6 +422,9 @@ func TestEveryKeyHasATTL(t *testing.T) {
 	}
 }
 
+// TestScriptsReloadAfterFlush: after FUNCTION FLUSH (as after a restart
+// without persistence) a decision loads the library and is decided and
+// counted once.
 func TestScriptsReloadAfterFlush(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
@@ -396,7 +433,7 @@ func TestScriptsReloadAfterFlush(t *testing.T) {
 	ctx := context.Background()
 	for i := range 3 {
 		if i == 1 {
-			if err := c.ScriptFlush(ctx).Err(); err != nil { // as after a Redis restart
+			if err := c.FunctionFlush(ctx).Err(); err != nil { // as after a Redis restart
 				t.Fatal(err)
 			}
 		}
@@ -530,7 +567,7 @@ func BenchmarkDecideConcurrent(b *testing.B) {
 }
 
 // TestDecideBatch: a batch counts each request once, in one pipeline,
-// with the answers Decide gives; after SCRIPT FLUSH the scripts are loaded
+// with the answers Decide gives; after FUNCTION FLUSH the library is loaded
 // again and nothing is counted twice; an invalid request fails alone.
 func TestDecideBatch(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
@@ -542,7 +579,7 @@ func TestDecideBatch(t *testing.T) {
 	admitted := map[string]int{}
 	for i := range 8 {
 		if i == 2 {
-			if err := c.ScriptFlush(ctx).Err(); err != nil {
+			if err := c.FunctionFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -5,15 +5,11 @@ import (
 	_ "embed"
 	"fmt"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
 
 //go:embed lua/refund.lua
 var refundLua string
-
-var refundScript = redis.NewScript(helpersLua + refundLua)
 
 // algorithmArg names an algorithm in the repair scripts' arguments.
 var algorithmArg = map[ratelimit.Algorithm]string{
@@ -44,7 +40,7 @@ func (l *Store) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.D
 		callCtx, cancel = l.callContext(ctx)
 	}
 	defer cancel()
-	n, err := refundScript.Run(callCtx, l.client, []string{l.Key(p, req.Key)}, now, algorithmArg[p.Algorithm],
+	n, err := fcall(callCtx, l.client, fnRefund, []string{l.Key(p, req.Key)}, now, algorithmArg[p.Algorithm],
 		p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, d.State.Now, hashFlag(l.hashState)).Int64()
 	if err != nil {
 		return 0, classify(ctx, err)

@@ -5,8 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,17 +30,15 @@ var (
 	replayWindowLogLua string
 )
 
-// replayScripts holds one replay script per algorithm: the algorithm's
-// fold of one key, then the loop over the call's keys (lua/replay.lua).
-var (
-	replaySrc = map[ratelimit.Algorithm]string{
-		ratelimit.TokenBucket:          helpersLua + replayTokenBucketLua + replayLua,
-		ratelimit.GCRA:                 helpersLua + replayGCRALua + replayLua,
-		ratelimit.SlidingWindowCounter: helpersLua + replayWindowCounterLua + replayLua,
-		ratelimit.SlidingWindowLog:     helpersLua + replayWindowLogLua + replayLua,
-	}
-	replayScripts = newScripts(replaySrc)
-)
+// replayFoldLua is each algorithm's fold of one key, which the replay
+// function of that algorithm runs for each key of the call (lua/replay.lua,
+// library.go).
+var replayFoldLua = map[ratelimit.Algorithm]string{
+	ratelimit.TokenBucket:          replayTokenBucketLua,
+	ratelimit.GCRA:                 replayGCRALua,
+	ratelimit.SlidingWindowCounter: replayWindowCounterLua,
+	ratelimit.SlidingWindowLog:     replayWindowLogLua,
+}
 
 // MarkerTTL is how long a replay's idempotency marker lives: longer than any
 // retry of the same batch (a restart after a crash mid-replay included).
@@ -192,8 +188,8 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 				args = append(args, g.At, g.Cost, g.ID)
 			}
 		}
-		// EVALSHA in the pipeline; scripts are loaded first (below).
-		c.cmd = replayScripts[c.parts[0].policy.Algorithm].EvalSha(ctx, pipe, keys, args...)
+		// FCALL in the pipeline; the library is loaded first (below).
+		c.cmd = pipe.FCall(ctx, fnReplay[c.parts[0].policy.Algorithm], keys, args...)
 	}
 	if err := loadReplayScripts(ctx, client); err != nil {
 		for i := range errs {
@@ -253,10 +249,10 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 	return results, errs
 }
 
-// loadReplayScripts makes sure the replay scripts are cached, on every node
-// of a Cluster (loadScripts).
-func loadReplayScripts(ctx context.Context, client redis.Scripter) error {
-	if err := loadScripts(ctx, client, slices.Collect(maps.Values(replaySrc))); err != nil {
+// loadReplayScripts makes sure the library is loaded, on every master of
+// a Cluster (loadLibrary).
+func loadReplayScripts(ctx context.Context, client redis.ScriptingFunctionsCmdable) error {
+	if err := loadLibrary(ctx, client); err != nil {
 		return classify(ctx, err)
 	}
 	return nil

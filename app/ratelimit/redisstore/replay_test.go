@@ -165,7 +165,7 @@ func TestReplayBoundsWorkPerCall(t *testing.T) {
 	}
 	batch := store.ReplayBatch{Policy: p, Identity: store.IdentityOf("hot"), Marker: "i1:7", Grants: grants}
 	ctx := context.Background()
-	calls := func() int64 { return commandCalls(t, c, "evalsha") }
+	calls := func() int64 { return commandCalls(t, c, "fcall") }
 	before := calls()
 	res, errs := l.Replay(ctx, []store.ReplayBatch{batch})
 	if errs[0] != nil {
@@ -242,7 +242,7 @@ func TestReplayHasItsOwnClient(t *testing.T) {
 func second[A, B any](_ A, b B) B { return b }
 
 // commandCalls returns how many times Redis ran command (as INFO
-// commandstats names it: "evalsha", "script|load").
+// commandstats names it: "fcall", "function|load").
 func commandCalls(t *testing.T, c *redis.Client, command string) int64 {
 	t.Helper()
 	_, calls, _, err := redisstore.RedisInfo(context.Background(), c, command)

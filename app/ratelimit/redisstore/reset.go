@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -26,23 +24,22 @@ import (
 //go:embed lua/reset.lua
 var resetLua string
 
-var (
-	resetScript = redis.NewScript(resetLua)
-	// fenceScript deletes the state keys KEYS[1..ARGV[1]] (of one hash
+const (
+	// fenceLua deletes the state keys KEYS[1..ARGV[1]] (of one hash
 	// tag) and sets each one's fence, KEYS[ARGV[1]+i], to the reset's time
 	// ARGV[2] for ARGV[3] ms: a replay of grants from before it is refused
 	// (lua/replay.lua).
-	fenceScript = redis.NewScript(`local n = tonumber(ARGV[1])
+	fenceLua = `local n = tonumber(ARGV[1])
 redis.call('DEL', unpack(KEYS, 1, n))
 for i = n + 1, #KEYS do redis.call('SET', KEYS[i], ARGV[2], 'PX', ARGV[3]) end
-return n`)
-	// readResetsScript returns Redis' time (µs, a string) and the log's
+return n`
+	// readResetsLua returns Redis' time (µs, a string) and the log's
 	// entries after ARGV[1] (from its start when empty), at most ARGV[2].
-	readResetsScript = redis.NewScript(`local t = redis.call('TIME')
+	readResetsLua = `local t = redis.call('TIME')
 local now = t[1] .. string.format('%06d', tonumber(t[2]))
 local from = '-'
 if ARGV[1] ~= '' then from = '(' .. ARGV[1] end
-return {now, redis.call('XRANGE', KEYS[1], from, '+', 'COUNT', ARGV[2])}`)
+return {now, redis.call('XRANGE', KEYS[1], from, '+', 'COUNT', ARGV[2])}`
 )
 
 // Bounds of the reset log.
@@ -82,11 +79,11 @@ func (l *Store) Reset(ctx context.Context, identity string, policies []ratelimit
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
-	at, err := resetScript.Run(callCtx, l.client, []string{l.ResetLogKey()}, args...).Text()
+	at, err := fcall(callCtx, l.client, fnReset, []string{l.ResetLogKey()}, args...).Text()
 	if err != nil {
 		return fmt.Errorf("reset: log: %w", classify(ctx, err))
 	}
-	if err := fenceScript.Run(callCtx, l.client, keys, len(policies), at, ResetLogTTL.Milliseconds()).Err(); err != nil {
+	if err := fcall(callCtx, l.client, fnFence, keys, len(policies), at, ResetLogTTL.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("reset: delete: %w", classify(ctx, err))
 	}
 	return nil
@@ -106,7 +103,7 @@ func fenceKey(k string) string { return k + ":reset" }
 func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity, int64)) (string, int64, error) {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
-	reply, err := readResetsScript.Run(callCtx, l.client, []string{l.ResetLogKey()}, after, ResetLogMax).Slice()
+	reply, err := fcallRO(callCtx, l.client, fnReadResets, []string{l.ResetLogKey()}, after, ResetLogMax).Slice()
 	if err != nil {
 		return after, 0, fmt.Errorf("read resets: %w", classify(ctx, err))
 	}

@@ -22,14 +22,14 @@ import (
 // puts back only the keys whose slots lie in a range whose generation
 // changed (Loss): the other masters still hold their usage.
 
-// shardGenScript returns a range's generation (KEYS[1], set to ARGV[1] if
+// shardGenLua returns a range's generation (KEYS[1], set to ARGV[1] if
 // none) and increments its write counter (KEYS[2], lost.go).
-var shardGenScript = redis.NewScript(`local g = redis.call('GET', KEYS[1])
+const shardGenLua = `local g = redis.call('GET', KEYS[1])
 if not g then
   redis.call('SET', KEYS[1], ARGV[1])
   g = ARGV[1]
 end
-return {g, redis.call('INCR', KEYS[2])}`)
+return {g, redis.call('INCR', KEYS[2])}`
 
 // slotCount is the number of Cluster hash slots.
 const slotCount = 16384
@@ -71,14 +71,14 @@ func (l *Store) clusterGeneration(ctx context.Context) (string, bool, error) {
 	pipe := cc.Pipeline()
 	cmds := make([]*redis.Cmd, len(ranges))
 	for i, r := range ranges {
-		cmds[i] = shardGenScript.EvalSha(ctx, pipe, []string{r.key, r.writes}, randomHex())
+		cmds[i] = pipe.FCall(ctx, fnShardGen, []string{r.key, r.writes}, randomHex())
 	}
 	_, _ = pipe.Exec(ctx)
 	var b strings.Builder
 	for i, r := range ranges {
 		res, err := cmds[i].Slice()
-		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			res, err = shardGenScript.Run(ctx, cc, []string{r.key, r.writes}, randomHex()).Slice()
+		if functionMissing(err) {
+			res, err = fcall(ctx, cc, fnShardGen, []string{r.key, r.writes}, randomHex()).Slice()
 		}
 		var g string
 		if err == nil {

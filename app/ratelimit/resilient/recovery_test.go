@@ -339,8 +339,8 @@ func TestTimedOutDecisionsThatRanCountOnce(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	waitFor(t, "a heartbeat", 5*time.Second, func() bool { return l.Status().Live == 1 })
-	// One decision first, so Redis has the script cached: a delayed
-	// NOSCRIPT would keep the call from running at all.
+	// One decision first, so Redis has the function library loaded: a
+	// delayed "Function not found" would keep the call from running at all.
 	(grantLog{}).decide(t, l, ratelimit.SlidingWindowLog, "warm-up", "warm-up", ratelimit.ModeRedis)
 	px.Latency(300 * time.Millisecond)
 	grants := grantLog{}
