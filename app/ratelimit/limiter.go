@@ -170,7 +170,9 @@ type Decision struct {
 	// admits it without counting it again): the id of the key's last
 	// admission, which it would admit so until ResendUntil (µs since the
 	// epoch, the backend's clock). A cache of this refusal must not answer
-	// a request with that id before then. Empty: no such admission.
+	// a request with that id before then. Empty: no such admission. A
+	// backend may keep ids in a short form (redisstore keeps those of 11
+	// bytes or more as an 11-byte hash): the id is in that form.
 	ResendID    string
 	ResendUntil int64
 	// Weight is the weight a resilient limiter's store decision charged

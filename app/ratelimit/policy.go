@@ -3,9 +3,10 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/shortname"
 )
 
 // Algorithm names a rate-limiting algorithm.
@@ -211,17 +212,16 @@ func (p Policy) Validate() error {
 	return nil
 }
 
-// Fingerprint is a short hash of the parameters that give stored state its
-// meaning (algorithm and window). It is part of every store key: a policy
-// reloaded with another algorithm or window starts every key afresh, and
-// one reloaded with another limit or burst keeps each key's usage (the
-// token bucket its tokens, clamped to the new capacity; GCRA its
-// theoretical arrival time, the time until the key is full again; the
-// window algorithms their grants and counts, judged against the new limit).
+// Fingerprint names the stored state of the policy: seven base64url
+// characters (42 bits) of the FNV-1a hash of its name, algorithm and
+// window. It is part of every store key: a policy reloaded with another
+// algorithm or window starts every key afresh, and one reloaded with
+// another limit or burst keeps each key's usage (the token bucket its
+// tokens, clamped to the new capacity; GCRA its theoretical arrival time,
+// the time until the key is full again; the window algorithms their grants
+// and counts, judged against the new limit).
 func (p Policy) Fingerprint() string {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(string(p.Algorithm) + "|" + strconv.FormatInt(p.WindowMicros(), 10)))
-	return fmt.Sprintf("%08x", h.Sum32())
+	return shortname.Of(7, p.Name, string(p.Algorithm), strconv.FormatInt(p.WindowMicros(), 10))
 }
 
 // FieldError is a policy field that failed validation.

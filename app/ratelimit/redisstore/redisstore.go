@@ -221,28 +221,59 @@ func New(client redis.ScriptingFunctionsCmdable, opts ...Option) *Store {
 	return l
 }
 
-func (l *Store) tag(sum [32]byte) string {
-	n := binary.BigEndian.Uint16(sum[16:18]) % TagBuckets
-	b := make([]byte, 0, len(l.prefix)+8)
-	b = append(append(append(b, '{'), l.prefix...), ':')
-	b = append(b, byte('0'+n/1000), byte('0'+n/100%10), byte('0'+n/10%10), byte('0'+n%10), '}')
-	return string(b)
+// The key of an identity's state under a policy is
+//
+//	{<prefix>:<tag>}<policy id><identity>
+//
+// 28 bytes with the prefix "rl", short enough that Redis keeps its name
+// in its smallest allocation (MEMORY USAGE, the memory/* rows of make
+// bench):
+//   - tag: one of TagBuckets hash tags (two base64url characters) chosen
+//     from the identity's hash, so that an identity's keys under every
+//     policy share a Cluster slot (one script resets them all) and a
+//     pipeline's keys fall into few slots (one batch call each);
+//   - policy id: the policy's fingerprint (ratelimit.Policy.Fingerprint,
+//     seven characters), so that a policy whose algorithm or window
+//     changes starts afresh;
+//   - identity: 14 base64url characters (84 bits) of its hash.
+const (
+	policyIDLen = 7
+	identityLen = 14
+)
+
+// b64 is the base64url alphabet (the tag's characters).
+const b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+// tag is the identity's hash tag, "{<prefix>:<two characters>}".
+func (l *Store) tag(sum store.Identity) string {
+	return string(l.appendTag(make([]byte, 0, len(l.prefix)+5), sum))
 }
 
-// Key returns the Redis key holding policy p's state for identity: the
-// identity's tag, the policy name and fingerprint, and a hash of the
-// identity.
+func (l *Store) appendTag(b []byte, sum store.Identity) []byte {
+	n := binary.BigEndian.Uint16(sum[16:18]) % TagBuckets
+	b = append(append(append(b, '{'), l.prefix...), ':')
+	return append(b, b64[n>>6], b64[n&63], '}')
+}
+
+// Key returns the Redis key holding policy p's state for identity (see
+// policyIDLen).
 func (l *Store) Key(p ratelimit.Policy, identity string) string {
 	return l.keyOf(p, store.IdentityOf(identity))
 }
 
 func (l *Store) keyOf(p ratelimit.Policy, id store.Identity) string {
-	return l.keyWith(p.Name, p.Fingerprint(), id)
+	return l.keyWith(p.Fingerprint(), id)
 }
 
 // keyWith is keyOf with the policy's fingerprint computed.
-func (l *Store) keyWith(name, fingerprint string, id store.Identity) string {
-	return l.tag(id) + ":" + name + ":" + fingerprint + ":" + base64.RawURLEncoding.EncodeToString(id[:16])
+func (l *Store) keyWith(pid string, id store.Identity) string {
+	b := make([]byte, 0, len(l.prefix)+5+policyIDLen+identityLen+2) // +2: the encoding's tail, cut
+	b = l.appendTag(b, id)
+	b = append(b, pid...)
+	// The first 84 bits: 14 of the 16 characters of its first 12 bytes.
+	b = base64.RawURLEncoding.AppendEncode(b, id[:12])
+	b = b[:len(b)-2]
+	return string(b)
 }
 
 // Decide makes one decision in one round trip (with WithCoalescing, in a
@@ -317,14 +348,16 @@ func hashFlag(on bool) string {
 	return "0"
 }
 
-// scriptID is the request id a decision script gets: none for a read-only
-// request, which must not be remembered as admitted (lua/once.lua) nor
-// become a member of a sliding window log.
+// scriptID is the request id a decision script gets, in the short form
+// Redis keeps (reqid.Short; so are a refusal's Decision.ResendID and a
+// replayed grant's id): none for a read-only request, which must not be
+// remembered as admitted (lua/once.lua) nor become a member of a sliding
+// window log.
 func scriptID(r ratelimit.Request) string {
 	if r.ReadOnly {
 		return ""
 	}
-	return r.ID
+	return reqid.Short(r.ID)
 }
 
 // replyHead is the length of the part of a decision script's reply that is

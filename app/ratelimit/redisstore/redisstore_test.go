@@ -781,3 +781,42 @@ func decideInParallel(b *testing.B, l *redisstore.Store, p ratelimit.Policy) {
 		}
 	})
 }
+
+// TestKeyIsShort: a state key is 28 bytes with the default prefix,
+// whatever the policy's name and the identity (so that Redis keeps its
+// name in its smallest allocation), and it names its policy: two policies
+// that differ in name, algorithm or window have distinct keys for one
+// identity, and one that differs in limit or burst only has the same.
+func TestKeyIsShort(t *testing.T) {
+	l := redisstore.New(nil)
+	base := ratelimit.Policy{Name: "per-user", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Hour}
+	long := base
+	long.Name = strings.Repeat("a-very-long-policy-name-", 8)
+	keys := map[string]string{}
+	for _, id := range []string{"u", "user-00000001", strings.Repeat("x", 500), "{tag}"} {
+		for _, p := range []ratelimit.Policy{base, long} {
+			k := l.Key(p, id)
+			if len(k) != 28 || !strings.HasPrefix(k, "{rl:") || k[6] != '}' {
+				t.Fatalf("key %q (%d bytes) for %q under %q, want 28 bytes starting {rl:XX}", k, len(k), id, p.Name)
+			}
+			if o, ok := keys[k]; ok {
+				t.Fatalf("key %q for both %s and %s", k, o, id+"/"+p.Name)
+			}
+			keys[k] = id + "/" + p.Name
+		}
+	}
+	same := base
+	same.Limit, same.Burst = 99, 120
+	if l.Key(same, "u") != l.Key(base, "u") {
+		t.Error("a new limit or burst changed the key: usage would not carry over a reload")
+	}
+	for _, q := range []ratelimit.Policy{
+		{Name: "per-user2", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Hour},
+		{Name: "per-user", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: time.Hour},
+		{Name: "per-user", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Minute},
+	} {
+		if l.Key(q, "u") == l.Key(base, "u") {
+			t.Errorf("policy %+v shares the key of %+v", q, base)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -130,7 +131,7 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 	// keys of any slot; a Cluster or a Ring needs one slot per call.
 	_, oneNode := client.(*redis.Client)
 	open := map[group]*replayCall{}
-	fingerprints := map[ratelimit.Policy]string{} // the call each group is filling
+	pids := map[ratelimit.Policy]string{}
 	var calls []*replayCall
 	for i, b := range batches {
 		if err := b.Policy.Validate(); err != nil {
@@ -142,12 +143,12 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 		if !oneNode {
 			grp.tag = l.tag(b.Identity)
 		}
-		fp, ok := fingerprints[b.Policy]
+		pid, ok := pids[b.Policy]
 		if !ok {
-			fp = b.Policy.Fingerprint()
-			fingerprints[b.Policy] = fp
+			pid = b.Policy.Fingerprint()
+			pids[b.Policy] = pid
 		}
-		state := l.keyWith(b.Policy.Name, fp, b.Identity)
+		state := l.keyWith(pid, b.Identity)
 		parts := (len(b.Grants) + MaxReplayGrants - 1) / MaxReplayGrants
 		for p := range parts {
 			grants := b.Grants[p*MaxReplayGrants : min(len(b.Grants), (p+1)*MaxReplayGrants)]
@@ -185,7 +186,7 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 			args = append(args, p.policy.Limit, p.policy.WindowMicros(), p.policy.Capacity(), field, token,
 				batches[p.batch].ResetsRead, len(p.grants))
 			for _, g := range p.grants {
-				args = append(args, g.At, g.Cost, g.ID)
+				args = append(args, g.At, g.Cost, reqid.Short(g.ID))
 			}
 		}
 		// FCALL in the pipeline; the library is loaded first (below).

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 )
 
 // TestResendIsNotRefusedFromTheCache: a proxy resends a request whose
@@ -32,12 +33,15 @@ func TestResendIsNotRefusedFromTheCache(t *testing.T) {
 				}
 				return d
 			}
-			for _, id := range []string{"r1", "r2", "r3"} {
+			// nginx's ids (32 hex digits), which Redis keeps in short form
+			// (reqid.Short): the refusal's hint is r3's short form.
+			r1, r2, r3 := reqid.Random(), reqid.Random(), reqid.Random()
+			for _, id := range []string{r1, r2, r3} {
 				if d := decide(a, id); !d.Allowed || d.Mode != ratelimit.ModeRedis {
 					t.Fatalf("%s on a: %+v, want admitted by Redis", id, d)
 				}
 			}
-			if d := decide(b, "x"); d.Allowed || d.ResendID != "r3" {
+			if d := decide(b, "x"); d.Allowed || d.ResendID != reqid.Short(r3) {
 				t.Fatalf("x on b: %+v, want refused by Redis with the hint r3", d)
 			}
 			cached := b.Status().CachedRefusals
@@ -45,7 +49,7 @@ func TestResendIsNotRefusedFromTheCache(t *testing.T) {
 				t.Fatalf("y on b: %+v, cached refusals %d -> %d; want refused from the cache", d, cached, b.Status().CachedRefusals)
 			}
 			// The resend of r3 reaches Redis, which admits it uncounted.
-			if d := decide(b, "r3"); !d.Allowed || d.Mode != ratelimit.ModeRedis || d.Remaining != 0 {
+			if d := decide(b, r3); !d.Allowed || d.Mode != ratelimit.ModeRedis || d.Remaining != 0 {
 				t.Fatalf("resent r3 on b: %+v, want admitted by Redis with 0 remaining", d)
 			}
 			if d := decide(a, "z"); d.Allowed {

@@ -14,6 +14,8 @@ import (
 	"encoding/hex"
 	"strconv"
 	"sync/atomic"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/shortname"
 )
 
 // Random returns 32 random hex digits, the shape of nginx's $request_id.
@@ -44,4 +46,24 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b) // never fails (crypto/rand since Go 1.24)
 	return hex.EncodeToString(b)
+}
+
+// ShortLen is the length of Short's hashed form; an id of fewer bytes is
+// its own short form, so the two never meet.
+const ShortLen = 11
+
+// Short is the form in which a store keeps request id: the id itself when
+// shorter than ShortLen, else ShortLen base64url characters of its 64-bit
+// FNV-1a hash. Redis keeps the last admission's id in every token bucket,
+// GCRA and window counter key, and the sliding window log keeps one per
+// grant: nginx's 32 hex digits there cost each key a larger allocation.
+// Two requests of one key whose ids share a hash would be taken for one
+// (a resend, or one grant of the log): with 64 bits, never in practice;
+// a client that picks its ids can repeat one anyway (see
+// httplimit.WithTrustedRequestIDs).
+func Short(id string) string {
+	if len(id) < ShortLen {
+		return id
+	}
+	return shortname.Of(ShortLen, id)
 }

@@ -2,6 +2,7 @@ package reqid
 
 import (
 	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -26,5 +27,35 @@ func TestIDsAreUniqueAndValid(t *testing.T) {
 	hex32 := regexp.MustCompile(`^[0-9a-f]{32}$`)
 	if r1, r2 := Random(), Random(); !hex32.MatchString(r1) || r1 == r2 {
 		t.Fatalf("Random: %q, %q; want two different 32-hex-digit ids", r1, r2)
+	}
+}
+
+// TestShort: an id shorter than ShortLen is its own short form; a longer
+// one becomes ShortLen base64url bytes, the same for the same id, and
+// distinct ids (nginx's 32 hex digits, minted ids) stay distinct.
+func TestShort(t *testing.T) {
+	for _, id := range []string{"", "a", "0123456789"} {
+		if got := Short(id); got != id {
+			t.Errorf("Short(%q) = %q, want it unchanged", id, got)
+		}
+	}
+	m := New("app1-")
+	seen := map[string]string{}
+	for i := range 100_000 {
+		id := Random()
+		if i%2 == 1 {
+			id = m.Next()
+		}
+		s := Short(id)
+		if len(s) != ShortLen || strings.Trim(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") != "" {
+			t.Fatalf("Short(%q) = %q, want %d base64url bytes", id, s, ShortLen)
+		}
+		if s != Short(id) {
+			t.Fatalf("Short(%q) is not stable", id)
+		}
+		if o, ok := seen[s]; ok && o != id {
+			t.Fatalf("Short(%q) = Short(%q) = %q", id, o, s)
+		}
+		seen[s] = id
 	}
 }
