@@ -17,7 +17,7 @@ STATICCHECK_VERSION ?= v0.8.2
 # Chaos scenarios, comma separated (empty: all). e.g. make chaos-local SCENARIOS=redis-kill
 SCENARIOS ?=
 CHAOS_ARGS ?=
-# make bench BENCH_ARGS="-cell 5s" (flags of loadtest/cmd/bench)
+# make bench BENCH_ARGS="-cell 5s" (flags of loadtest/cmd/bench); BENCH_MEM_KEYS=10000000 sizes the memory rows
 BENCH_ARGS ?=
 # make keys N=<n>
 N ?= 1

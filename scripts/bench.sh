@@ -6,7 +6,8 @@
 # limiter and one without, and the doors (a static site behind auth_request, Envoy's rate
 # limit service), for the stack/* rows; BENCH_STACK=0 leaves it out. And a native Redis
 # Cluster of three masters on free ports, for the cluster/* rows (our GCRA on it beside the
-# single Redis); BENCH_CLUSTER=0 leaves it out.
+# single Redis); BENCH_CLUSTER=0 leaves it out. BENCH_MEM_KEYS=10000000 sizes the memory/*
+# rows (keys each row writes; default 200 000; 10 million take about 2.5 GB of Redis).
 #
 #   scripts/bench.sh [flags for loadtest/cmd/bench]   (make bench BENCH_ARGS="-cell 5s")
 set -euo pipefail
@@ -150,7 +151,9 @@ YAML
 fi
 stamp=$dir/started
 touch "$stamp"
-bin/bench -redis "127.0.0.1:$port" "${stack_args[@]}" "${cluster_args[@]}" "$@"
+mem_args=()
+if [[ -n ${BENCH_MEM_KEYS:-} ]]; then mem_args=(-mem-keys "$BENCH_MEM_KEYS"); fi
+bin/bench -redis "127.0.0.1:$port" "${stack_args[@]}" "${cluster_args[@]}" "${mem_args[@]}" "$@"
 
 # Tracing off must cost the decision path nothing: the service's instrumented limiter with
 # no tracing, with tracing off (what a deployment without OTEL_* runs), and on (sampled,

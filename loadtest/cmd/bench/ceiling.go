@@ -1,6 +1,6 @@
 package main
 
-// The ceiling rows: redis-benchmark running our GCRA script.
+// The ceiling rows: redis-benchmark calling our GCRA decision function.
 
 import (
 	"context"
@@ -39,10 +39,11 @@ func sumCeiling(sl []Row) Row {
 	return row
 }
 
-// ceiling runs redis-benchmark against our GCRA script by EVALSHA.
+// ceiling runs redis-benchmark against our GCRA decision function by
+// FCALL, as redisstore calls it.
 func ceiling(ctx context.Context, client redis.UniversalClient, addr string, depth, keys, n int) (Row, error) {
-	s := redisstore.Script(ratelimit.GCRA)
-	if err := s.Load(ctx, client).Err(); err != nil {
+	code, fn := redisstore.Library(ratelimit.GCRA)
+	if err := client.FunctionLoadReplace(ctx, code).Err(); err != nil {
 		return Row{}, err
 	}
 	host, port, ok := strings.Cut(addr, ":")
@@ -57,7 +58,7 @@ func ceiling(ctx context.Context, client redis.UniversalClient, addr string, dep
 	// ARGV as redisstore sends them (lua/decide.lua): now override (0:
 	// Redis TIME), limit, window µs, capacity, cost, request id, weight.
 	args := []string{"-h", host, "-p", port, "-c", strconv.Itoa(conns), "-P", strconv.Itoa(depth), "-n", strconv.Itoa(n),
-		"-r", strconv.Itoa(keys), "--csv", "EVALSHA", s.Hash(), "1", "{rl:0000}:bench-ceiling:__rand_int__",
+		"-r", strconv.Itoa(keys), "--csv", "FCALL", fn, "1", "{rl:AA}ceilingX__rand_int__",
 		"0", strconv.Itoa(limit), "1000000", strconv.Itoa(limit), "1", "", "1", "1"}
 	cpu0, ok0 := redisCPU(ctx, client)
 	outp, err := exec.CommandContext(ctx, bin, args...).Output()

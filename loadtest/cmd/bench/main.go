@@ -7,8 +7,10 @@
 //   - ours-raw/gcra: GCRA on redisstore alone (what the resilient layer costs);
 //   - peer/redis_rate: go-redis/redis_rate v10's GCRA;
 //   - peer/ulule_limiter: ulule/limiter v3's fixed window on Redis;
-//   - ceiling/redis-benchmark-P1 and -P16: redis-benchmark running our own
-//     GCRA script by EVALSHA, one command per round trip and 16 deep;
+//   - ceiling/redis-benchmark-P1 and -P16: redis-benchmark calling our own
+//     GCRA function by FCALL, one command per round trip and 16 deep;
+//   - script-cpu/*: one decision call's own Redis CPU (INFO commandstats),
+//     our GCRA function beside redis_rate's script, over one connection;
 //   - fallback/decision and fallback/journal-append: the in-memory decision
 //     an instance makes while Redis is out, and the journaling of its grant;
 //   - stack/*: a native stack through nginx: a route with the limiter (on
@@ -118,8 +120,10 @@ type Results struct {
 	CPUStealPct *float64 `json:"cpu_steal_pct,omitempty"`
 	Rows        []Row    `json:"rows"`
 	// Memory is the Redis memory per key of each algorithm (memory.go).
-	Memory []MemRow           `json:"memory,omitempty"`
-	Ratios map[string]float64 `json:"ratios"`
+	Memory []MemRow `json:"memory,omitempty"`
+	// ScriptCPU is the Redis CPU of one decision call (scriptcpu.go).
+	ScriptCPU []ScriptCPURow     `json:"script_cpu,omitempty"`
+	Ratios    map[string]float64 `json:"ratios"`
 }
 
 const limit = 1000 // per second, per key: most calls are admissions
@@ -231,6 +235,19 @@ func run(ctx context.Context, args []string) error {
 	if *memKeys > 0 && wants("memory/") {
 		if res.Memory, err = memoryRows(ctx, *addr, client, rs, *memKeys, lv); err != nil {
 			return err
+		}
+	}
+
+	// A decision call's own Redis CPU, ours beside redis_rate's, while
+	// nothing else runs.
+	if wants("script-cpu/") {
+		lv.prog.Phase("script CPU, redis-benchmark")
+		if res.ScriptCPU, err = scriptCPURows(ctx, *addr, client); err != nil {
+			return err
+		}
+		lv.prog.Phase("")
+		for _, r := range res.ScriptCPU {
+			fmt.Fprintf(display, "%-36s %s µs per call %v\n", r.Name, strings.ToUpper(r.Command), r.Rounds)
 		}
 	}
 
