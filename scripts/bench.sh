@@ -147,7 +147,10 @@ YAML
     STACK_REDIS_PASSWORD=${STACK_REDIS_PASSWORD%\"}
     STACK_REDIS_PASSWORD=${STACK_REDIS_PASSWORD#\"}
     export STACK_REDIS_PASSWORD
-    stack_args=(-stack "http://127.0.0.1:$base" -stack-redis "127.0.0.1:$((base + 1))" -rls "127.0.0.1:$((base + 16))")
+    # The apps' pids, for their CPU per request.
+    app_pids=$(cat "$dir"/stack/pids/app*.pid | paste -sd, -)
+    stack_args=(-stack "http://127.0.0.1:$base" -stack-redis "127.0.0.1:$((base + 1))" -rls "127.0.0.1:$((base + 16))"
+        -stack-pids "$app_pids")
 fi
 stamp=$dir/started
 touch "$stamp"

@@ -87,6 +87,12 @@ type job struct {
 	procUS   float64
 	procLost bool // a reading of this process' CPU failed
 	notRedis int64
+	// The stack's apps' CPU and its Redis' read events over the slices
+	// (stackcpu.go), unless a reading failed.
+	appUS    float64
+	appLost  bool
+	reads    int64
+	readLost bool
 	errs     sync.Map
 	errCount atomic.Int64
 	live     *live
@@ -103,6 +109,12 @@ func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool
 	lat := make([][]time.Duration, j.g)
 	cpu0, ok0 := j.src.redisCPU(ctx)
 	proc0, pok0 := processCPU()
+	app0, aok0 := procCPU(j.src.apps)
+	var reads0 int64
+	rok0 := false
+	if j.src.redis != nil && j.src.cluster == nil {
+		reads0, rok0 = redisReads(ctx, j.src.redis)
+	}
 	var else0 int64
 	if j.src.elsewhere != nil {
 		else0 = j.src.elsewhere()
@@ -132,6 +144,16 @@ func (j *job) run(ctx context.Context, d time.Duration, keys []string, warm bool
 	j.elapsed += time.Since(start)
 	proc1, pok1 := processCPU()
 	cpu1, ok1 := j.src.redisCPU(ctx)
+	app1, aok1 := procCPU(j.src.apps)
+	j.appLost = j.appLost || !aok0 || !aok1
+	j.appUS += app1 - app0
+	var reads1 int64
+	rok1 := false
+	if rok0 {
+		reads1, rok1 = redisReads(ctx, j.src.redis)
+	}
+	j.readLost = j.readLost || !rok0 || !rok1
+	j.reads += reads1 - reads0
 	j.procLost = j.procLost || !pok0 || !pok1
 	j.procUS += proc1 - proc0
 	j.cpuLost = j.cpuLost || !ok0 || !ok1
@@ -158,6 +180,12 @@ func (j *job) row() Row {
 	}
 	if j.src.inProcess && !j.procLost && len(j.lat) > 0 {
 		row.BenchCPUus = round(j.procUS / float64(len(j.lat)))
+	}
+	if len(j.src.apps) > 0 && !j.appLost && len(j.lat) > 0 {
+		row.AppCPUus = round(j.appUS / float64(len(j.lat)))
+	}
+	if len(j.src.apps) > 0 && !j.readLost && j.reads > 0 {
+		row.PerRedisRead = round(float64(len(j.lat)) / float64(j.reads))
 	}
 	fmt.Fprintf(display, "%-28s %4d goroutines  %9.0f/s  p50 %7.1f µs  p99 %8.1f µs%s\n", j.name, j.g, row.DecisionsPerS, row.P50us, row.P99us, row.suffix())
 	return row

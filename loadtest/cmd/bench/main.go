@@ -86,6 +86,13 @@ type Row struct {
 	// locally, a cached refusal, a failed call): such a row is marked in
 	// the table and is no ratio's input.
 	NotInRedis int64 `json:"not_in_redis,omitempty"`
+	// AppCPUus is, for a stack row, the CPU time the stack's app
+	// instances spent per request (/proc/<pid>/stat), µs.
+	AppCPUus float64 `json:"app_cpu_us_per_request,omitempty"`
+	// PerRedisRead is, for a stack row, its requests per read event of
+	// the stack's Redis (INFO stats total_reads_processed, heartbeats
+	// included): how many decisions a round trip to Redis carries.
+	PerRedisRead float64 `json:"requests_per_redis_read,omitempty"`
 }
 
 // suffix is what the row's line on the display adds to its rate and
@@ -97,6 +104,12 @@ func (r Row) suffix() string {
 	}
 	if r.BenchCPUus > 0 {
 		s += fmt.Sprintf("  bench CPU %5.1f µs/decision", r.BenchCPUus)
+	}
+	if r.AppCPUus > 0 {
+		s += fmt.Sprintf("  apps CPU %5.1f µs/request", r.AppCPUus)
+	}
+	if r.PerRedisRead > 0 {
+		s += fmt.Sprintf("  %4.1f requests/Redis read", r.PerRedisRead)
 	}
 	if r.NotInRedis > 0 {
 		s += fmt.Sprintf("  (%d decisions not made in Redis)", r.NotInRedis)
@@ -148,6 +161,7 @@ func run(ctx context.Context, args []string) error {
 	memKeys := fs.Int("mem-keys", 200_000, "distinct keys each memory row writes (Redis bytes per key of each algorithm; it flushes the Redis); 0 leaves the memory rows out")
 	clusterAddrs := fs.String("cluster", "", "the nodes of a Redis Cluster (host:port,...): measure ours/gcra on it beside the single Redis, in turns (cluster/* rows)")
 	stackURL := fs.String("stack", "", "nginx of a native stack serving /api/bench-on (limited) and /api/bench-off (not): measure the stack with the limiter on and off")
+	stackPids := fs.String("stack-pids", "", "with -stack: the pids of its app instances (comma separated), whose CPU per request the stack rows report")
 	stackRedis := fs.String("stack-redis", "", "with -stack: the stack's Redis (host:port; its password, if any, in $STACK_REDIS_PASSWORD), whose CPU the stack rows report")
 	apiKeySecret := fs.String("api-key-secret", cmp.Or(os.Getenv("RL_API_KEY_SECRET"), loadtest.DemoAPIKeySecret), "with -stack: the secret the stack checks API keys with (the stack rows send a signed key per client)")
 	rlsAddr := fs.String("rls", "", "with -stack: its rate limit service (domain bench, descriptor key), and /static/ behind auth_request: measure the doors beside the route")
@@ -391,6 +405,9 @@ func run(ctx context.Context, args []string) error {
 			}
 			defer sc.Close()
 			src.redis = sc
+		}
+		if src.apps, err = parsePids(*stackPids); err != nil {
+			return err
 		}
 		var elsewhere atomic.Int64
 		src.elsewhere = elsewhere.Load

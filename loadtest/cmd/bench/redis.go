@@ -93,6 +93,9 @@ type source struct {
 	// decision: the limiter's Go side, its Redis client and the measuring
 	// loop.
 	inProcess bool
+	// apps are the pids of a stack's app instances, whose CPU the row
+	// reports per request (stackcpu.go).
+	apps []int
 }
 
 // redisCPU returns the CPU time the source's Redis has used so far, in µs.
