@@ -247,7 +247,7 @@ func run(ctx context.Context, args []string) error {
 	// The memory rows first, on the fresh Redis (they flush it, so they run
 	// before any limiter of the rows below keeps fleet state in it).
 	if *memKeys > 0 && wants("memory/") {
-		if res.Memory, err = memoryRows(ctx, *addr, client, rs, *memKeys, lv); err != nil {
+		if res.Memory, err = memoryRows(ctx, *addr, client, rs, *memKeys, *only, lv); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,10 +81,11 @@ type memVariant struct {
 	key    func(i int) string
 }
 
-// memoryRows measures the memory rows on client, which must reach a fresh
+// memoryRows measures the memory rows whose names start with only (all
+// of them when only does not name one) on client, which must reach a fresh
 // Redis at addr (the rows FLUSHALL it between them, and at the end): n
 // keys each. rs is our store on client, as the ours/* rows use it.
-func memoryRows(ctx context.Context, addr string, client redis.UniversalClient, rs *redisstore.Store, n int, lv *live) ([]MemRow, error) {
+func memoryRows(ctx context.Context, addr string, client redis.UniversalClient, rs *redisstore.Store, n int, only string, lv *live) ([]MemRow, error) {
 	if n < memSampled {
 		return nil, fmt.Errorf("-mem-keys %d: want 0 (skip) or at least %d", n, memSampled)
 	}
@@ -135,6 +137,9 @@ func memoryRows(ctx context.Context, addr string, client redis.UniversalClient, 
 
 	var rows []MemRow
 	for _, v := range variants {
+		if strings.HasPrefix(only, "memory/") && !strings.HasPrefix(v.name, only) {
+			continue
+		}
 		lv.prog.Phase(fmt.Sprintf("memory, %s, %d keys", v.name, n))
 		r, err := measureMemory(ctx, admin, v, n, lv)
 		if err != nil {
