@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -73,6 +74,52 @@ func ratios(res *Results) {
 		res.Ratios["ours_gcra_best_vs_ceiling_P16"] = round(best/c.DecisionsPerS*100) / 100
 	}
 	clusterRatios(res)
+	costRatios(res)
+}
+
+// costRatios are the cost of a decision beside the peer's: a decision
+// call's own Redis CPU, Redis memory per key, and the CPU the limiter adds
+// to a request of the stack (apps and Redis).
+func costRatios(res *Results) {
+	mean := func(v []float64) float64 {
+		s := 0.0
+		for _, x := range v {
+			s += x
+		}
+		return s / float64(max(1, len(v)))
+	}
+	for _, depth := range []int{1, 16} {
+		var ours, peer float64
+		for _, r := range res.ScriptCPU {
+			switch r.Name {
+			case fmt.Sprintf("script-cpu/ours-gcra-P%d", depth):
+				ours = mean(r.Rounds)
+			case fmt.Sprintf("script-cpu/peer-redis_rate-P%d", depth):
+				peer = mean(r.Rounds)
+			}
+		}
+		if ours > 0 && peer > 0 {
+			res.Ratios[fmt.Sprintf("script_cpu_ours_vs_redis_rate_P%d", depth)] = round(ours/peer*100) / 100
+		}
+	}
+	mem := map[string]float64{}
+	for _, m := range res.Memory {
+		mem[m.Name] = m.UsedMemoryPerKey
+	}
+	for _, alg := range []string{"gcra", "token_bucket"} {
+		if b := mem["memory/ours/"+alg]; b > 0 { // a figure, not a ratio: bytes
+			res.Ratios["memory_"+alg+"_bytes_per_key"] = round(b)
+			if p := mem["memory/peer/redis_rate"]; p > 0 {
+				res.Ratios["memory_"+alg+"_vs_redis_rate"] = round(b/p*100) / 100
+			}
+		}
+	}
+	for _, g := range []int{16, 64, 256} {
+		on, off := find(*res, "stack/limiter-on", g), find(*res, "stack/limiter-off", g)
+		if on != nil && off != nil && on.AppCPUus > 0 && off.AppCPUus > 0 { // µs
+			res.Ratios[fmt.Sprintf("stack_limiter_cpu_us_per_request_at_%d", g)] = round(on.AppCPUus + on.RedisCPUus - off.AppCPUus - off.RedisCPUus)
+		}
+	}
 }
 
 func write(out, md string, res Results) error {
@@ -131,6 +178,7 @@ func write(out, md string, res Results) error {
 	}
 	b.WriteString(memoryText(res.Memory))
 	b.WriteString(scriptCPUText(res.ScriptCPU))
+	b.WriteString(sizingText(res))
 	b.WriteString("\n## Ratios, same run\n\n| ratio | value |\n| --- | ---: |\n")
 	keys := make([]string, 0, len(res.Ratios))
 	for k := range res.Ratios {
@@ -155,4 +203,46 @@ func redisVersion(ctx context.Context, c redis.UniversalClient) string {
 		}
 	}
 	return "unknown"
+}
+
+// sizingText is BENCHMARKS.md's sizing, worked from this run's rows by
+// the method of docs/SCALING.md: Redis masters kept at most 60 % busy,
+// Redis memory for 10 million users of one GCRA policy, and the limiter's
+// own app CPU, at two loads.
+func sizingText(res Results) string {
+	cpu := find(res, "cluster/gcra-3-masters", 64)
+	memKeys, memB := int64(0), 0.0
+	for _, m := range res.Memory {
+		if m.Name == "memory/ours/gcra" {
+			memKeys, memB = m.Keys, m.UsedMemoryPerKey
+		}
+	}
+	if cpu == nil || cpu.RedisCPUus <= 0 || memB <= 0 {
+		return ""
+	}
+	// The keyspace and expires tables at 10 million keys hold 2^24
+	// buckets of 8 B each: about 27 B/key for the two, 6 more than at a
+	// few hundred thousand keys; a Cluster master keeps each key in its
+	// slot's list, about 16 B more.
+	perUser := memB + 16
+	if memKeys < 4_000_000 {
+		perUser += 6
+	}
+	s := "\n## Sizing from this run\n\n" +
+		"docs/SCALING.md's method with this run's figures: Redis CPU per decision of `cluster/gcra-3-masters` at 64 goroutines (" +
+		fmt.Sprintf("%.1f µs", cpu.RedisCPUus) + "), masters kept at most 60 % busy; `memory/ours/gcra` (" + fmt.Sprintf("%.1f B/key", memB) +
+		") plus 16 B for a Cluster master's slot lists"
+	if memKeys < 4_000_000 {
+		s += " and 6 B for the larger tables at 10 million keys"
+	}
+	s += fmt.Sprintf(", %.0f B per user and policy; the limiter's own CPU in the app (bench CPU of the same row, %.1f µs; HTTP serving comes on top).\n\n", perUser, cpu.BenchCPUus)
+	s += "| load | Redis masters (60 % busy) | Redis memory, 10 M users, GCRA | app CPU, limiter only |\n| --- | ---: | ---: | ---: |\n"
+	for _, load := range []float64{100_000, 1_000_000} {
+		cores := load * cpu.RedisCPUus / 1e6
+		masters := int(math.Ceil(cores / 0.6))
+		gb := 10e6 * perUser / 1e9
+		s += fmt.Sprintf("| %.0f decisions/s | %.1f cores: %d masters | %.1f GB: %.0f MB per master | %.1f cores |\n",
+			load, cores, masters, gb, gb*1000/float64(masters), load*cpu.BenchCPUus/1e6)
+	}
+	return s
 }
