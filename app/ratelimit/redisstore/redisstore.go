@@ -4,7 +4,7 @@
 // TIME, so instances sharing a Redis never disagree about the clock and
 // never read-then-write from Go. It needs Redis 7.0 or later (functions).
 //
-// Keys: every key of one identity shares a hash tag "{<prefix>:NNNN}" chosen
+// Keys: every key of one identity shares a hash tag "{<prefix>:XX}" chosen
 // by hashing the identity into 1024 buckets, so a script touches one Cluster
 // slot, no client can choose the slot by sending "{...}", and key length is
 // fixed whatever the client sends.

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,8 +82,8 @@ type memVariant struct {
 	key    func(i int) string
 }
 
-// memoryRows measures the memory rows whose names start with only (all
-// of them when only does not name one) on client, which must reach a fresh
+// memoryRows measures the memory row only names, or those whose names
+// start with it (all of them when only is not under memory/) on client, which must reach a fresh
 // Redis at addr (the rows FLUSHALL it between them, and at the end): n
 // keys each. rs is our store on client, as the ours/* rows use it.
 func memoryRows(ctx context.Context, addr string, client redis.UniversalClient, rs *redisstore.Store, n int, only string, lv *live) ([]MemRow, error) {
@@ -136,8 +137,10 @@ func memoryRows(ctx context.Context, addr string, client redis.UniversalClient, 
 	})
 
 	var rows []MemRow
+	// -only names one row, or the rows under a prefix.
+	exact := slices.ContainsFunc(variants, func(v memVariant) bool { return v.name == only })
 	for _, v := range variants {
-		if strings.HasPrefix(only, "memory/") && !strings.HasPrefix(v.name, only) {
+		if exact && v.name != only || strings.HasPrefix(only, "memory/") && !strings.HasPrefix(v.name, only) {
 			continue
 		}
 		lv.prog.Phase(fmt.Sprintf("memory, %s, %d keys", v.name, n))
