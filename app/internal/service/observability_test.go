@@ -2,8 +2,10 @@ package service
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -170,13 +172,33 @@ type dashboard struct {
 }
 
 type dashboardPanel struct {
-	Title   string           `json:"title"`
-	Type    string           `json:"type"`
-	Panels  []dashboardPanel `json:"panels"` // a collapsed row's
+	Title      string           `json:"title"`
+	Type       string           `json:"type"`
+	Panels     []dashboardPanel `json:"panels"` // a collapsed row's
+	Datasource struct {
+		Type string `json:"type"`
+	} `json:"datasource"`
 	Targets []struct {
-		Expr string `json:"expr"`
+		Expr       string `json:"expr"`
+		URL        string `json:"url"`
+		Datasource struct {
+			Type string `json:"type"`
+		} `json:"datasource"`
+		Columns []struct {
+			Selector string `json:"selector"`
+		} `json:"columns"`
 	} `json:"targets"`
+	Transformations []struct {
+		ID      string `json:"id"`
+		Options struct {
+			Fields map[string]json.RawMessage `json:"fields"`
+		} `json:"options"`
+	} `json:"transformations"`
 }
+
+// infinity is the JSON data source plugin the table of GET /admin/top
+// reads through.
+const infinity = "yesoreyeram-infinity-datasource"
 
 // labelValues is a Grafana variable's query: label_values(<selector>, <label>).
 var labelValues = regexp.MustCompile(`^label_values\((.*),\s*[a-zA-Z_][a-zA-Z0-9_]*\)$`)
@@ -199,6 +221,9 @@ func readDashboard(t *testing.T) []namedExpr {
 				t.Errorf("%s: panel %q has no query", dashboardFile, p.Title)
 			}
 			for _, q := range p.Targets {
+				if q.Datasource.Type == infinity {
+					continue // not PromQL: TestDashboardTopTable
+				}
 				exprs = append(exprs, namedExpr{dashboardFile + ": panel " + p.Title, q.Expr})
 			}
 			walk(p.Panels)
@@ -248,5 +273,60 @@ func TestRulesAndDashboardNameExportedSeries(t *testing.T) {
 		if !used[name] {
 			t.Errorf("recording rule %s is used by no alert and no panel", name)
 		}
+	}
+}
+
+// TestDashboardTopTable: the dashboard's table of the identities refused
+// most reads GET /admin/top?format=rows of each of the four instances
+// through the JSON data source, and every field it selects, groups or sums
+// is a key of that answer's rows (topRow), so that a renamed field breaks
+// this test rather than the panel.
+func TestDashboardTopTable(t *testing.T) {
+	b, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for f := range reflect.TypeFor[topRow]().Fields() {
+		keys[strings.Split(f.Tag.Get("json"), ",")[0]] = true
+	}
+	found := 0
+	for _, p := range d.Panels {
+		if p.Datasource.Type != infinity {
+			continue
+		}
+		found++
+		if p.Type != "table" || len(p.Targets) != 4 {
+			t.Fatalf("panel %q: a %s of %d queries, want a table of one per instance", p.Title, p.Type, len(p.Targets))
+		}
+		for i, q := range p.Targets {
+			if want := fmt.Sprintf("http://app%d:9090/admin/top?format=rows", i+1); q.Datasource.Type != infinity || q.URL != want {
+				t.Errorf("panel %q query %d: %s %q, want %s %q", p.Title, i, q.Datasource.Type, q.URL, infinity, want)
+			}
+			for _, c := range q.Columns {
+				if !keys[c.Selector] {
+					t.Errorf("panel %q query %d selects %q, not a field of GET /admin/top?format=rows (%v)", p.Title, i, c.Selector, keys)
+				}
+			}
+		}
+		grouped := 0
+		for _, tr := range p.Transformations {
+			for f := range tr.Options.Fields {
+				grouped++
+				if !keys[f] {
+					t.Errorf("panel %q: transformation %s names %q, not a field of the rows", p.Title, tr.ID, f)
+				}
+			}
+		}
+		if grouped == 0 {
+			t.Errorf("panel %q: nothing groups the four instances' rows", p.Title)
+		}
+	}
+	if found != 1 {
+		t.Fatalf("%d panels read GET /admin/top, want 1", found)
 	}
 }

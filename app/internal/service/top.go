@@ -37,6 +37,18 @@ type topPolicy struct {
 	Top    []topEntry `json:"top"`
 }
 
+// topRow is one identity of one policy on one instance: the body of GET
+// /admin/top?format=rows is a flat array of them, for tools that read a
+// table (a Grafana table through a JSON data source: grafana/fleetlimit.json).
+type topRow struct {
+	Instance string `json:"instance"`
+	Policy   string `json:"policy"`
+	Shadow   bool   `json:"shadow"`
+	Identity string `json:"identity"`
+	Refused  uint64 `json:"refused"`
+	Error    uint64 `json:"error"`
+}
+
 // topEntry is one identity: refused is an upper bound of its refusals in
 // the window, refused - error a lower bound (Space-Saving; error is 0 while
 // a policy refused at most topEntries distinct identities per period).
@@ -55,14 +67,22 @@ type topEntry struct {
 // read-only request (a read, an Envoy hits_addend of 0) counts nothing.
 // Query: policy=<name> (repeatable) lists those policies only, each even
 // without refusals; n=<1..topEntries> (default topEntries) the identities
-// per policy. Anything else is a 400 problem.
+// per policy; format=rows answers a flat array of topRow instead. Anything
+// else is a 400 problem.
 func (s *Server) top(w http.ResponseWriter, r *http.Request) {
 	tr := s.metrics.top
 	q := r.URL.Query()
 	n := tr.K()
 	var names []string
+	rows := false
 	for key, values := range q {
 		switch key {
+		case "format":
+			if f := values[len(values)-1]; f != "rows" {
+				badAdminRequest(w, r, fmt.Sprintf("format must be rows (or absent), got %q", f))
+				return
+			}
+			rows = true
 		case "n":
 			v, err := strconv.Atoi(values[len(values)-1])
 			if err != nil || v < 1 || v > tr.K() {
@@ -79,7 +99,7 @@ func (s *Server) top(w http.ResponseWriter, r *http.Request) {
 				names = append(names, name)
 			}
 		default:
-			badAdminRequest(w, r, fmt.Sprintf("unknown parameter %q: want policy=<name> or n=<1..%d>", key, tr.K()))
+			badAdminRequest(w, r, fmt.Sprintf("unknown parameter %q: want policy=<name>, n=<1..%d> or format=rows", key, tr.K()))
 			return
 		}
 	}
@@ -99,6 +119,16 @@ func (s *Server) top(w http.ResponseWriter, r *http.Request) {
 			p.Top = append(p.Top, topEntry{Identity: e.Identity, Refused: e.Refused, Error: e.Error})
 		}
 		out.Policies = append(out.Policies, p)
+	}
+	if rows {
+		flat := []topRow{}
+		for _, p := range out.Policies {
+			for _, e := range p.Top {
+				flat = append(flat, topRow{Instance: out.Instance, Policy: p.Policy, Shadow: p.Shadow, Identity: e.Identity, Refused: e.Refused, Error: e.Error})
+			}
+		}
+		writeJSON(w, http.StatusOK, flat)
+		return
 	}
 	writeJSON(w, http.StatusOK, out)
 }

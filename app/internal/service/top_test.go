@@ -109,7 +109,21 @@ func TestAdminTop(t *testing.T) {
 		t.Errorf("policy=ceiling: %+v, want it with an empty top", none.Policies)
 	}
 
-	for _, query := range []string{"?n=0", "?n=17", "?n=x", "?n=", "?policy=", "?policy=a/b", "?policy=tight&policy=%7B", "?polcy=tight"} {
+	// format=rows: the same answer, flat, one row per policy and identity.
+	resp, body := get(t, admin+"?policy=tight&policy=dry&n=3&format=rows", auth...)
+	var rows []topRow
+	if err := json.Unmarshal(body, &rows); resp.StatusCode != 200 || err != nil || len(rows) != 6 {
+		t.Fatalf("format=rows: %d %s (%v), want 6 rows", resp.StatusCode, body, err)
+	}
+	for i, r := range rows {
+		p := got.Policies[1-i/3] // tight, then dry
+		e := p.Top[i%3]
+		if w := (topRow{Instance: "test-1", Policy: p.Policy, Shadow: p.Shadow, Identity: e.Identity, Refused: e.Refused, Error: e.Error}); r != w {
+			t.Errorf("row %d: %+v, want %+v", i, r, w)
+		}
+	}
+
+	for _, query := range []string{"?n=0", "?n=17", "?n=x", "?n=", "?policy=", "?policy=a/b", "?policy=tight&policy=%7B", "?polcy=tight", "?format=csv"} {
 		resp, body := get(t, admin+query, auth...)
 		var p struct {
 			Type   string `json:"type"`
