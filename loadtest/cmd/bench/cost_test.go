@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestProcCPU: the CPU time read from /proc/<pid>/stat is this process'
@@ -19,13 +20,19 @@ func TestProcCPU(t *testing.T) {
 	if !ok {
 		t.Fatal("no reading of this process")
 	}
-	x := 0
-	for deadline := before + 50_000; ; x++ { // spin for at least 50 ms of CPU
+	// Spin until the reading shows 50 ms more CPU, for at most 10 s.
+	grew := false
+	for start, x := time.Now(), 0; !grew && time.Since(start) < 10*time.Second; x++ {
 		if x%1_000_000 == 0 {
-			if now, _ := procCPU([]int{pid}); now >= deadline {
-				break
+			now, ok := procCPU([]int{pid})
+			if !ok {
+				t.Fatal("the reading failed")
 			}
+			grew = now >= before+50_000
 		}
+	}
+	if !grew {
+		t.Fatal("10 s of spinning did not show 50 ms of CPU")
 	}
 	if _, ok := procCPU([]int{pid, 1 << 30}); ok {
 		t.Error("a reading with a pid that does not exist")
