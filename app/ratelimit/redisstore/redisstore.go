@@ -30,6 +30,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/shortname"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -241,9 +242,6 @@ const (
 	identityLen = 14
 )
 
-// b64 is the base64url alphabet (the tag's characters).
-const b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
-
 // tag is the identity's hash tag, "{<prefix>:<two characters>}".
 func (l *Store) tag(sum store.Identity) string {
 	return string(l.appendTag(make([]byte, 0, len(l.prefix)+5), sum))
@@ -252,7 +250,7 @@ func (l *Store) tag(sum store.Identity) string {
 func (l *Store) appendTag(b []byte, sum store.Identity) []byte {
 	n := binary.BigEndian.Uint16(sum[16:18]) % TagBuckets
 	b = append(append(append(b, '{'), l.prefix...), ':')
-	return append(b, b64[n>>6], b64[n&63], '}')
+	return append(b, shortname.Alphabet[n>>6], shortname.Alphabet[n&63], '}')
 }
 
 // Key returns the Redis key holding policy p's state for identity (see

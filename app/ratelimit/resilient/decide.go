@@ -467,7 +467,7 @@ func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight
 		return ratelimit.Decision{}, false
 	}
 	margin := refusalMargin.Microseconds() + l.offsetErr()
-	if e.resendID != "" && (req.ID == e.resendID || reqid.Short(req.ID) == e.resendID) && now < e.resendUntil+margin {
+	if e.resendID != "" && (req.ID == e.resendID || reqid.IsShort(req.ID, e.resendID)) && now < e.resendUntil+margin {
 		return ratelimit.Decision{}, false // a resend of an admitted request: the store admits it
 	}
 	left := e.refusedUntil - now - margin

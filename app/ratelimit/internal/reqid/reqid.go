@@ -67,3 +67,14 @@ func Short(id string) string {
 	}
 	return shortname.Of(ShortLen, id)
 }
+
+// IsShort reports whether short is Short(id), without allocating: the
+// resilient layer matches a request against a refusal's resend hint, which
+// redisstore gives in short form, on the path of cached refusals.
+func IsShort(id, short string) bool {
+	if len(id) < ShortLen {
+		return id == short
+	}
+	var b [ShortLen]byte
+	return string(shortname.Append(b[:0], ShortLen, id)) == short
+}

@@ -35,7 +35,7 @@ func TestIDsAreUniqueAndValid(t *testing.T) {
 // distinct ids (nginx's 32 hex digits, minted ids) stay distinct.
 func TestShort(t *testing.T) {
 	for _, id := range []string{"", "a", "0123456789"} {
-		if got := Short(id); got != id {
+		if got := Short(id); got != id || !IsShort(id, id) {
 			t.Errorf("Short(%q) = %q, want it unchanged", id, got)
 		}
 	}
@@ -50,12 +50,22 @@ func TestShort(t *testing.T) {
 		if len(s) != ShortLen || strings.Trim(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") != "" {
 			t.Fatalf("Short(%q) = %q, want %d base64url bytes", id, s, ShortLen)
 		}
-		if s != Short(id) {
-			t.Fatalf("Short(%q) is not stable", id)
+		if s != Short(id) || !IsShort(id, s) || IsShort(id, s[:ShortLen-1]+"!") {
+			t.Fatalf("Short(%q) is not stable, or IsShort does not match it", id)
 		}
 		if o, ok := seen[s]; ok && o != id {
 			t.Fatalf("Short(%q) = Short(%q) = %q", id, o, s)
 		}
 		seen[s] = id
+	}
+}
+
+// TestIsShortAllocatesNothing: matching a request against a resend hint,
+// on the path of cached refusals, allocates nothing.
+func TestIsShortAllocatesNothing(t *testing.T) {
+	id := Random()
+	short := Short(id)
+	if n := testing.AllocsPerRun(100, func() { _ = IsShort(id, short) }); n != 0 {
+		t.Errorf("IsShort: %v allocations, want 0", n)
 	}
 }

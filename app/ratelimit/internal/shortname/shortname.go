@@ -3,13 +3,19 @@
 // same strings give the same name in every process and release.
 package shortname
 
-// alphabet is base64url's.
-const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+// Alphabet is base64url's, in which names are written.
+const Alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
-// Of returns n base64url characters (6 bits each, n at most 11: the last of 11 holds 4) of the
-// hash of parts, each followed by the byte 0xff, which no UTF-8 string
-// holds: ("ab", "c") and ("a", "bc") differ.
+// Of returns n base64url characters (6 bits each, n at most 11: the last
+// of 11 holds 4) of the hash of parts, each followed by the byte 0xff,
+// which no UTF-8 string holds: ("ab", "c") and ("a", "bc") differ.
 func Of(n int, parts ...string) string {
+	var b [11]byte
+	return string(Append(b[:0], n, parts...))
+}
+
+// Append appends Of(n, parts...) to dst.
+func Append(dst []byte, n int, parts ...string) []byte {
 	const offset, prime = 14695981039346656037, 1099511628211
 	h := uint64(offset)
 	for _, s := range parts {
@@ -18,11 +24,9 @@ func Of(n int, parts ...string) string {
 		}
 		h = (h ^ 0xff) * prime
 	}
-	var b [11]byte
-	n = min(n, len(b))
-	for i := range n {
-		b[i] = alphabet[h&63]
+	for range min(n, 11) {
+		dst = append(dst, Alphabet[h&63])
 		h >>= 6
 	}
-	return string(b[:n])
+	return dst
 }
