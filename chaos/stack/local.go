@@ -44,6 +44,10 @@ type Local struct {
 	// <app>/ laid out as a ConfigMap mount (Up with NeedsReload); "" when
 	// they share one.
 	rlsDir string
+	// logsAt is each process log's size when Up started the stack: the
+	// logs are appended to across stacks, and KeepLogs keeps this stack's
+	// part.
+	logsAt map[string]int64
 }
 
 // NewLocal returns the native stack of the repository at root; command
@@ -73,6 +77,14 @@ func (l *Local) serviceScript() string { return filepath.Join(l.r.root, "scripts
 func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 	if err := l.r.run(ctx, "make", "--no-print-directory", "local-down"); err != nil {
 		return Info{}, err
+	}
+	l.logsAt = map[string]int64{}
+	if logs, err := filepath.Glob(filepath.Join(l.r.root, ".run", "*.log")); err == nil {
+		for _, f := range logs {
+			if fi, err := os.Stat(f); err == nil {
+				l.logsAt[f] = fi.Size()
+			}
+		}
 	}
 	r := l.r
 	r.env = slices.Clone(r.env)
@@ -595,4 +607,34 @@ func waitFor(ctx context.Context, d time.Duration, check func(context.Context) e
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// KeepLogs copies what the stack's processes wrote to their logs
+// (.run/*.log) since Up into dir, so that a scenario's logs are its own
+// and outlive the next scenario's stack, which appends to the same files.
+// Call it after Down: the processes have flushed their logs.
+func (l *Local) KeepLogs(dir string) error {
+	logs, err := filepath.Glob(filepath.Join(l.r.root, ".run", "*.log"))
+	if err != nil || len(logs) == 0 {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var errs []error
+	for _, src := range logs {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if at := l.logsAt[src]; at <= int64(len(b)) {
+			b = b[at:] // else the file was started again: all of it is this stack's
+		}
+		if len(b) == 0 {
+			continue
+		}
+		errs = append(errs, os.WriteFile(filepath.Join(dir, filepath.Base(src)), b, 0o644))
+	}
+	return errors.Join(errs...)
 }

@@ -325,6 +325,12 @@ func (s *scenarioRun) phase(name string) {
 	}
 }
 
+// logKeeper is a stack that can keep its processes' logs (the native one):
+// RunScenario copies them into the scenario's directory, logs/.
+type logKeeper interface {
+	KeepLogs(dir string) error
+}
+
 // RunScenario runs one scenario and writes its outputs; the report says how
 // it went (it is never nil).
 func RunScenario(ctx context.Context, cfg Config, sc Scenario) *report.Report {
@@ -374,6 +380,11 @@ func RunScenario(ctx context.Context, cfg Config, sc Scenario) *report.Report {
 			fmt.Fprintf(cfg.Log, "chaos: stopping the stack: %v\n", err)
 			if rep.Error == "" {
 				rep.Error = "stopping the stack: " + err.Error()
+			}
+		}
+		if k, ok := cfg.Stack.(logKeeper); ok {
+			if err := k.KeepLogs(filepath.Join(dir, "logs")); err != nil {
+				fmt.Fprintf(cfg.Log, "chaos: keeping the stack's logs: %v\n", err)
 			}
 		}
 	}
