@@ -9,11 +9,13 @@ package suite
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -108,6 +110,9 @@ func resetPartition(ctx context.Context, e *Env) error {
 			return err
 		}
 	}
+	for _, k := range plan.keys {
+		e.keyState(ctx, victim.Name, victim.AdminURL, k, "after the resets")
+	}
 	if err := e.spend(ctx, victim.URL, plan.keys, after, heal.Add(-e.Fault/20)); err != nil {
 		return err
 	}
@@ -189,7 +194,10 @@ const probeWait = 3 * time.Second
 
 // probeResets, as recovery begins: once app1 reports its breaker closed
 // and nothing journaled or in doubt (it has replayed what it granted while
-// cut off, or dropped it), each reset key sends requests through app2, one
+// cut off, or dropped it), and app2 holds back no instance's share (until
+// its next heartbeat after app1's return, app2 counts app1 as suspect and
+// decides against the limit less app1's share: the probe would read a
+// lower limit as usage), each reset key sends requests through app2, one
 // at a time, until three in a row are refused (at most its quota and ten
 // more): in the sliding window log the store admits exactly what the
 // key's usage leaves of its quota. Each key's probe is recorded as an
@@ -207,7 +215,7 @@ func probeResets(ctx context.Context, e *Env) error {
 	}
 	why := ""
 	for {
-		why = drained(ctx, e, victim.Name)
+		why = cmp.Or(drained(ctx, e, victim.Name), holdsBack(ctx, e, healthy.Name))
 		if why == "" || time.Now().After(deadline) {
 			break
 		}
@@ -220,6 +228,9 @@ func probeResets(ctx context.Context, e *Env) error {
 		return nil
 	}
 	p := e.Policies[ResetRoute]
+	for _, k := range plan.keys {
+		e.keyState(ctx, healthy.Name, healthy.AdminURL, k, "before the probe")
+	}
 	for _, k := range plan.keys {
 		var firstMS, lastMS float64
 		refusedInRow := 0
@@ -245,29 +256,78 @@ func probeResets(ctx context.Context, e *Env) error {
 	return nil
 }
 
-// drained says why app has not settled after the heal ("": it has: its
-// breaker closed, no grant journaled or in doubt).
-func drained(ctx context.Context, e *Env, app string) string {
+// limiterStatus is what the probe's wait reads of an app's /status.
+type limiterStatus struct {
+	Breaker    string `json:"breaker"`
+	Suspect    int64  `json:"suspect_instances"`
+	Recovering int64  `json:"recovering_instances"`
+	Journal    struct {
+		Pending int64 `json:"pending"`
+		Doubts  int64 `json:"doubts"`
+	} `json:"journal"`
+}
+
+// readLimiter reads app's /status: its limiter's part (nil in memory mode),
+// or why it could not.
+func readLimiter(ctx context.Context, e *Env, app string) (*limiterStatus, string) {
 	c, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	b, err := e.Stack.Status(c, app)
 	if err != nil {
-		return app + " /status: " + err.Error()
+		return nil, app + " /status: " + err.Error()
 	}
 	var st struct {
-		Limiter *struct {
-			Breaker string `json:"breaker"`
-			Journal struct {
-				Pending int64 `json:"pending"`
-				Doubts  int64 `json:"doubts"`
-			} `json:"journal"`
-		} `json:"limiter"`
+		Limiter *limiterStatus `json:"limiter"`
 	}
 	if err := json.Unmarshal(b, &st); err != nil {
-		return app + " /status: " + err.Error()
+		return nil, app + " /status: " + err.Error()
 	}
-	if l := st.Limiter; l != nil && (l.Breaker != "" && l.Breaker != "closed" || l.Journal.Pending > 0 || l.Journal.Doubts > 0) {
+	return st.Limiter, ""
+}
+
+// holdsBack says why app decides against less than a policy's whole limit
+// ("": it does not): at its last heartbeat some instance was suspect
+// (missing) or still recovering, and app holds back its share.
+func holdsBack(ctx context.Context, e *Env, app string) string {
+	l, why := readLimiter(ctx, e, app)
+	if l != nil && (l.Suspect > 0 || l.Recovering > 0) {
+		return fmt.Sprintf("%s holds back shares: %d instances suspect, %d recovering", app, l.Suspect, l.Recovering)
+	}
+	return why
+}
+
+// drained says why app has not settled after the heal ("": it has: its
+// breaker closed, no grant journaled or in doubt).
+func drained(ctx context.Context, e *Env, app string) string {
+	l, why := readLimiter(ctx, e, app)
+	if l != nil && (l.Breaker != "" && l.Breaker != "closed" || l.Journal.Pending > 0 || l.Journal.Doubts > 0) {
 		return fmt.Sprintf("%s: breaker %s, %d grants journaled, %d in doubt", app, l.Breaker, l.Journal.Pending, l.Journal.Doubts)
 	}
-	return ""
+	return why
+}
+
+// keyState records, as an event, what app's GET /admin/keys says of k's
+// identity under the reset route's policy: the store's count and the units
+// app journaled. Not judged: it tells how a reset_held that fails came
+// about (the journal before the heal, the store before the probe).
+func (e *Env) keyState(ctx context.Context, app, adminURL string, k loadtest.Key, when string) {
+	p := e.Policies[ResetRoute]
+	u := strings.TrimRight(adminURL, "/") + "/admin/keys?key=" + url.QueryEscape("k:"+k.Name) + "&policy=" + url.QueryEscape(p.Name)
+	c, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	detail := when + ": "
+	req, err := http.NewRequestWithContext(c, http.MethodGet, u, nil)
+	if err == nil {
+		req.Header.Set("Authorization", "Bearer "+e.Info.AdminToken)
+		var resp *http.Response
+		if resp, err = e.Client.Do(req); err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			_ = resp.Body.Close()
+			detail += strings.TrimSpace(string(b))
+		}
+	}
+	if err != nil {
+		detail += err.Error()
+	}
+	e.Action(invariant.Event{Event: "reset_key_state", Detail: detail, Key: k.Name, Route: k.Route, Instance: app})
 }

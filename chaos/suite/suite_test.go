@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,12 @@ type fakeFleet struct {
 	limiters map[string]ideal.Limiter
 	n        atomic.Int64
 	cut      func(app string) bool
+	// held reports whether app holds another instance's share back: it
+	// then refuses every request, as an instance deciding against the
+	// limit less the missing instance's share refuses some early.
+	held func(app string) bool
+	// window is every route's window in seconds (0: 1), its quota 10.
+	window int
 }
 
 func (f *fakeFleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -64,13 +71,13 @@ func (f *fakeFleet) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	k := path + "|" + strings.SplitN(r.Header.Get("X-API-Key"), ".", 2)[0]
 	lim := f.limiters[k]
 	if lim == nil {
-		lim, _ = ideal.New(ideal.Policy{Algorithm: alg, Limit: 10, WindowUS: 1_000_000})
+		lim, _ = ideal.New(ideal.Policy{Algorithm: alg, Limit: 10, WindowUS: int64(max(1, f.window)) * 1_000_000})
 		f.limiters[k] = lim
 	}
-	ok := lim.Allow(time.Now().UnixMicro())
+	ok := !f.held(app) && lim.Allow(time.Now().UnixMicro())
 	f.mu.Unlock()
 	h := w.Header()
-	h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=10;w=1", name))
+	h.Set("RateLimit-Policy", fmt.Sprintf("%q;q=10;w=%d", name, max(1, f.window)))
 	h.Set("X-Request-Id", fmt.Sprint(n))
 	h.Set("X-Served-By", app)
 	mode := "redis"
@@ -115,6 +122,17 @@ type fakeStack struct {
 	// rls is each app's rls_config_version once SetRLSConfig changed it
 	// (else "rls-v0").
 	rls map[string]string
+	// holdAfterHeal: for this long after a partition heals, app2 holds the
+	// healed instance's share back (fakeFleet.held) and its /status says
+	// so, as an instance does until its next heartbeat sees the other back.
+	holdAfterHeal time.Duration
+	healedAt      time.Time
+}
+
+func (s *fakeStack) held(app string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return app == "app2" && s.holdAfterHeal > 0 && !s.healedAt.IsZero() && time.Since(s.healedAt) < s.holdAfterHeal
 }
 
 var _ stack.Stack = (*fakeStack)(nil)
@@ -176,6 +194,9 @@ func (s *fakeStack) Partition(_ context.Context, app string, on bool) error {
 	s.record(fmt.Sprintf("partition %s %v", app, on))
 	s.mu.Lock()
 	s.partitioned[app] = on
+	if !on {
+		s.healedAt = time.Now()
+	}
 	s.mu.Unlock()
 	return nil
 }
@@ -196,7 +217,11 @@ func (s *fakeStack) Status(_ context.Context, app string) ([]byte, error) {
 	s.mu.Lock()
 	rls := cmp.Or(s.rls[app], "rls-v0")
 	s.mu.Unlock()
-	return []byte(`{"instance":"` + app + `","journal_size":0,"limiter":{"local_grants":5,"journal":{"granted":5,"reloaded":0,` +
+	suspect := 0
+	if s.held(app) {
+		suspect = 1
+	}
+	return []byte(`{"instance":"` + app + `","journal_size":0,"limiter":{"suspect_instances":` + strconv.Itoa(suspect) + `,"local_grants":5,"journal":{"granted":5,"reloaded":0,` +
 		`"replayed":3,"present":1,"dropped":1,"duplicate_units":0,"pending":0}},"uncounted_requests":0,` +
 		`"rls_config_version":"` + rls + `","rls_config_reload_error":""}`), nil
 }
@@ -218,9 +243,13 @@ func (s *fakeStack) Unsupported(fault string) string {
 	return ""
 }
 
-func newFake(t *testing.T) *fakeStack {
+func newFake(t *testing.T, opts ...func(*fakeFleet)) *fakeStack {
 	st := &fakeStack{partitioned: map[string]bool{}, rls: map[string]string{}}
-	srv := httptest.NewServer(&fakeFleet{limiters: map[string]ideal.Limiter{}, cut: st.cut})
+	f := &fakeFleet{limiters: map[string]ideal.Limiter{}, cut: st.cut, held: st.held}
+	for _, o := range opts {
+		o(f)
+	}
+	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
 	st.url = srv.URL
 	return st
@@ -548,6 +577,30 @@ func TestDrainJournalsWaitsForTheLastGrant(t *testing.T) {
 	}
 	if d := time.Since(start); d >= DrainWait {
 		t.Errorf("took %v: waited out DrainWait instead of returning once drained", d)
+	}
+}
+
+// TestResetProbeWaitsForTheWholeLimit: after the heal, app2 holds app1's
+// share back until its next heartbeat (here 400 ms, refusing everything
+// meanwhile). The probe waits until app2's /status says it holds nothing
+// back, and reset_held measures the store: 0. Probing at once read the
+// held-back share as usage the reset had left. (A 10 s window: the probe
+// must end within a window of the reset keys' first request.)
+func TestResetProbeWaitsForTheWholeLimit(t *testing.T) {
+	st := newFake(t, func(f *fakeFleet) { f.window = 10 })
+	st.holdAfterHeal = 400 * time.Millisecond
+	cfg := Config{Stack: st, Mix: lightMix, Out: t.TempDir(), Durations: quick, RedisTimeout: 100 * time.Millisecond, Log: io.Discard}
+	rep := RunScenario(context.Background(), cfg, scenario(t, "reset-partition"))
+	if rep.Error != "" {
+		t.Fatal(rep.Error)
+	}
+	if len(rep.ResetChecks) != 2 {
+		t.Fatalf("checks %+v, want two", rep.ResetChecks)
+	}
+	for _, c := range rep.ResetChecks {
+		if c.Measured != 0 || c.Probe == 0 {
+			t.Errorf("check %+v: want the probe admitted and reset_held 0", c)
+		}
 	}
 }
 
