@@ -135,9 +135,6 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, 
 			},
 		}),
 	}
-	if cfg.HashState {
-		opts = append(opts, redisstore.WithHashState())
-	}
 	store := redisstore.New(client, opts...)
 	rl, err := resilient.New(store, resilient.Config{
 		Instance:          cfg.Instance,

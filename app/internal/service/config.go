@@ -64,10 +64,6 @@ type Config struct {
 	RedisTLSCertFile   string `env:"RL_REDIS_TLS_CERT_FILE"`
 	RedisTLSKeyFile    string `env:"RL_REDIS_TLS_KEY_FILE"`
 	RedisTLSServerName string `env:"RL_REDIS_TLS_SERVER_NAME"`
-	// HashState keeps the token bucket's and GCRA's state in Redis as
-	// releases before the string form did (redisstore.WithHashState), for
-	// a rolling upgrade from one.
-	HashState bool `env:"RL_HASH_STATE" envDefault:"false"`
 	// ReplayTimeout bounds one replay or restore pipeline, on a client of
 	// its own (the decisions' timeout would cut a pipeline of 1000 keys).
 	ReplayTimeout time.Duration `env:"RL_REPLAY_TIMEOUT" envDefault:"2s"`

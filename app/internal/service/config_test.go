@@ -70,7 +70,6 @@ func TestLoadConfigValues(t *testing.T) {
 		"RL_DEMO":               "true",
 		"RL_API_KEY_SECRET":     DemoAPIKeySecret, // allowed in demo mode
 		"RL_PPROF":              "true",
-		"RL_HASH_STATE":         "true",
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +77,7 @@ func TestLoadConfigValues(t *testing.T) {
 	if !cfg.RedisEnabled() || len(cfg.RedisAddrs) != 2 || cfg.RedisTimeout != 100*time.Millisecond ||
 		cfg.RedisPoolSize != 8 || cfg.ExpectedInstances != 4 || !cfg.DebugHeaders || cfg.JournalDir != "/var/lib/rl" ||
 		cfg.LogLevel.String() != "DEBUG" || !cfg.TrustRequestID || cfg.ResendWindow != 2*time.Second || !cfg.Demo ||
-		cfg.APIKeys == nil || !cfg.Pprof || !cfg.HashState {
+		cfg.APIKeys == nil || !cfg.Pprof {
 		t.Errorf("config = %+v", cfg)
 	}
 	if got := cfg.TrustedProxies[1]; got != netip.MustParsePrefix("10.0.0.0/8") {

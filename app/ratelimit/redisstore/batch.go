@@ -116,8 +116,8 @@ func (l *Store) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []
 					args: l.scriptArgs(r, now)})
 				continue
 			}
-			c := &scriptCall{at: at, fn: fnBatch, keys: make([]string, 0, len(at)), args: make([]any, 0, 3+batchArgs*len(at))}
-			c.args = append(c.args, now, l.resend, hashFlag(l.hashState))
+			c := &scriptCall{at: at, fn: fnBatch, keys: make([]string, 0, len(at)), args: make([]any, 0, 2+batchArgs*len(at))}
+			c.args = append(c.args, now, l.resend)
 			for _, i := range at {
 				r := reqs[i]
 				p := r.Policy

@@ -216,10 +216,10 @@ func (l *Store) Raise(ctx context.Context, floors []store.Floor) ([]int64, []err
 		switch p.Algorithm {
 		case ratelimit.TokenBucket:
 			args[1] = "tb"
-			args = append(args, s.Tokens, s.Now, hashFlag(l.hashState))
+			args = append(args, s.Tokens, s.Now)
 		case ratelimit.GCRA:
 			args[1] = "gcra"
-			args = append(args, s.TAT, s.TATRem, hashFlag(l.hashState))
+			args = append(args, s.TAT, s.TATRem)
 		case ratelimit.SlidingWindowCounter:
 			args[1] = "swc"
 			args = append(args, s.WindowStart, s.Current, s.Previous)

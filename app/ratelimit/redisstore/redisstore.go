@@ -122,7 +122,6 @@ type Store struct {
 	prefix       string
 	timeout      time.Duration
 	resend       int64 // the resend window, µs (WithResendWindow)
-	hashState    bool  // WithHashState
 	hooks        Hooks
 	now          func() time.Time // tests only; nil: Redis TIME
 	ids          *reqid.Minter    // for requests without an id
@@ -189,14 +188,6 @@ func WithResendWindow(d time.Duration) Option {
 		}
 	}
 }
-
-// WithHashState keeps the token bucket's and GCRA's state in a hash of
-// fields, as releases before this one did, instead of one string
-// (lua/state.lua). Either is read whichever is written, so a key keeps its
-// usage across the change; only the earlier releases cannot read the
-// string. Set it while an upgrade from such a release rolls out (instances
-// of both share Redis), and remove it once none of them is left.
-func WithHashState() Option { return func(l *Store) { l.hashState = true } }
 
 // WithHooks installs observation hooks.
 func WithHooks(h Hooks) Option { return func(l *Store) { l.hooks = h } }
@@ -325,25 +316,14 @@ func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit
 }
 
 // scriptArgs are the ARGV of req's decision script (lua/decide.lua); the
-// hold and the state's form only when they are not the defaults.
+// hold only when there is one.
 func (l *Store) scriptArgs(req ratelimit.Request, now int64) []any {
 	p := req.Policy
 	args := []any{now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, l.resend}
-	if req.Hold > 0 || l.hashState {
+	if req.Hold > 0 {
 		args = append(args, req.Hold.Microseconds())
 	}
-	if l.hashState {
-		args = append(args, hashFlag(true))
-	}
 	return args
-}
-
-// hashFlag is the scripts' argument for WithHashState.
-func hashFlag(on bool) string {
-	if on {
-		return "1"
-	}
-	return "0"
 }
 
 // scriptID is the request id a decision script gets, in the short form

@@ -41,7 +41,7 @@ func (l *Store) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.D
 	}
 	defer cancel()
 	n, err := fcall(callCtx, l.client, fnRefund, []string{l.Key(p, req.Key)}, now, algorithmArg[p.Algorithm],
-		p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, d.State.Now, hashFlag(l.hashState)).Int64()
+		p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, d.State.Now).Int64()
 	if err != nil {
 		return 0, classify(ctx, err)
 	}

@@ -178,8 +178,8 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 	}
 	for _, c := range calls {
 		keys := make([]string, 0, 3*len(c.parts))
-		args := make([]any, 0, 4+7*len(c.parts)+3*c.grants)
-		args = append(args, now, MarkerTTL.Milliseconds(), len(c.parts), hashFlag(l.hashState))
+		args := make([]any, 0, 3+7*len(c.parts)+3*c.grants)
+		args = append(args, now, MarkerTTL.Milliseconds(), len(c.parts))
 		for _, p := range c.parts {
 			keys = append(keys, p.state, p.mark, fenceKey(p.state))
 			field, token := markerField(p.marker)

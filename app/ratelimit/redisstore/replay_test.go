@@ -178,7 +178,7 @@ func TestReplayBoundsWorkPerCall(t *testing.T) {
 		t.Errorf("%d script calls for %d grants, want %d (at most %d grants each)", got, n, want, redisstore.MaxReplayGrants)
 	}
 	twin, _ := algorithm.TokenBucketReplay(p, algorithm.TokenBucketState{}, now, grants)
-	tokens, last, err := redistest.PairState(ctx, c, l.Key(p, "hot"), "t", "l")
+	tokens, last, err := redistest.PairState(ctx, c, l.Key(p, "hot"))
 	if err != nil {
 		t.Fatal(err)
 	}

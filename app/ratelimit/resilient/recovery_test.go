@@ -1386,7 +1386,7 @@ func TestBatchOfOneIDSettlesEachPolicy(t *testing.T) {
 	w := p.WindowMicros()
 	tokens := func(k string) float64 {
 		t.Helper()
-		a, _, err := redistest.PairState(ctx, srv.Client(), other.Key(p, k), "t", "l")
+		a, _, err := redistest.PairState(ctx, srv.Client(), other.Key(p, k))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -177,21 +177,13 @@ func infoField(info, field string) string {
 }
 
 // PairState reads the state redisstore keeps for a token bucket or GCRA
-// key (its lua/state.lua): the two integers a and b of its string, or
-// fields fa and fb of the hash earlier releases kept. No state: "", "".
-func PairState(ctx context.Context, c redis.Cmdable, key, fa, fb string) (a, b string, err error) {
+// key (its lua/state.lua): the two integers a and b of its string. No
+// state: "", "".
+func PairState(ctx context.Context, c redis.Cmdable, key string) (a, b string, err error) {
 	v, err := c.Get(ctx, key).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return "", "", nil
-	case err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE"):
-		h, err := c.HMGet(ctx, key, fa, fb).Result()
-		if err != nil {
-			return "", "", err
-		}
-		a, _ = h[0].(string)
-		b, _ = h[1].(string)
-		return a, b, nil
 	case err != nil:
 		return "", "", err
 	}

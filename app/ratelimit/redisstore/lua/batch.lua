@@ -5,8 +5,7 @@
 -- made at the same instant, which one atomic script may do.
 -- KEYS[i]: request i's key (on a Cluster, all of one hash slot).
 -- ARGV: [1] now override  [2] resend window in µs (lua/once.lua)
---       [3] '1': state as a hash (lua/decide.lua, ARGV[11])
---       then 9 per request, from 4 + 9 × (i - 1): algorithm (1 token
+--       then 9 per request, from 3 + 9 × (i - 1): algorithm (1 token
 --       bucket, 2 GCRA, 3 sliding window counter, 4 sliding window log),
 --       then the decision script's ARGV[2..8] and ARGV[10] (the hold,
 --       lua/decide.lua).
@@ -16,10 +15,10 @@
 local batch_now = now_us()
 now_us = function() return batch_now end
 local algorithms = {decide_1, decide_2, decide_3, decide_4}
-local a = {ARGV[1], 0, 0, 0, 0, '', 1, 1, ARGV[2], 0, ARGV[3]}
+local a = {ARGV[1], 0, 0, 0, 0, '', 1, 1, ARGV[2], 0}
 local out = {}
 for i = 1, #KEYS do
-  local b = 4 + 9 * (i - 1)
+  local b = 3 + 9 * (i - 1)
   for j = 2, 8 do a[j] = ARGV[b + j - 1] end
   a[10] = ARGV[b + 8]
   args(KEYS[i], a)

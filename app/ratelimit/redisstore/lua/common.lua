@@ -9,9 +9,8 @@ local function expire_log(key, newest, window, now)
   redis.call('PEXPIRE', key, cdiv(top + window - now, 1000) + margin_ms)
 end
 
--- Replay markers kept in a key's own hash (the window counter's, and the
--- token bucket's and GCRA's of earlier releases, lua/state.lua): field
--- mfield ("m:<instance>") lists the last few markers
+-- Replay markers kept in the window counter's own hash: field mfield
+-- ("m:<instance>") lists the last few markers
 -- (epochs) of that instance's batches applied to the key, so a batch sent
 -- again is recognised without a marker key of its own. The list dies with
 -- the key, when its usage no longer matters.

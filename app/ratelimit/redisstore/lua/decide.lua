@@ -4,8 +4,6 @@
 --       [7], [8] weight num, den (ratelimit.Weight)
 --       [9] resend window in µs (lua/once.lua; absent: 3 s)
 --       [10] hold in µs (GCRA only; ratelimit.Request.Hold; absent: 0)
---       [11] '1': write the token bucket's and GCRA's state as a hash
---            (lua/state.lua)
 -- Reply: {allowed, remaining, reset_us, retry_us, now_us, state...}, the
 --   state being what the fallback continues from, and only that:
 --   token bucket {tokens}, GCRA {tat, tat_rem}, sliding window counter
@@ -15,7 +13,7 @@
 -- The decision being made: set by args from its key and arguments (one
 -- script call, or one request of a batch, lua/batch.lua), read by the
 -- helpers below and the algorithm.
-local limit, window, cost, capacity, wnum, wden, elimit, key, resend_arg, req_id, hold, hashes
+local limit, window, cost, capacity, wnum, wden, elimit, key, resend_arg, req_id, hold
 -- A number argument costs a string conversion (tonumber): the ones that
 -- are mostly their default are compared as strings first.
 local function args(k, a)
@@ -34,7 +32,6 @@ local function args(k, a)
   resend_arg = a[9]
   hold = 0
   if a[10] and a[10] ~= '0' then hold = tonumber(a[10]) or 0 end
-  hashes = a[11] == '1'
 end
 local function wscale(x) return cdiv(x * wnum, wden) end
 local function wunits(room, unit)

@@ -2,7 +2,7 @@
 -- algorithm.GCRADecide.
 local now = now_us()
 local tolerance = capacity * window
-local t0, r0, last = pair_get(key, 't', 'r')
+local t0, r0, last = pair_get(key)
 local again = seen(last, now)
 if again then cost = 0 end
 local tat, rem = now, 0
@@ -32,7 +32,7 @@ local reset = cdiv(ahead, limit)
 -- Written only when the arrival time moved: a refusal, a resend and a
 -- request of no units leave the key as it is (its TTL covers its state).
 if moved then
-  pair_put(key, 't', tat, 'r', rem, kept_admission(again, last, now), cdiv(reset, 1000) + margin_ms, hashes)
+  pair_put(key, tat, rem, kept_admission(again, last, now), cdiv(reset, 1000) + margin_ms)
 end
 if again then allowed, retry = 1, 0 end
 local r = reply(allowed, remaining, reset, retry, now, tat, rem)

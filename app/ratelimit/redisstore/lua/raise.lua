@@ -10,7 +10,6 @@
 --       [3] limit  [4] window µs  [5] capacity, then the floor:
 --       tb: tokens (× window), its time
 --       gcra: TAT µs, TAT remainder
---       then, for tb and gcra, '1' to write a hash (lua/state.lua)
 --       swc: window start, current count, previous count
 --       swl: its time, the 8 age buckets' counts, a member id prefix
 -- Reply: the units put back (0 if the key already held the floor).
@@ -21,7 +20,7 @@ local limit, window, capacity = num(ARGV[3], 'limit'), num(ARGV[4], 'window'), n
 if alg == 'tb' then
   local cap = capacity * window
   local floor = refill(num(ARGV[6], 'tokens'), math.min(num(ARGV[7], 'time'), now), now, cap, limit)
-  local t0, l0, adm = pair_get(key, 't', 'l')
+  local t0, l0, adm = pair_get(key)
   local cur, last = cap, now
   if l0 then
     last = num(l0, 'l')
@@ -29,21 +28,21 @@ if alg == 'tb' then
   end
   if floor >= cur then return 0 end
   last = math.max(now, last)
-  pair_put(key, 't', floor, 'l', last, adm, cdiv(last + cdiv(cap - floor, limit) - now, 1000) + margin_ms, ARGV[8] == '1')
+  pair_put(key, floor, last, adm, cdiv(last + cdiv(cap - floor, limit) - now, 1000) + margin_ms)
   return cdiv(cur - floor, window)
 end
 
 if alg == 'gcra' then
   local tat, rem = num(ARGV[6], 'tat'), num(ARGV[7], 'rem')
   if tat <= now then return 0 end
-  local t0, r0, last = pair_get(key, 't', 'r')
+  local t0, r0, last = pair_get(key)
   local ctat, crem = now, 0
   if t0 then
     ctat, crem = num(t0, 't'), num(r0, 'r')
     if ctat < now then ctat, crem = now, 0 end
   end
   if tat < ctat or (tat == ctat and rem <= crem) then return 0 end
-  pair_put(key, 't', tat, 'r', rem, last, cdiv(tat - now + 1, 1000) + margin_ms, ARGV[8] == '1')
+  pair_put(key, tat, rem, last, cdiv(tat - now + 1, 1000) + margin_ms)
   return cdiv((tat - ctat) * limit + rem - crem, window)
 end
 

@@ -9,7 +9,6 @@
 --       [3] limit  [4] window µs  [5] capacity  [6] cost  [7] request id
 --       [8], [9] weight num, den (the request's: what the admission charged)
 --       [10] the admission's Redis time, µs (the counter's window)
---       [11] '1': the token bucket's and GCRA's state as a hash (lua/state.lua)
 -- Reply: the units given back (0: nothing left to give back, the state having
 -- refilled, aged or expired past the admission).
 local now = now_us()
@@ -33,36 +32,33 @@ local function names_request(adm)
   return adm and string.sub(adm, -(string.len(id) + 1)) == ':' .. id
 end
 
--- The admission field of a hash names this request: it goes.
+-- The window counter's admission field names this request: it goes.
 local function forget_admission()
   if names_request(redis.call('HGET', key, 'i')) then redis.call('HDEL', key, 'i') end
 end
 
 -- Writes the state of the token bucket or GCRA (lua/state.lua) without
 -- the key's admission adm if it names this request.
-local function put_forgetting(adm, fa, a, fb, b, ttl)
-  local hash = ARGV[11] == '1'
-  local forget = names_request(adm)
-  if forget then adm = nil end
-  pair_put(key, fa, a, fb, b, adm, ttl, hash)
-  if forget and hash then redis.call('HDEL', key, 'i') end
+local function put_forgetting(adm, a, b, ttl)
+  if names_request(adm) then adm = nil end
+  pair_put(key, a, b, adm, ttl)
 end
 
 if alg == 'tb' then
   local cap = capacity * window
-  local t0, l0, adm = pair_get(key, 't', 'l')
+  local t0, l0, adm = pair_get(key)
   if not l0 then return 0 end
   local last = num(l0, 'l')
   local tokens = refill(num(t0, 't'), last, now, cap, limit)
   local back = math.min(charged, cap - tokens)
   if back <= 0 then return 0 end
   tokens = tokens + back
-  put_forgetting(adm, 't', tokens, 'l', math.max(now, last), cdiv(cdiv(cap - tokens, limit), 1000) + margin_ms)
+  put_forgetting(adm, tokens, math.max(now, last), cdiv(cdiv(cap - tokens, limit), 1000) + margin_ms)
   return units(back)
 end
 
 if alg == 'gcra' then
-  local t0, r0, adm = pair_get(key, 't', 'r')
+  local t0, r0, adm = pair_get(key)
   if not t0 then return 0 end
   local tat, rem = num(t0, 't'), num(r0, 'r')
   local ahead = (tat - now) * limit + rem
@@ -71,7 +67,7 @@ if alg == 'gcra' then
   ahead = ahead - back
   tat = now + fdiv(ahead, limit)
   rem = ahead - (tat - now) * limit
-  put_forgetting(adm, 't', tat, 'r', rem, cdiv(cdiv(ahead, limit), 1000) + margin_ms)
+  put_forgetting(adm, tat, rem, cdiv(cdiv(ahead, limit), 1000) + margin_ms)
   return units(back)
 end
 

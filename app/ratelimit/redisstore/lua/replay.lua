@@ -5,9 +5,7 @@
 -- KEYS: per batch, [3i-2] the key's state, [3i-1] the batch's marker key
 --       (the window counter's replay does not use it) and [3i] the key's
 --       reset fence (reset.go), all of one slot
--- ARGV: [1] now override  [2] marker TTL in ms  [3] batch count
---       [4] '1': the token bucket's and GCRA's state as a hash
---       (lua/state.lua), then per
+-- ARGV: [1] now override  [2] marker TTL in ms  [3] batch count, then per
 --       batch: limit, window in µs, capacity, marker field, marker token,
 --       the sender's last read of the reset log (µs), grant count, and per
 --       grant (sorted by time): at µs, cost, request id
@@ -21,7 +19,7 @@
 local now = now_us()
 local ttl = tonumber(ARGV[2])
 local reply = {}
-local a = 5
+local a = 4
 -- One set of arrays for every batch: a batch's grants are at[1..n] (the
 -- entries past n are a longer earlier batch's, never read).
 local at, cost, id = {}, {}, {}

@@ -1,9 +1,7 @@
 -- GCRA replay of one key. Twin of algorithm.GCRAReplay. The state is a
--- string (lua/state.lua): the batch's marker is a key of its own, and
--- a marker an earlier release left in the hash's field mfield counts too.
+-- string (lua/state.lua): the batch's marker is a key of its own, mkey.
 local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, mtoken, mkey, ttl)
-  local t0, r0, last, marks = pair_get(key, 't', 'r', mfield)
-  if marked(marks, mtoken) then return 0, 0, 0, 1 end
+  local t0, r0, last = pair_get(key)
   if not redis.call('SET', mkey, '1', 'PX', ttl, 'NX') then return 0, 0, 0, 1 end
   local tat, rem = 0, 0
   if t0 then tat, rem = num(t0, 't'), num(r0, 'r') end
@@ -20,7 +18,7 @@ local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, 
   -- another instance's grants must build on it (a past time is a full
   -- bucket for decisions, which take max(tat, now)).
   if replayed > 0 then
-    pair_put(key, 't', tat, 'r', rem, last, cdiv(math.max(0, tat - now) + 1, 1000) + margin_ms, ARGV[4] == '1')
+    pair_put(key, tat, rem, last, cdiv(math.max(0, tat - now) + 1, 1000) + margin_ms)
   end
   return replayed, 0, 0, 0
 end

@@ -1,11 +1,9 @@
 -- Token bucket replay of one key. Twin of algorithm.TokenBucketReplay. The
 -- state is a string (lua/state.lua): the batch's marker is a key of its
--- own, and a marker an earlier release left in the hash's field mfield
--- counts too.
+-- own, mkey.
 local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, mtoken, mkey, ttl)
   local cap = capacity * window
-  local t0, l0, adm, marks = pair_get(key, 't', 'l', mfield)
-  if marked(marks, mtoken) then return 0, 0, 0, 1 end
+  local t0, l0, adm = pair_get(key)
   if not redis.call('SET', mkey, '1', 'PX', ttl, 'NX') then return 0, 0, 0, 1 end
   local tokens, last = nil, 0
   if l0 then tokens, last = num(t0, 't'), num(l0, 'l') end
@@ -20,7 +18,7 @@ local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, 
   end
   if last ~= 0 then
     local full = last + cdiv(cap - tokens, limit)
-    pair_put(key, 't', tokens, 'l', last, adm, cdiv(math.max(0, full - now), 1000) + margin_ms, ARGV[4] == '1')
+    pair_put(key, tokens, last, adm, cdiv(math.max(0, full - now), 1000) + margin_ms)
   end
   return replayed, 0, 0, 0
 end

@@ -2,7 +2,7 @@
 -- and the last update in µs. Twin of algorithm.TokenBucketDecide.
 local now = now_us()
 local cap = capacity * window
-local t0, l0, last = pair_get(key, 't', 'l')
+local t0, l0, last = pair_get(key)
 local again = seen(last, now)
 if again then cost = 0 end
 local tokens = cap
@@ -22,7 +22,7 @@ local reset = cdiv(cap - tokens, limit)
 -- of no units leave the key as it is (the bucket refills from it the same,
 -- and its TTL covers it).
 if allowed == 1 and need > 0 then
-  pair_put(key, 't', tokens, 'l', now, kept_admission(again, last, now), cdiv(reset, 1000) + margin_ms, hashes)
+  pair_put(key, tokens, now, kept_admission(again, last, now), cdiv(reset, 1000) + margin_ms)
 end
 if again then allowed, retry = 1, 0 end
 local r = reply(allowed, wunits(tokens, window), reset, retry, now, tokens)
