@@ -26,17 +26,30 @@ show_failure() {
     $compose logs --tail 40 >&2 || true
 }
 
+# no_registry runs a compose command that may pull images; when it fails because no
+# registry answers (an air-gapped engine), it says in one line what to do about it.
+no_registry() {
+    local out rc=0
+    out=$(mktemp)
+    "$@" 2>&1 | tee "$out" || rc=${PIPESTATUS[0]}
+    if ((rc != 0)) && grep -qiE 'no such host|registry-1\.docker\.io|failed to resolve source metadata|pull access denied|TLS handshake timeout|i/o timeout' "$out"; then
+        echo "make up: no container registry is reachable to pull the images: run \`make offline-images\` once (local stand-ins, see scripts/offline-images.sh), then make up again" >&2
+    fi
+    rm -f "$out"
+    return "$rc"
+}
+
 # app1..app4 share one image and one build section: build it once, here, rather than
 # once per service (compose v1 would run the same build four times with `up --build`).
-$compose build app1
+no_registry $compose build app1
 
 if [[ $version == 2 ]]; then
-    if ! $compose up -d --wait; then
+    if ! no_registry $compose up -d --wait; then
         show_failure
         exit 1
     fi
 else
-    if ! $compose up -d; then
+    if ! no_registry $compose up -d; then
         show_failure
         exit 1
     fi
