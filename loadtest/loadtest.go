@@ -157,6 +157,29 @@ type Key struct {
 	Interval time.Duration
 }
 
+// SourcePerKey as Config.Sources sends each key from a loopback address of
+// its own against a loopback IPv4 target (the default of the loadtest
+// command): the service's per-address ceiling then applies to each key
+// alone, as it would to clients spread over the Internet.
+const SourcePerKey = -1
+
+// maxSources is the most source addresses, 127.0.0.2 to 127.0.0.251.
+const maxSources = 250
+
+// loopback4 says whether the base URL's host is an IPv4 loopback address
+// or localhost (which the client dials as 127.0.0.1).
+func loopback4(base string) bool {
+	u, err := url.Parse(base)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(u.Hostname(), "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(u.Hostname())
+	return err == nil && ip.Unmap().Is4() && ip.Unmap().IsLoopback()
+}
+
 // Config is one load run. The zero value is not usable: BaseURL and
 // Duration are required, and Policies must cover every route unless the
 // run may learn them (LearnPolicies).
@@ -204,8 +227,10 @@ type Config struct {
 	// 127.0.0.2 and up (key i sends from address i mod Sources), each with
 	// a client of its own (NewClientFrom): the service sees that many
 	// client addresses, and a per-address ceiling applies to each. 0: every
-	// key sends through Client. At most 250; the base URL must then be an
-	// IPv4 loopback address or localhost.
+	// key sends through Client. SourcePerKey: one per key (at most 250)
+	// when the base URL is an IPv4 loopback address or localhost, else 0.
+	// At most 250; the base URL must then be an IPv4 loopback address or
+	// localhost.
 	Sources int
 	// AbortShare is the share of the HTTP requests (0 to 0.5) whose client
 	// resets its connection once it has sent the request: half at once,
@@ -319,8 +344,11 @@ func (c *Config) setDefaults() error {
 	if c.Client == nil {
 		c.Client = NewClient()
 	}
-	if c.Sources < 0 || c.Sources > 250 {
-		return fmt.Errorf("loadtest: sources %d: want 0 to 250", c.Sources)
+	if c.Sources < SourcePerKey || c.Sources > maxSources {
+		return fmt.Errorf("loadtest: sources %d: want 0 to %d, or %d (one per key)", c.Sources, maxSources, SourcePerKey)
+	}
+	if c.Sources == SourcePerKey && !loopback4(c.BaseURL) {
+		c.Sources = 0
 	}
 	if c.Sources > 0 {
 		if u, err := url.Parse(c.BaseURL); err == nil {
@@ -380,6 +408,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	keys, err := Keys(cfg.Routes, cfg.Mix, cfg.RouteMix, policies, cfg.RunID)
 	if err != nil {
 		return Result{}, err
+	}
+	if cfg.Sources == SourcePerKey {
+		cfg.Sources = min(len(keys), maxSources)
 	}
 	for i := range keys {
 		if keys[i].Header, err = SignKey(cfg.APIKeySecret, keys[i].Name); err != nil {

@@ -69,7 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		window      = fs.Duration("window", 0, "window of every route; with -quota")
 		jitter      = fs.Float64("jitter", 0.8, "send jitter as a fraction of each key's interval, in [0, 1)")
 		cpuProfile  = fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
-		sources     = fs.Int("sources", 0, "send the keys from this many loopback addresses, 127.0.0.2 and up (each a client address of its own to the service's per-address ceiling; 36: one per key of the default load); 0: one address")
+		sources     = fs.Int("sources", loadtest.SourcePerKey, "send the keys from this many loopback addresses, 127.0.0.2 and up (each a client address of its own to the service's per-address ceiling); 0: one address; -1: one per key (at most 250) against an IPv4 loopback target, else one")
 		secret      = fs.String("api-key-secret", envOr("RL_API_KEY_SECRET", loadtest.DemoAPIKeySecret),
 			`secret the keys are signed with, as the service checks them ("": send the key names unsigned)`)
 	)
