@@ -12,9 +12,14 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- floor(a / b) for a >= 0, b > 0, exact despite float division.
+-- floor(a / b) for a >= 0, b >= 1, integers. Below 2^53 the division's
+-- rounding cannot cross an integer: the quotient is within a/b × 2^-53 <
+-- 1/b of a/b, and a non-integral a/b is at least 1/b from the next
+-- integer. Above it (a product the bounds allow, exact but past 2^53) the
+-- quotient is corrected.
 local function fdiv(a, b)
   local q = math.floor(a / b)
+  if a < 9007199254740992 then return q end
   if q * b > a then q = q - 1 end
   if (q + 1) * b <= a then q = q + 1 end
   return q

@@ -33,14 +33,13 @@ local function args(k, a)
   hold = 0
   if a[10] and a[10] ~= '0' then hold = tonumber(a[10]) or 0 end
 end
-local function wscale(x) return cdiv(x * wnum, wden) end
+local function wscale(x)
+  if wnum == wden and x >= 0 then return x end
+  return cdiv(x * wnum, wden)
+end
 local function wunits(room, unit)
   if room <= 0 then return 0 end
   return fdiv(room, wscale(unit))
-end
-
-local function reply(allowed, remaining, reset, retry, now, ...)
-  return {allowed, remaining, reset, retry, now, ...}
 end
 
 -- The resend window in µs (ARGV[9]), read only by the decisions that need

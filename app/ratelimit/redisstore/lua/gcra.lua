@@ -32,9 +32,9 @@ local reset = cdiv(ahead, limit)
 -- Written only when the arrival time moved: a refusal, a resend and a
 -- request of no units leave the key as it is (its TTL covers its state).
 if moved then
-  pair_put(key, tat, rem, kept_admission(again, last, now), cdiv(reset, 1000) + margin_ms)
+  put_admitted(tat, rem, again, last, now, cdiv(reset, 1000) + margin_ms)
 end
 if again then allowed, retry = 1, 0 end
-local r = reply(allowed, remaining, reset, retry, now, tat, rem)
+local r = {allowed, remaining, reset, retry, now, tat, rem}
 if allowed == 0 then refusal_hint(r, last, now) end
 return r

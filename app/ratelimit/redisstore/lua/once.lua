@@ -25,9 +25,10 @@ local function admission(last)
 end
 
 -- Whether the recorded admission (last) is this request's id within the
--- resend window of now.
+-- resend window of now. Most requests are not resends: a last that does
+-- not end with the id is told apart without parsing it.
 local function seen(last, now)
-  if req_id == '' then return false end
+  if req_id == '' or not last or string.sub(last, -#req_id) ~= req_id then return false end
   local at, id = admission(last)
   return at ~= nil and id == req_id and resent(at, now)
 end
@@ -40,13 +41,15 @@ local function refusal_hint(r, last, now)
   return r
 end
 
--- The admission the state of the token bucket or GCRA (lua/state.lua)
--- keeps when it is written after an admission at now: this request's,
--- unless it is a resend (again), else the key's last (last) while a resend
--- of it is still recognised, as a hash keeps field i.
-local function kept_admission(again, last, now)
-  if not again and req_id ~= '' then return str(now) .. ':' .. req_id end
+-- Writes the state of the token bucket or GCRA (lua/state.lua) after an
+-- admission at now: a and b, with this request's admission, unless it is
+-- a resend (again), else the key's last (last) while a resend of it is
+-- still recognised.
+local function put_admitted(a, b, again, last, now, ttl)
+  if not again and req_id ~= '' then
+    redis.call('SET', key, string.format('%.0f:%.0f:%.0f:', a, b, now) .. req_id, 'PX', ttl)
+    return
+  end
   local at = admission(last)
-  if at and resent(at, now) then return last end
-  return nil
+  if at and resent(at, now) then pair_put(key, a, b, last, ttl) else pair_put(key, a, b, nil, ttl) end
 end

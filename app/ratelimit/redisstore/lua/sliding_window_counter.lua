@@ -49,6 +49,6 @@ if reset > 0 then
   redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 end
 if again then allowed, retry = 1, 0 end
-local r = reply(allowed, remaining, reset, retry, now, start, cur, prev)
+local r = {allowed, remaining, reset, retry, now, start, cur, prev}
 if allowed == 0 then refusal_hint(r, last, now) end
 return r

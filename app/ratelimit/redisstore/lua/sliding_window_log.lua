@@ -72,6 +72,6 @@ if count > 0 then
   end
   redis.call('PEXPIRE', key, cdiv(reset, 1000) + margin_ms)
 end
-local r = reply(allowed, math.max(0, limit - count), reset, retry, now, unpack(ages))
+local r = {allowed, math.max(0, limit - count), reset, retry, now, unpack(ages)}
 if allowed == 0 and last then resend_hint(r, last, last_at, now) end
 return r

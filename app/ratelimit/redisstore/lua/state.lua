@@ -20,8 +20,8 @@ end
 -- keep, or nil.
 local function pair_put(key, a, b, adm, ttl)
   if adm then
-    redis.call('SET', key, str(a) .. ':' .. str(b) .. ':' .. adm, 'PX', ttl)
+    redis.call('SET', key, string.format('%.0f:%.0f:', a, b) .. adm, 'PX', ttl)
   else
-    redis.call('SET', key, str(a) .. ':' .. str(b), 'PX', ttl)
+    redis.call('SET', key, string.format('%.0f:%.0f', a, b), 'PX', ttl)
   end
 end

@@ -22,9 +22,9 @@ local reset = cdiv(cap - tokens, limit)
 -- of no units leave the key as it is (the bucket refills from it the same,
 -- and its TTL covers it).
 if allowed == 1 and need > 0 then
-  pair_put(key, tokens, now, kept_admission(again, last, now), cdiv(reset, 1000) + margin_ms)
+  put_admitted(tokens, now, again, last, now, cdiv(reset, 1000) + margin_ms)
 end
 if again then allowed, retry = 1, 0 end
-local r = reply(allowed, wunits(tokens, window), reset, retry, now, tokens)
+local r = {allowed, wunits(tokens, window), reset, retry, now, tokens}
 if allowed == 0 then refusal_hint(r, last, now) end
 return r
