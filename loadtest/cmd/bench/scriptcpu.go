@@ -109,7 +109,10 @@ func scriptCPUCommands(ctx context.Context, addr string, client redis.UniversalC
 	ours := scriptCPUCmd{name: "ours-gcra", command: "fcall", args: []string{"FCALL", fn, "1",
 		key[:len(key)-12] + "__rand_int__", // 28 bytes, as every key
 		"0", strconv.Itoa(limit), strconv.FormatInt(p.WindowMicros(), 10), strconv.FormatInt(p.Capacity(), 10), "1",
-		"AbCdEfGhIjK", "1", "1", strconv.FormatInt(redisstore.DefaultResendWindow.Microseconds(), 10)}}
+		// A fresh id per call (12 digits; Redis keeps 11 bytes of a longer
+		// one): one id for every call would make the second call of a key
+		// within the resend window a resend, answered without a write.
+		"__rand_int__", "1", "1", strconv.FormatInt(redisstore.DefaultResendWindow.Microseconds(), 10)}}
 
 	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
 	defer c.Close()
@@ -195,7 +198,7 @@ func scriptCPUText(rows []ScriptCPURow) string {
 		"What one GCRA decision call costs Redis itself: INFO commandstats `usec_per_call` (the call's execution, without the network), " +
 		"after `redis-benchmark -c 1 -n " + strconv.Itoa(scriptCPUCalls) + " -r " + strconv.Itoa(scriptCPUKeys) + "` sent the call over one connection, " +
 		"one call at a time (`-P 1`) or 16 a pipeline (`-P 16`), the rows taking turns for " + strconv.Itoa(scriptCPURounds) + " rounds. " +
-		"`ours-gcra`: our library's GCRA function by `FCALL`, with the arguments redisstore sends (an 11-byte request id, as Redis keeps one); " +
+		"`ours-gcra`: our library's GCRA function by `FCALL`, with the arguments redisstore sends (a fresh 12-digit request id per call: Redis keeps an 11-byte one); " +
 		"`peer-redis_rate`: go-redis/redis_rate v10's script by `EVALSHA`, as its limiter sends it.\n\n" +
 		"| row | command | µs per call, each round |\n| --- | --- | --- |\n"
 	for _, r := range rows {
