@@ -130,11 +130,6 @@ type entry struct {
 	req   ratelimit.Request
 }
 
-type refund struct {
-	req ratelimit.Request
-	d   ratelimit.Decision
-}
-
 // New wraps next. If next is a store.Refunder (resilient.Limiter is),
 // unused units are given back through it; if it has an InStore() bool
 // method, leases are taken only while it reports true.
@@ -171,65 +166,6 @@ func New(next ratelimit.Limiter, cfg Config) *Limiter {
 	}
 	go l.loop()
 	return l
-}
-
-// Stats counts what the leases did.
-type Stats struct {
-	// Served: requests answered from a lease.
-	Served uint64 `json:"served"`
-	// Draws: leases taken; Refused: draws the store refused (the request
-	// was then decided alone).
-	Draws   uint64 `json:"draws"`
-	Refused uint64 `json:"refused"`
-	// Refunded: unused units given back; Lost: unused units not given
-	// back (the store was out, or the refund failed).
-	Refunded uint64 `json:"refunded_units"`
-	Lost     uint64 `json:"unrefunded_units"`
-	// Keys: keys followed; Held: leases held now, and Units their units.
-	Keys  int   `json:"keys"`
-	Held  int   `json:"held"`
-	Units int64 `json:"units"`
-}
-
-// Stats returns the counters and what is held now.
-func (l *Limiter) Stats() Stats {
-	s := Stats{
-		Served: l.stats.served.Load(), Draws: l.stats.draws.Load(), Refused: l.stats.refused.Load(),
-		Refunded: l.stats.refunded.Load(), Lost: l.stats.lost.Load(),
-	}
-	l.mu.Lock()
-	s.Keys = len(l.keys)
-	for e := range l.held {
-		if e.units > 0 {
-			s.Held++
-			s.Units += e.units
-		}
-	}
-	l.mu.Unlock()
-	return s
-}
-
-// Held is a lease a key holds at this instance (Inspect): the units left
-// on it, and when it ends (this instance's clock). Its units are counted in
-// the store already.
-type Held struct {
-	Units int64
-	Until time.Time
-}
-
-// Inspect returns the lease key holds under the policy named policy at
-// this instance; ok is false when it holds none (none taken, spent, or
-// ended). It is safe for concurrent use and counts nothing: the lease and
-// the key's demand stay as they were.
-func (l *Limiter) Inspect(policy, key string) (h Held, ok bool) {
-	now := l.cfg.Now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e := l.keys[leaseKey{policy, key}]
-	if e == nil || e.units <= 0 || !now.Before(e.until) {
-		return Held{}, false
-	}
-	return Held{Units: e.units, Until: e.until}, true
 }
 
 // Decide decides req: from a lease of its key, or by the wrapped limiter.
@@ -491,23 +427,6 @@ func (l *Limiter) end(e *entry) {
 	l.queueRefund(r, e.draw)
 }
 
-// queueRefund queues the refund of r's units, admitted by the store's
-// decision d.
-func (l *Limiter) queueRefund(r ratelimit.Request, d ratelimit.Decision) {
-	if r.Cost <= 0 {
-		return
-	}
-	if l.refunder == nil {
-		l.stats.lost.Add(uint64(r.Cost))
-		return
-	}
-	select {
-	case l.refunds <- refund{req: r, d: d}:
-	default:
-		l.stats.lost.Add(uint64(r.Cost))
-	}
-}
-
 // forget drops what this instance holds of the key of identity id under
 // policy p: an operator reset it (resilient.Limiter.OnForget). Its lease's
 // units were counted before the reset, which lifted them: they are
@@ -527,104 +446,5 @@ func (l *Limiter) forget(p ratelimit.Policy, id store.Identity) {
 		e.cut++
 		e.noDraw = false
 		e.remaining = -1
-	}
-}
-
-// loop ends expired leases and drops idle keys every Tick, and sends the
-// refunds, until Close.
-func (l *Limiter) loop() {
-	defer close(l.done)
-	t := time.NewTicker(l.cfg.Tick)
-	defer t.Stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		l.sendRefunds(ctx)
-	}()
-	for n := 1; ; n++ {
-		select {
-		case <-l.stop:
-			return
-		case <-t.C:
-			l.sweep(l.cfg.Now(), n%idleSweep == 0)
-		}
-	}
-}
-
-// idleSweep is how many ticks apart the whole table is swept for idle
-// keys: a sweep holds the table's lock for a walk of every key.
-const idleSweep = 20
-
-// sweep ends the leases spent or expired at now and, with idle, drops the
-// keys idle for two lifetimes with nothing held.
-func (l *Limiter) sweep(now time.Time, idle bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for e := range l.held {
-		if e.units <= 0 || !now.Before(e.until) {
-			l.end(e)
-		}
-	}
-	if !idle {
-		return
-	}
-	for k, e := range l.keys {
-		if e.units == 0 && !e.drawing && now.Sub(e.lastSeen) >= 2*e.policy.Lease {
-			delete(l.keys, k)
-		}
-	}
-}
-
-// sendRefunds sends the queued refunds until ctx ends.
-func (l *Limiter) sendRefunds(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case r := <-l.refunds:
-			l.send(ctx, r)
-		}
-	}
-}
-
-func (l *Limiter) send(ctx context.Context, r refund) {
-	callCtx, cancel := context.WithTimeout(ctx, l.cfg.RefundTimeout)
-	n, err := l.refunder.Refund(callCtx, r.req, r.d)
-	cancel()
-	if err != nil {
-		n = 0
-	}
-	l.stats.refunded.Add(uint64(n))
-	l.stats.lost.Add(uint64(r.req.Cost - n))
-}
-
-// Close stops taking leases and gives back the unused units of those held,
-// within ctx. It does not close the wrapped limiter.
-func (l *Limiter) Close(ctx context.Context) error {
-	if l.closed.Swap(true) {
-		return nil
-	}
-	close(l.stop)
-	<-l.done
-	l.mu.Lock()
-	for e := range l.held {
-		l.end(e)
-	}
-	l.mu.Unlock()
-	for {
-		select {
-		case r := <-l.refunds:
-			if err := ctx.Err(); err != nil {
-				l.stats.lost.Add(uint64(r.req.Cost))
-				continue
-			}
-			l.send(ctx, r)
-		default:
-			return ctx.Err()
-		}
 	}
 }
