@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/fleetlimit/fleetlimit/app/internal/authrequest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
 )
 
@@ -48,7 +49,7 @@ func writeTempFile(t *testing.T, name, body string) string {
 // check asks the check endpoint about a GET of uri, as nginx does.
 func check(t *testing.T, s *Server, uri string, headers ...string) (*http.Response, []byte) {
 	t.Helper()
-	return get(t, "http://"+s.PublicAddr()+CheckPath, append([]string{HeaderOriginalURI, uri, HeaderOriginalMethod, "GET",
+	return get(t, "http://"+s.PublicAddr()+authrequest.Path, append([]string{authrequest.HeaderOriginalURI, uri, authrequest.HeaderOriginalMethod, "GET",
 		"X-Real-IP", "198.51.100.7"}, headers...)...)
 }
 
@@ -72,13 +73,13 @@ func TestCheckEndpoint(t *testing.T) {
 		}
 	}
 	resp, _ := check(t, s, "/static/other.html", "X-API-Key", "alice")
-	if resp.StatusCode != http.StatusForbidden || resp.Header.Get(HeaderCheckStatus) != "429" || resp.Header.Get("Retry-After") == "" {
+	if resp.StatusCode != http.StatusForbidden || resp.Header.Get(authrequest.HeaderCheckStatus) != "429" || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("third check: status %d %v, want 403 with status 429 and Retry-After", resp.StatusCode, resp.Header)
 	}
 	var p httplimit.Problem
-	if err := json.Unmarshal([]byte(resp.Header.Get(HeaderCheckProblem)), &p); err != nil || p.Status != 429 ||
+	if err := json.Unmarshal([]byte(resp.Header.Get(authrequest.HeaderCheckProblem)), &p); err != nil || p.Status != 429 ||
 		p.Policy != "static" || p.Instance != "/static/other.html" || strconv.FormatInt(p.RetryAfter, 10) != resp.Header.Get("Retry-After") {
-		t.Fatalf("problem %q (%v)", resp.Header.Get(HeaderCheckProblem), err)
+		t.Fatalf("problem %q (%v)", resp.Header.Get(authrequest.HeaderCheckProblem), err)
 	}
 	// Another key from the same address: its own quota, under the
 	// per-address ceiling of 5 (3 used).
@@ -88,16 +89,16 @@ func TestCheckEndpoint(t *testing.T) {
 		}
 	}
 	resp, _ = check(t, s, "/static/", "X-API-Key", "carol")
-	if resp.StatusCode != http.StatusForbidden || !strings.Contains(resp.Header.Get(HeaderCheckProblem), `"policy":"per-address"`) {
-		t.Fatalf("over the address's ceiling: status %d, problem %q", resp.StatusCode, resp.Header.Get(HeaderCheckProblem))
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(resp.Header.Get(authrequest.HeaderCheckProblem), `"policy":"per-address"`) {
+		t.Fatalf("over the address's ceiling: status %d, problem %q", resp.StatusCode, resp.Header.Get(authrequest.HeaderCheckProblem))
 	}
 	// A forged key, and a malformed one, from another address.
 	resp, _ = check(t, s, "/static/", "X-API-Key", "forged.AAAAAAAAAAAAAAAAAAAAAA", "X-Real-IP", "198.51.100.8")
-	if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get(HeaderCheckStatus) != "401" {
+	if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get(authrequest.HeaderCheckStatus) != "401" {
 		t.Fatalf("forged key: status %d %v, want 401 with status 401", resp.StatusCode, resp.Header)
 	}
 	resp, _ = check(t, s, "/static/", "X-API-Key", strings.Repeat("k", 300), "X-Real-IP", "198.51.100.8")
-	if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get(HeaderCheckStatus) != "400" {
+	if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get(authrequest.HeaderCheckStatus) != "400" {
 		t.Fatalf("malformed key: status %d %v, want 401 with status 400", resp.StatusCode, resp.Header)
 	}
 	if resp, _ := check(t, s, "/open/x", "X-API-Key", "alice"); resp.StatusCode != http.StatusNoContent || resp.Header.Get("RateLimit") != "" {
@@ -106,7 +107,7 @@ func TestCheckEndpoint(t *testing.T) {
 	if resp, _ := check(t, s, "/elsewhere", "X-API-Key", "alice"); resp.StatusCode != http.StatusInternalServerError {
 		t.Fatalf("a URI no check matches: status %d, want 500", resp.StatusCode)
 	}
-	if resp, _ := get(t, "http://"+s.PublicAddr()+CheckPath, "X-API-Key", "alice"); resp.StatusCode != http.StatusInternalServerError {
+	if resp, _ := get(t, "http://"+s.PublicAddr()+authrequest.Path, "X-API-Key", "alice"); resp.StatusCode != http.StatusInternalServerError {
 		t.Fatalf("no original URI: status %d, want 500", resp.StatusCode)
 	}
 }

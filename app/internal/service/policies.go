@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetlimit/fleetlimit/app/internal/authrequest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
 
@@ -24,7 +25,7 @@ type PolicySet struct {
 	Policies []ratelimit.Policy
 	Routes   []Route
 	// Checks apply policies to the requests a proxy asks about at the
-	// check endpoint (nginx auth_request; CheckPath), matched on the
+	// check endpoint (nginx auth_request; authrequest.Path), matched on the
 	// original URI: the doors to upstreams that are not this service.
 	Checks []Route
 	// PerAddress names the policies that count per client address
@@ -169,7 +170,7 @@ func (s PolicySet) routes(what string, list []routeJSON) ([]Route, error) {
 		if err := validPattern(rj.Pattern); err != nil {
 			return nil, fmt.Errorf("%s %q: %w", what, rj.Pattern, err)
 		}
-		if rj.Pattern == CheckPath {
+		if rj.Pattern == authrequest.Path {
 			return nil, fmt.Errorf("%s %q: the path of the check endpoint", what, rj.Pattern)
 		}
 		for _, r := range out {

@@ -22,6 +22,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fleetlimit/fleetlimit/app/internal/authrequest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
 )
@@ -248,7 +249,7 @@ func (s *Server) limiterError(_ http.ResponseWriter, r *http.Request, p ratelimi
 func (s *Server) publicRouter(set PolicySet, limits *httplimit.Middleware) http.Handler {
 	r := chi.NewRouter()
 	r.Use(s.requestLog(limits))
-	r.Handle(CheckPath, s.checkHandler(set, limits))
+	r.Handle(authrequest.Path, s.checkHandler(set, limits))
 	for _, route := range set.Routes {
 		h := s.demoHandler(route)
 		if len(route.Policies) > 0 {
