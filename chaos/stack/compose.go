@@ -242,8 +242,8 @@ func (c *Compose) prioritize(service string) {
 	}
 	c.reniced = true
 	// The commands that inject faults below the stack: started by this
-	// process, they inherited its stackNice (the compose CLI, 60 % of a
-	// core at -10 beside the stack).
+	// process, they would inherit its stackNice, and the compose CLI's
+	// own CPU would compete with the stack at its priority.
 	nice := scriptNice
 	c.r.nice = &nice
 }

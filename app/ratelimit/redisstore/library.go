@@ -3,8 +3,8 @@ package redisstore
 // The Redis function library: every script of this package registered as
 // a function of one library (FUNCTION LOAD), called with FCALL. Redis runs
 // a library's top-level code once, at load, so the helpers are defined
-// once per load instead of once per call as in a script (about 4 µs of a
-// GCRA decision's 20 went into making its closures).
+// once per load instead of once per call as in a script, where making the
+// closures was a fifth of a decision's Redis CPU.
 
 import (
 	"context"

@@ -53,8 +53,8 @@ func (l *Store) markerKey(b store.ReplayBatch) string {
 	return l.tag(b.Identity) + ":replay:" + b.Marker + ":" + b.Policy.Name + ":" + statekey.Params(b.Policy) + ":" + fmt.Sprintf("%x", b.Identity[:16])
 }
 
-// MaxReplayGrants bounds the grants one replay script call folds in (about
-// 2.5 µs of Lua each), so no single call holds Redis for long and the other
+// MaxReplayGrants bounds the grants one replay script call folds in (each
+// costs Redis a few µs of Lua), so no single call holds Redis for long and the other
 // instances' decisions are served between calls. A batch with more (a hot
 // key's whole outage) is sent as several parts, in order, each with a
 // marker of its own.

@@ -201,8 +201,8 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 // closed instance holds back the token bucket and GCRA shares of every live
 // instance not yet closed, as it does a suspect's (weight): without that,
 // the first to close spent in the store what was left of the shares that
-// the others were still granting locally (redis-kill: eight admissions in
-// 70 ms after the first close, one over the limit).
+// the others were still granting locally, and the fleet admitted over the
+// limit right after a full outage (redis-kill).
 const (
 	stageBack     = 0 // back; what the store lost not yet put back
 	stageRestored = 1 // put back (raised); journal not yet replayed

@@ -160,7 +160,7 @@ func (l *Limiter) replayPass(ctx context.Context) error {
 	// A key that owes nothing (its share's refill covered its grants)
 	// changes nothing in the store: its batches are acknowledged here,
 	// without a round trip. In an outage of many keys each used a little,
-	// most are such (a drain of 100 000 keys: about 60 % of the batches).
+	// most are such.
 	// The zero batches of a key that owes something still go, after its
 	// charge: acknowledged first, they would be lost were the charge not.
 	start := l.clock.now()
