@@ -28,7 +28,7 @@ import (
 // scenarios that need a fault proxy, docker-compose.toxiproxy.yml: a
 // toxiproxy between each app and Redis, which costs CPU and a connection
 // per connection, so no other scenario runs with it
-// (docs/COMPOSE-PERFORMANCE.md). Redis,
+// (docs/MEASURING.md). Redis,
 // the apps' admin ports and toxiproxy's API are published on the host's
 // loopback, so the suite reaches them directly.
 //

@@ -85,7 +85,7 @@
 #   LOCAL_GOMAXPROCS (GOMAXPROCS of each app and of toxiproxy; default: the cores divided
 #   by the four apps, at least 1). Five Go processes on a small host, each with one P per
 #   core, spend their CPU waking and parking threads against each other
-#   (docs/COMPOSE-PERFORMANCE.md).
+#   (docs/MEASURING.md).
 #   LOCAL_REDIS_DIRECT=0 (1: the apps dial Redis itself, not their fault proxy; the chaos
 #   suite's partition and latency faults then do not reach them; single topology only,
 #   the others always dial directly)

@@ -322,7 +322,7 @@ func (s *Server) logRequests(limits *httplimit.Middleware, next http.Handler) ht
 		// nginx's access log has every request (with this id); here a
 		// line per request only at debug, and always for a 5xx. At info,
 		// a line per request doubled the CPU the compose stack spent on
-		// logging (docs/COMPOSE-PERFORMANCE.md).
+		// logging (docs/MEASURING.md).
 		level := slog.LevelDebug
 		if sw.status >= 500 {
 			level = slog.LevelWarn
