@@ -174,7 +174,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, 
 			st := rl.Status()
 			ls := leased.Stats()
 			mode := ratelimit.ModeRedis
-			if st.Breaker != resilient.Closed.String() {
+			if st.Breaker != resilient.BreakerClosed.String() {
 				mode = ratelimit.ModeLocal
 			}
 			out := Status{

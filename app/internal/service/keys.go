@@ -148,7 +148,7 @@ func readOnly(ctx context.Context, l ratelimit.Limiter, identity string, policie
 
 // inspectMemory is backend.inspect in memory mode: the memory store holds
 // all there is.
-func inspectMemory(mem *memstore.Limiter) func(context.Context, string, []ratelimit.Policy) []keyPolicy {
+func inspectMemory(mem *memstore.Store) func(context.Context, string, []ratelimit.Policy) []keyPolicy {
 	return func(ctx context.Context, identity string, policies []ratelimit.Policy) []keyPolicy {
 		counts := readOnly(ctx, mem, identity, policies)
 		out := make([]keyPolicy, len(policies))
@@ -168,7 +168,7 @@ func inspectMemory(mem *memstore.Limiter) func(context.Context, string, []rateli
 func inspectRedis(st ratelimit.Limiter, rl *resilient.Limiter, leased *lease.Limiter, timeout time.Duration) func(context.Context, string, []ratelimit.Policy) []keyPolicy {
 	return func(ctx context.Context, identity string, policies []ratelimit.Policy) []keyPolicy {
 		var counts []keyCount
-		if rl.Breaker() == resilient.Open {
+		if rl.Breaker() == resilient.BreakerOpen {
 			counts = make([]keyCount, len(policies))
 			for i := range counts {
 				counts[i].Error = "Redis not asked: the breaker is open (Redis is out)"

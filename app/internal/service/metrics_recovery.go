@@ -33,11 +33,11 @@ func newRecoveryMetrics(now func() time.Time) *recoveryMetrics {
 // held: no I/O).
 func (r *recoveryMetrics) observe(from, to resilient.BreakerState) {
 	switch {
-	case to == resilient.Recovering:
+	case to == resilient.BreakerRecovering:
 		r.recoveringSince.Store(r.now().UnixNano())
-	case from == resilient.Recovering:
+	case from == resilient.BreakerRecovering:
 		since := r.recoveringSince.Swap(0)
-		if to == resilient.Closed && since != 0 {
+		if to == resilient.BreakerClosed && since != 0 {
 			r.duration.Observe(time.Duration(r.now().UnixNano() - since).Seconds())
 		}
 	}

@@ -102,11 +102,11 @@ func TestRecoveryDuration(t *testing.T) {
 		at       time.Duration
 		from, to resilient.BreakerState
 	}{
-		{0, resilient.Closed, resilient.Open},
-		{5 * time.Second, resilient.Open, resilient.Recovering},
-		{6 * time.Second, resilient.Recovering, resilient.Open}, // the replay failed: not a recovery
-		{9 * time.Second, resilient.Open, resilient.Recovering},
-		{12 * time.Second, resilient.Recovering, resilient.Closed},
+		{0, resilient.BreakerClosed, resilient.BreakerOpen},
+		{5 * time.Second, resilient.BreakerOpen, resilient.BreakerRecovering},
+		{6 * time.Second, resilient.BreakerRecovering, resilient.BreakerOpen}, // the replay failed: not a recovery
+		{9 * time.Second, resilient.BreakerOpen, resilient.BreakerRecovering},
+		{12 * time.Second, resilient.BreakerRecovering, resilient.BreakerClosed},
 	}
 	for _, s := range steps {
 		now = time.Unix(1000, 0).Add(s.at)

@@ -148,18 +148,18 @@ func (r *recoverySpans) counts() recoveryCounts {
 // itself).
 func (r *recoverySpans) observe(from, to resilient.BreakerState) {
 	now := time.Now()
-	if from == resilient.Recovering {
+	if from == resilient.BreakerRecovering {
 		r.end(to, now)
 	}
 	switch to {
-	case resilient.Open:
+	case resilient.BreakerOpen:
 		go func() {
 			c := r.counts()
 			r.mu.Lock()
 			r.before = c
 			r.mu.Unlock()
 		}()
-	case resilient.Recovering:
+	case resilient.BreakerRecovering:
 		_, span := r.tracer.Start(context.Background(), "ratelimit.recovery", trace.WithNewRoot(), trace.WithTimestamp(now),
 			trace.WithAttributes(attribute.String("ratelimit.breaker.from", from.String())))
 		r.mu.Lock()
@@ -189,7 +189,7 @@ func (r *recoverySpans) end(to resilient.BreakerState, now time.Time) {
 				attribute.Int64("ratelimit.duplicate_units", int64(after.dupl-before.dupl)),
 				attribute.Int64("ratelimit.restores", int64(after.rests-before.rests)))
 		}
-		if to != resilient.Closed {
+		if to != resilient.BreakerClosed {
 			span.SetStatus(codes.Error, "the breaker opened again")
 		}
 		span.End(trace.WithTimestamp(now))

@@ -24,11 +24,11 @@ import (
 // DefaultCapacity is the number of keys held when no capacity is set.
 const DefaultCapacity = 100_000
 
-// Limiter is an in-memory ratelimit.Limiter. It is safe for concurrent use;
+// Store is an in-memory ratelimit.Limiter. It is safe for concurrent use;
 // decisions are serialised by one mutex (a decision takes well under a
 // microsecond, and no I/O happens under the lock). Use New; the zero value is
 // not usable.
-type Limiter struct {
+type Store struct {
 	now       func() time.Time
 	seeds     statekey.Seeds
 	evictions atomic.Uint64
@@ -39,7 +39,7 @@ type Limiter struct {
 	keys *simplelru.LRU[statekey.Key, *entry]
 }
 
-var _ ratelimit.Limiter = (*Limiter)(nil)
+var _ ratelimit.Limiter = (*Store)(nil)
 
 // entry is one key's state; only the policy's algorithm's field is used.
 type entry struct {
@@ -50,25 +50,25 @@ type entry struct {
 	markers []string // replay batches applied to this key
 }
 
-// Option configures a Limiter.
-type Option func(*Limiter)
+// Option configures a Store.
+type Option func(*Store)
 
 // WithCapacity bounds the number of keys held (DefaultCapacity); the least
 // recently used key is evicted beyond it, and starts again from a full
 // quota when seen next.
 func WithCapacity(n int) Option {
-	return func(l *Limiter) { l.capacity = n }
+	return func(l *Store) { l.capacity = n }
 }
 
 // WithClock sets the clock (tests move time by passing a func).
 func WithClock(now func() time.Time) Option {
-	return func(l *Limiter) { l.now = now }
+	return func(l *Store) { l.now = now }
 }
 
 // New returns an in-memory limiter. It panics only on an invalid capacity
 // (n <= 0), which is a programming error.
-func New(opts ...Option) *Limiter {
-	l := &Limiter{now: time.Now, seeds: statekey.NewSeeds(), capacity: DefaultCapacity}
+func New(opts ...Option) *Store {
+	l := &Store{now: time.Now, seeds: statekey.NewSeeds(), capacity: DefaultCapacity}
 	for _, o := range opts {
 		o(l)
 	}
@@ -80,12 +80,12 @@ func New(opts ...Option) *Limiter {
 	return l
 }
 
-func (l *Limiter) keyOfIdentity(p ratelimit.Policy, id store.Identity) statekey.Key {
+func (l *Store) keyOfIdentity(p ratelimit.Policy, id store.Identity) statekey.Key {
 	return l.seeds.Key(p, id)
 }
 
 // Decide applies the request's policy to its key at the limiter's clock.
-func (l *Limiter) Decide(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+func (l *Store) Decide(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 	if err := req.Validate(); err != nil {
 		return ratelimit.Decision{}, err
 	}
@@ -94,7 +94,7 @@ func (l *Limiter) Decide(_ context.Context, req ratelimit.Request) (ratelimit.De
 
 // decideAt applies a validated policy to key at time now (µs since the
 // epoch).
-func (l *Limiter) decideAt(key statekey.Key, p ratelimit.Policy, now, cost int64, wt ratelimit.Weight) ratelimit.Decision {
+func (l *Store) decideAt(key statekey.Key, p ratelimit.Policy, now, cost int64, wt ratelimit.Weight) ratelimit.Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e, ok := l.keys.Get(key)
@@ -118,14 +118,14 @@ func (l *Limiter) decideAt(key statekey.Key, p ratelimit.Policy, now, cost int64
 }
 
 // Len returns the number of keys held.
-func (l *Limiter) Len() int {
+func (l *Store) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.keys.Len()
 }
 
 // Evictions returns how many keys were evicted to stay within the capacity.
-func (l *Limiter) Evictions() uint64 { return l.evictions.Load() }
+func (l *Store) Evictions() uint64 { return l.evictions.Load() }
 
 // maxMarkers bounds the replay markers remembered per key.
 const maxMarkers = 16
@@ -134,7 +134,7 @@ const maxMarkers = 16
 // transitions as the Redis replay scripts, each batch at most once per key
 // (the last maxMarkers markers of a key are remembered). It makes memstore a
 // complete twin of the Redis store for tests.
-func (l *Limiter) Replay(_ context.Context, batches []store.ReplayBatch) ([]store.ReplayResult, []error) {
+func (l *Store) Replay(_ context.Context, batches []store.ReplayBatch) ([]store.ReplayResult, []error) {
 	results, errs := make([]store.ReplayResult, len(batches)), make([]error, len(batches))
 	now := l.now().UnixMicro()
 	l.mu.Lock()
@@ -180,7 +180,7 @@ func (l *Limiter) Replay(_ context.Context, batches []store.ReplayBatch) ([]stor
 // Reset lifts identity's limits under policies: their state is forgotten,
 // as if never seen (in place: a reset is not an eviction). An invalid
 // identity or policy is an error, and nothing is reset.
-func (l *Limiter) Reset(_ context.Context, identity string, policies []ratelimit.Policy) error {
+func (l *Store) Reset(_ context.Context, identity string, policies []ratelimit.Policy) error {
 	if err := ratelimit.ValidateKey(identity); err != nil {
 		return err
 	}

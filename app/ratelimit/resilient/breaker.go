@@ -11,23 +11,23 @@ type BreakerState int32
 
 // The breaker states.
 const (
-	// Closed: decisions go to the shared store.
-	Closed BreakerState = iota
-	// Open: the store is failing; decisions are local and a prober checks
-	// the store in the background.
-	Open
-	// Recovering: the prober reached the store; the journal of local grants
-	// is being replayed. Decisions stay local until it is done.
-	Recovering
+	// BreakerClosed: decisions go to the shared store.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen: the store is failing; decisions are local and a prober
+	// checks the store in the background.
+	BreakerOpen
+	// BreakerRecovering: the prober reached the store; the journal of local
+	// grants is being replayed. Decisions stay local until it is done.
+	BreakerRecovering
 )
 
 func (s BreakerState) String() string {
 	switch s {
-	case Closed:
+	case BreakerClosed:
 		return "closed"
-	case Open:
+	case BreakerOpen:
 		return "open"
-	case Recovering:
+	case BreakerRecovering:
 		return "recovering"
 	}
 	return "unknown"
@@ -80,7 +80,7 @@ func (b *breaker) success() {
 	if b.refused.Load() {
 		b.refused.Store(false)
 	}
-	if b.State() != Closed {
+	if b.State() != BreakerClosed {
 		return
 	}
 	if b.failures.Load() != 0 {
@@ -141,9 +141,9 @@ func (b *breaker) done() { b.probing.Store(false) }
 func (b *breaker) trip(reason string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.State() == Closed {
+	if b.State() == BreakerClosed {
 		b.failures.Store(int64(b.threshold))
-		b.setLocked(Open, reason)
+		b.setLocked(BreakerOpen, reason)
 	}
 }
 
@@ -154,7 +154,7 @@ func (b *breaker) trip(reason string) {
 // with the fleet's replays, say): slow, not dead.
 func (b *breaker) failure(reason string, timeout bool) {
 	switch b.State() {
-	case Closed:
+	case BreakerClosed:
 		if !timeout && !b.shardedStore {
 			b.refused.Store(true)
 		}
@@ -167,17 +167,17 @@ func (b *breaker) failure(reason string, timeout bool) {
 		}
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		if b.State() == Closed && b.failures.Load() >= int64(b.threshold) {
-			b.setLocked(Open, reason)
+		if b.State() == BreakerClosed && b.failures.Load() >= int64(b.threshold) {
+			b.setLocked(BreakerOpen, reason)
 		}
-	case Recovering:
+	case BreakerRecovering:
 		if timeout && b.now().UnixMicro()-b.lastSuccess.Load() < b.slowWindow.Microseconds() {
 			return
 		}
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		if b.State() == Recovering {
-			b.setLocked(Open, reason)
+		if b.State() == BreakerRecovering {
+			b.setLocked(BreakerOpen, reason)
 		}
 	}
 }
@@ -200,10 +200,10 @@ func (b *breaker) setLocked(to BreakerState, reason string) {
 	}
 	b.failures.Store(0)
 	b.refused.Store(false)
-	if to == Closed {
+	if to == BreakerClosed {
 		b.lastSuccess.Store(b.now().UnixMicro())
 	}
-	if to == Open {
+	if to == BreakerOpen {
 		b.opens.Add(1)
 	}
 	b.state.Store(int32(to))

@@ -45,7 +45,7 @@ func TestBreakerSlowStoreStaysClosed(t *testing.T) {
 			}
 			// Between stalls the store answers.
 			admit(t, l, p, "k", 5, ratelimit.ModeRedis)
-			if got := l.Breaker(); got != resilient.Closed {
+			if got := l.Breaker(); got != resilient.BreakerClosed {
 				t.Fatalf("stall %d: breaker %s, want closed: the store still answers", stall, got)
 			}
 			time.Sleep(100 * time.Millisecond)
@@ -104,7 +104,7 @@ func TestRefusedCallProbesAtOnce(t *testing.T) {
 		if n := len(f.DecideCalls()) - calls; n != 5 {
 			t.Fatalf("after a success: %d of 5 calls reached the store", n)
 		}
-		if got := l.Breaker(); got != resilient.Closed {
+		if got := l.Breaker(); got != resilient.BreakerClosed {
 			t.Fatalf("breaker %s, want closed", got)
 		}
 	})
@@ -156,11 +156,11 @@ func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
 				// calls open the breaker at the third; calls that time out
 				// only once nothing has answered for SlowWindow (250 ms).
 				failing := 0
-				for l.Breaker() == resilient.Closed && failing < 100 {
+				for l.Breaker() == resilient.BreakerClosed && failing < 100 {
 					admit(t, l, p, "k", 1, ratelimit.ModeLocal)
 					failing++
 				}
-				if got := l.Breaker(); got != resilient.Open {
+				if got := l.Breaker(); got != resilient.BreakerOpen {
 					t.Fatalf("after %d failures: %s, want open", failing, got)
 				}
 				if !hang && failing != 3 {
@@ -176,13 +176,13 @@ func TestBreakerOpensOnFailuresAndTimeouts(t *testing.T) {
 				// The prober keeps it open while the store is out, and a
 				// slow store never closes it.
 				settle(10 * time.Second)
-				if got := l.Breaker(); got != resilient.Open {
+				if got := l.Breaker(); got != resilient.BreakerOpen {
 					t.Fatalf("store still out: %s, want open", got)
 				}
 				f.down.Store(false)
 				f.hang.Store(false)
 				settle(1500 * time.Millisecond)
-				if got := l.Breaker(); got != resilient.Closed {
+				if got := l.Breaker(); got != resilient.BreakerClosed {
 					t.Fatalf("store back: %s, want closed", got)
 				}
 				admit(t, l, p, "k", 1, ratelimit.ModeRedis)
@@ -207,7 +207,7 @@ func TestRefusedHeartbeatOpensAtOnce(t *testing.T) {
 		f.failBeats.Store(true)
 		time.Sleep(100 * time.Millisecond) // one heartbeat interval
 		synctest.Wait()
-		if got := l.Breaker(); got != resilient.Open {
+		if got := l.Breaker(); got != resilient.BreakerOpen {
 			t.Fatalf("one refused heartbeat later: %s, want open", got)
 		}
 		admit(t, l, p, "k", 1, ratelimit.ModeLocal)
@@ -229,17 +229,17 @@ func TestTimeoutAfterRefusalProbesAgainSoon(t *testing.T) {
 			f.down.Store(true)
 			time.Sleep(500 * time.Millisecond) // opened, probes refused at every tick
 			synctest.Wait()
-			if got := l.Breaker(); got != resilient.Open {
+			if got := l.Breaker(); got != resilient.BreakerOpen {
 				t.Fatalf("store down: breaker %s, want open", got)
 			}
 			f.slowPings.Store(slow)
 			f.down.Store(false)
 			start := time.Now()
-			for l.Breaker() == resilient.Open {
+			for l.Breaker() == resilient.BreakerOpen {
 				time.Sleep(10 * time.Millisecond)
 			}
 			d := time.Since(start)
-			for l.Breaker() != resilient.Closed {
+			for l.Breaker() != resilient.BreakerClosed {
 				time.Sleep(10 * time.Millisecond)
 			}
 			return d
@@ -326,7 +326,7 @@ func TestSuspectStoreIsNotWaitedFor(t *testing.T) {
 		f.hang.Store(false)
 		admit(t, l, p, "k", 1, ratelimit.ModeRedis) // a probe that succeeds
 		admit(t, l, p, "k", 5, ratelimit.ModeRedis) // and every call goes to the store again
-		if s := l.Status(); s.Opens != 0 || l.Breaker() != resilient.Closed {
+		if s := l.Status(); s.Opens != 0 || l.Breaker() != resilient.BreakerClosed {
 			t.Errorf("breaker %s after %d openings, want closed throughout", l.Breaker(), s.Opens)
 		}
 	})
@@ -343,18 +343,18 @@ func TestRefusedStoreIsProbedOften(t *testing.T) {
 		l := newLimiter(t, f, resilient.Config{})
 		f.down.Store(true)
 		settle(1200 * time.Millisecond)
-		if l.Breaker() != resilient.Open {
+		if l.Breaker() != resilient.BreakerOpen {
 			t.Fatalf("%s, want open", l.Breaker())
 		}
 		f.down.Store(false)
 		settle(150 * time.Millisecond)
-		if l.Breaker() == resilient.Open {
+		if l.Breaker() == resilient.BreakerOpen {
 			t.Fatal("still open 150 ms after the store came back: a refusing store was not probed at every tick")
 		}
 
 		f.hang.Store(true)
 		settle(time.Second)
-		if l.Breaker() != resilient.Open {
+		if l.Breaker() != resilient.BreakerOpen {
 			t.Fatalf("%s, want open", l.Breaker())
 		}
 		pings := len(f.PingCalls())

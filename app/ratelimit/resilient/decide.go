@@ -85,7 +85,7 @@ func (l *Limiter) decide(ctx context.Context, cs []call) {
 	}
 	distinctIDs(cs)
 	asked := 0
-	if open > 0 && l.br.State() == Closed {
+	if open > 0 && l.br.State() == BreakerClosed {
 		bucketW, windowW := l.weights() // one fleet view for the whole batch
 		for i := range cs {
 			c := &cs[i]

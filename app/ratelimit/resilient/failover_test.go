@@ -78,7 +78,7 @@ func TestFailoverLagIsRaised(t *testing.T) {
 		return true
 	})
 	// Decisions are local until both have raised and replayed.
-	waitFor(t, "both breakers closed", 5*time.Second, allIn(ls, resilient.Closed))
+	waitFor(t, "both breakers closed", 5*time.Second, allIn(ls, resilient.BreakerClosed))
 	if stores[0].LostWrites()+stores[1].LostWrites() == 0 {
 		t.Error("raised without a lost write counted")
 	}

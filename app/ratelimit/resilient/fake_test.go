@@ -21,7 +21,7 @@ import (
 // every call fails like a refused connection, or hangs until its deadline.
 type fakeStore struct {
 	*mocks.Store
-	twin        atomic.Pointer[memstore.Limiter] // swapped for an empty one: a wipe
+	twin        atomic.Pointer[memstore.Store] // swapped for an empty one: a wipe
 	gen         atomic.Pointer[string]
 	down, hang  atomic.Bool
 	failReplay  atomic.Bool

@@ -383,7 +383,7 @@ func TestFleetFaults(t *testing.T) {
 				if m := modesIn(recs, bounds, fault, i); !faulty && m[ratelimit.ModeLocal]*10 > m[ratelimit.ModeRedis] {
 					t.Errorf("%s: untouched by the fault but decided locally: %v", l.Status().Instance, m)
 				}
-				if l.Breaker() != resilient.Closed {
+				if l.Breaker() != resilient.BreakerClosed {
 					t.Errorf("%s: breaker %s after recovery", l.Status().Instance, l.Breaker())
 				}
 			}

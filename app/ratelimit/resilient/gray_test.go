@@ -47,7 +47,7 @@ func TestGrayFailureKeepsTheShare(t *testing.T) {
 						local++
 					}
 				}
-				if l.Breaker() != resilient.Closed {
+				if l.Breaker() != resilient.BreakerClosed {
 					t.Fatalf("breaker %s: the store answered every other call, it is not out", l.Breaker())
 				}
 				if st := l.Status(); st.LocalDecisions < 40 {
@@ -193,7 +193,7 @@ func TestSlowStoreIsStillAsked(t *testing.T) {
 		if n := calls.Load(); n < 8*20 {
 			t.Fatalf("%d store calls for %d decisions: decisions were kept from a store that answers", n, 8*20)
 		}
-		if l.Breaker() != resilient.Closed {
+		if l.Breaker() != resilient.BreakerClosed {
 			t.Fatalf("breaker %s", l.Breaker())
 		}
 	})

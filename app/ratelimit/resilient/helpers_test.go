@@ -72,7 +72,7 @@ func allIn(ls []*resilient.Limiter, s resilient.BreakerState) func() bool {
 			// Closed: deciding in Redis with its journal empty, and no
 			// longer holding back the share of another instance it last
 			// heard was recovering.
-			if st := l.Status(); l.Breaker() != s || (s == resilient.Closed && (st.Journal.Pending > 0 || st.Recovering > 0)) {
+			if st := l.Status(); l.Breaker() != s || (s == resilient.BreakerClosed && (st.Journal.Pending > 0 || st.Recovering > 0)) {
 				return false
 			}
 		}
@@ -118,7 +118,7 @@ func grantThroughOutage(t *testing.T, srv *redistest.Server, ls []*resilient.Lim
 		}
 	}
 	srv.Kill()
-	waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.Open))
+	waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.BreakerOpen))
 	for i, l := range ls {
 		for _, alg := range ratelimit.Algorithms {
 			for j := range 10 {

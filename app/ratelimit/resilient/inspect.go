@@ -46,7 +46,7 @@ func (l *Limiter) Inspect(p ratelimit.Policy, key string) KeyState {
 	}
 	id := store.IdentityOf(key)
 	k := l.keyOfIdentity(p, id)
-	closed := l.br.State() == Closed
+	closed := l.br.State() == BreakerClosed
 	part := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
 	if closed {
 		part.confirmed = math.MaxInt64 // as decideLocal

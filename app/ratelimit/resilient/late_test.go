@@ -32,7 +32,7 @@ func TestPausedDecisionsCountOnce(t *testing.T) {
 	}
 	sent := l.Status().FailedDecisions
 	srv.Cont()
-	waitFor(t, "the breaker closed with an empty journal", 10*time.Second, allIn([]*resilient.Limiter{l}, resilient.Closed))
+	waitFor(t, "the breaker closed with an empty journal", 10*time.Second, allIn([]*resilient.Limiter{l}, resilient.BreakerClosed))
 	ctx := context.Background()
 	p := longPolicy(ratelimit.SlidingWindowLog)
 	members, err := srv.Client().ZRange(ctx, redisstore.New(srv.Client()).Key(p, "client"), 0, -1).Result()
@@ -74,7 +74,7 @@ func TestTimedOutDecisionsThatRanCountOnce(t *testing.T) {
 	}
 	ran := l.Status().FailedDecisions
 	px.ClearToxics()
-	waitFor(t, "the breaker closed with an empty journal", 10*time.Second, allIn([]*resilient.Limiter{l}, resilient.Closed))
+	waitFor(t, "the breaker closed with an empty journal", 10*time.Second, allIn([]*resilient.Limiter{l}, resilient.BreakerClosed))
 	checkExactUsage(t, srv, l, "client", grants, 0)
 	// Calls that reached Redis ran there; the replay finds them present.
 	// (A failed call that never left the client, a dial that timed out,
@@ -252,7 +252,7 @@ func TestLateGrantOfAnUnseenKeyIsChargedInFull(t *testing.T) {
 	if st := l.Status(); st.Late.Counted != 1 {
 		t.Fatalf("late %+v, journal %+v: want the grant counted (Redis refused the request)", st.Late, st.Journal)
 	}
-	if l.Status().Breaker != resilient.Closed.String() {
+	if l.Status().Breaker != resilient.BreakerClosed.String() {
 		t.Fatalf("breaker %s, want closed throughout", l.Status().Breaker)
 	}
 	// Redis' bucket was full again before the replay: the charge leaves

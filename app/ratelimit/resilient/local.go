@@ -46,7 +46,7 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req ratelimit.Request, u
 		d = ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
 	default:
 		part := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
-		closed := l.br.State() == Closed
+		closed := l.br.State() == BreakerClosed
 		if closed {
 			// The store still decides (this call timed out, or waits
 			// behind a probe), and grants whatever refills or ages out:
@@ -152,7 +152,7 @@ func (l *Limiter) rebuild(e *entry, p ratelimit.Policy, id store.Identity) {
 // the snapshot there, so that it does not come back with a fresh share.
 func (l *Limiter) evicted(_ key, e *entry) {
 	l.stats.evictions.Add(1)
-	if l.br.State() == Closed || e.journaled || !e.snapValid || e.policy == nil {
+	if l.br.State() == BreakerClosed || e.journaled || !e.snapValid || e.policy == nil {
 		return
 	}
 	n, confirmed := float64(l.fleetSize()), l.confirmedAt()

@@ -69,7 +69,7 @@ func TestReadOnlyTakesNothing(t *testing.T) {
 				}
 				f.down.Store(false)
 				settle(3 * time.Second)
-				if l.Breaker() != resilient.Closed {
+				if l.Breaker() != resilient.BreakerClosed {
 					t.Fatalf("breaker %s after the store came back", l.Breaker())
 				}
 				mu.Lock()

@@ -60,7 +60,7 @@ func (l *Limiter) loop(ctx context.Context) {
 			l.expireLate()
 		}
 		switch l.br.State() {
-		case Closed:
+		case BreakerClosed:
 			l.heartbeat(ctx)
 			if l.journal.Len() > 0 {
 				// Grants made while recovering, or left by a failed
@@ -69,7 +69,7 @@ func (l *Limiter) loop(ctx context.Context) {
 					l.br.failure("replay: "+err.Error(), isTimeout(err))
 				}
 			}
-		case Open:
+		case BreakerOpen:
 			soon := refused || (again && !retried)
 			if now := l.clock.now(); soon || now.Sub(lastProbe) >= l.cfg.ProbeInterval-l.cfg.HeartbeatInterval/2 {
 				lastProbe = now
@@ -77,13 +77,13 @@ func (l *Limiter) loop(ctx context.Context) {
 				wasRefused := refused
 				var answered bool
 				refused, answered = l.probe(ctx)
-				timedOut := !refused && !answered && l.br.State() == Open
+				timedOut := !refused && !answered && l.br.State() == BreakerOpen
 				again = answered || (wasRefused && timedOut)
 			}
-		case Recovering:
+		case BreakerRecovering:
 			l.heartbeat(ctx)
 			l.maybeClose(ctx)
-			again, retried = l.br.State() == Open, false
+			again, retried = l.br.State() == BreakerOpen, false
 		}
 	}
 }
@@ -129,7 +129,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 		if ctx.Err() == nil {
 			l.stats.failures.Add(1)
 			missed := int64(0) // heartbeats failed in a row while closed
-			if l.br.State() == Closed {
+			if l.br.State() == BreakerClosed {
 				missed = l.missedBeats.Add(1)
 			} else {
 				l.missedBeats.Store(0)
@@ -171,20 +171,20 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	if l.gen.Load() == nil {
 		l.gen.Store(&gen)
 		stage := int32(stageReplayed)
-		if l.br.State() == Closed {
+		if l.br.State() == BreakerClosed {
 			stage = stageClosed
 		}
 		l.beginSync(gen, stage)
 		return
 	}
-	if l.generationChanged(gen) && l.br.State() == Closed && l.br.set(Closed, Recovering, "the store lost data") {
+	if l.generationChanged(gen) && l.br.State() == BreakerClosed && l.br.set(BreakerClosed, BreakerRecovering, "the store lost data") {
 		// Redis lost its data between two heartbeats, too fast for the
 		// breaker to notice. Decide locally while the fleet puts back
 		// what the snapshots knew and replays its journals, as after an
 		// outage (resync).
 		l.liveBefore.Store(int64(live + suspect))
 		if !l.resync(ctx, gen) {
-			l.br.set(Recovering, Open, "restore failed")
+			l.br.set(BreakerRecovering, BreakerOpen, "restore failed")
 		}
 	}
 }
@@ -330,7 +330,7 @@ func (l *Limiter) probe(ctx context.Context) (refused, answered bool) {
 	if err != nil {
 		return !isTimeout(err) && l.clock.now().Sub(sent) < l.cfg.Timeout/2, false
 	}
-	if !l.br.set(Open, Recovering, "probe succeeded") {
+	if !l.br.set(BreakerOpen, BreakerRecovering, "probe succeeded") {
 		return false, false
 	}
 	l.br.success()
@@ -343,16 +343,16 @@ func (l *Limiter) probe(ctx context.Context) (refused, answered bool) {
 	gen, err := l.store.Generation(callCtx)
 	cancel()
 	if err != nil {
-		l.br.set(Recovering, Open, "generation: "+err.Error())
+		l.br.set(BreakerRecovering, BreakerOpen, "generation: "+err.Error())
 		return false, true
 	}
 	if !l.resync(ctx, gen) {
-		l.br.set(Recovering, Open, "restore or replay failed")
+		l.br.set(BreakerRecovering, BreakerOpen, "restore or replay failed")
 		return false, true
 	}
 	l.heartbeat(ctx)
 	l.maybeClose(ctx)
-	return false, l.br.State() == Open
+	return false, l.br.State() == BreakerOpen
 }
 
 // setFleet records a heartbeat's counts. The first one is held back at
@@ -375,7 +375,7 @@ func (l *Limiter) setFleet(live, suspect int) {
 // it replays this instance's journal once every live instance has
 // restored.
 func (l *Limiter) maybeClose(ctx context.Context) {
-	if l.br.State() != Recovering {
+	if l.br.State() != BreakerRecovering {
 		return
 	}
 	waited := l.clock.now().Sub(l.recoverStart) >= l.cfg.RecoveryWait
@@ -384,7 +384,7 @@ func (l *Limiter) maybeClose(ctx context.Context) {
 			return
 		}
 		if err := l.replayJournal(ctx); err != nil {
-			l.br.set(Recovering, Open, "replay failed: "+err.Error())
+			l.br.set(BreakerRecovering, BreakerOpen, "replay failed: "+err.Error())
 			return
 		}
 		// The others learn it from the next heartbeat.
@@ -398,10 +398,10 @@ func (l *Limiter) maybeClose(ctx context.Context) {
 		return
 	}
 	if err := l.replayJournal(ctx); err != nil {
-		l.br.set(Recovering, Open, "replay failed: "+err.Error())
+		l.br.set(BreakerRecovering, BreakerOpen, "replay failed: "+err.Error())
 		return
 	}
-	if l.br.set(Recovering, Closed, "recovered") {
+	if l.br.set(BreakerRecovering, BreakerClosed, "recovered") {
 		now := l.clock.now()
 		l.lastRecovery.Store(&now)
 		if l.journal.Len() > 0 {

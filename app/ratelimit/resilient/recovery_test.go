@@ -30,7 +30,7 @@ func TestReplayLeavesExactUsage(t *testing.T) {
 	ls := startInstances(t, srv.Addr())
 	grants := grantThroughOutage(t, srv, ls)
 	srv.Restart(t)
-	waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.Closed))
+	waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.BreakerClosed))
 	checkExactUsage(t, srv, ls[0], "client", grants, 30)
 	for _, l := range ls {
 		j := l.Status().Journal
@@ -75,14 +75,14 @@ func TestInterruptedReplayCountsOnce(t *testing.T) {
 	waitFor(t, "a heartbeat", 5*time.Second, func() bool { return l.Status().Live == 1 })
 	grants := grantLog{}
 	srv.Kill()
-	waitFor(t, "the breaker open", 5*time.Second, allIn([]*resilient.Limiter{l}, resilient.Open))
+	waitFor(t, "the breaker open", 5*time.Second, allIn([]*resilient.Limiter{l}, resilient.BreakerOpen))
 	for _, alg := range ratelimit.Algorithms {
 		for j := range 20 {
 			grants.decide(t, l, alg, "client", fmt.Sprintf("local-%d", j), ratelimit.ModeLocal)
 		}
 	}
 	srv.Restart(t)
-	waitFor(t, "the breaker closed with an empty journal", 10*time.Second, allIn([]*resilient.Limiter{l}, resilient.Closed))
+	waitFor(t, "the breaker closed with an empty journal", 10*time.Second, allIn([]*resilient.Limiter{l}, resilient.BreakerClosed))
 	checkExactUsage(t, srv, l, "client", grants, 0)
 	j := l.Status().Journal
 	if j.Duplicates != 4 || j.DuplicateUnits != 80 || j.Granted != j.DuplicateUnits || j.Replayed != 0 {
@@ -133,12 +133,12 @@ func TestReplayIsNetOfRefill(t *testing.T) {
 			go send("polite", 50*time.Millisecond) // 20/s
 			time.Sleep(time.Second)
 			srv.Kill()
-			waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.Open))
+			waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.BreakerOpen))
 			time.Sleep(7 * time.Second)
 			stop()
 			wg.Wait()
 			srv.Restart(t)
-			waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.Closed))
+			waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.BreakerClosed))
 
 			// A unit per instance of rounding, and the probe's own.
 			emission := time.Duration(p.WindowMicros()/p.Limit) * time.Microsecond
@@ -192,10 +192,10 @@ func TestRecoveryWarmsThePool(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	ls := []*resilient.Limiter{l}
-	waitFor(t, "the breaker open", 5*time.Second, allIn(ls, resilient.Open))
+	waitFor(t, "the breaker open", 5*time.Second, allIn(ls, resilient.BreakerOpen))
 	time.Sleep(time.Second) // past the start's own warm-up (its dials give up after 500 ms)
 	srv.Restart(t)
-	waitFor(t, "the breaker closed", 10*time.Second, allIn(ls, resilient.Closed))
+	waitFor(t, "the breaker closed", 10*time.Second, allIn(ls, resilient.BreakerClosed))
 	waitFor(t, "warm connections", 2*time.Second, func() bool { return c.PoolStats().IdleConns >= 8 })
 }
 
@@ -231,12 +231,12 @@ func TestDecideBatchThroughOutage(t *testing.T) {
 		batch(ratelimit.ModeRedis)
 	}
 	srv.Kill()
-	waitFor(t, "the breaker to open", 5*time.Second, func() bool { return l.Breaker() == resilient.Open })
+	waitFor(t, "the breaker to open", 5*time.Second, func() bool { return l.Breaker() == resilient.BreakerOpen })
 	for range 4 {
 		batch(ratelimit.ModeLocal)
 	}
 	srv.Restart(t)
-	waitFor(t, "recovery", 10*time.Second, func() bool { return l.Breaker() == resilient.Closed && l.Status().Journal.Pending == 0 })
+	waitFor(t, "recovery", 10*time.Second, func() bool { return l.Breaker() == resilient.BreakerClosed && l.Status().Journal.Pending == 0 })
 	c := srv.Client()
 	if n, err := c.ZCard(context.Background(), rs.Key(log, "k:one")).Result(); err != nil || n != 7 {
 		t.Errorf("the log holds %d grants (%v), want 7 (3 in Redis, 4 replayed)", n, err)
@@ -261,7 +261,7 @@ func TestRecoveryDoesNotBounceOnASlowHeartbeat(t *testing.T) {
 		f.down.Store(true)
 		admit(t, l, p, "k", 3, ratelimit.ModeLocal)
 		settle(time.Second)
-		if l.Breaker() != resilient.Open {
+		if l.Breaker() != resilient.BreakerOpen {
 			t.Fatalf("%s, want open", l.Breaker())
 		}
 		f.slowBeats.Store(2)
@@ -305,7 +305,7 @@ func TestReplayOfNothingIsNotSent(t *testing.T) {
 		decide(k, ratelimit.ModeRedis)
 	}
 	srv.Kill()
-	waitFor(t, "the breaker open", 5*time.Second, func() bool { return l.Breaker() == resilient.Open })
+	waitFor(t, "the breaker open", 5*time.Second, func() bool { return l.Breaker() == resilient.BreakerOpen })
 	for _, k := range keys[:3] {
 		decide(k, ratelimit.ModeLocal)
 	}
@@ -317,7 +317,7 @@ func TestReplayOfNothingIsNotSent(t *testing.T) {
 		decide("late", ratelimit.ModeLocal)
 	}
 	srv.Restart(t)
-	waitFor(t, "the breaker closed with an empty journal", 10*time.Second, allIn([]*resilient.Limiter{l}, resilient.Closed))
+	waitFor(t, "the breaker closed with an empty journal", 10*time.Second, allIn([]*resilient.Limiter{l}, resilient.BreakerClosed))
 	if st := l.Status().Journal; st.Replayed != 13 || st.Pending != 0 {
 		t.Errorf("journal: %d replayed, %d pending; want 13 and 0", st.Replayed, st.Pending)
 	}
@@ -380,7 +380,7 @@ func TestNoInstanceClosesBeforeEveryOneReplayed(t *testing.T) {
 		}
 	}
 	srv.Kill()
-	waitFor(t, "both breakers open", 5*time.Second, allIn(ls, resilient.Open))
+	waitFor(t, "both breakers open", 5*time.Second, allIn(ls, resilient.BreakerOpen))
 	for _, l := range ls {
 		for range 20 {
 			if d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"}); err != nil || !d.Allowed {
@@ -391,7 +391,7 @@ func TestNoInstanceClosesBeforeEveryOneReplayed(t *testing.T) {
 	slow.RequestLatency(300 * time.Millisecond)
 	srv.RestartEmpty(t)
 	deadline := time.Now().Add(15 * time.Second)
-	for ls[0].Breaker() != resilient.Closed {
+	for ls[0].Breaker() != resilient.BreakerClosed {
 		if time.Now().After(deadline) {
 			t.Fatal("app1 did not close")
 		}
@@ -401,7 +401,7 @@ func TestNoInstanceClosesBeforeEveryOneReplayed(t *testing.T) {
 		t.Fatalf("app1 decides in Redis again while app2 still holds %d units unreplayed (app2's breaker %s)", st.Journal.Pending, st.Breaker)
 	}
 	slow.ClearToxics()
-	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.Closed))
+	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.BreakerClosed))
 }
 
 // TestLastToOpenWaitsForTheInstancesAlreadyOut: app2 is cut off first, so
@@ -444,13 +444,13 @@ func TestLastToOpenWaitsForTheInstancesAlreadyOut(t *testing.T) {
 		return st.Live == 1 && st.Suspect == 1
 	})
 	srv.Kill()
-	waitFor(t, "both breakers open", 5*time.Second, allIn(ls, resilient.Open))
+	waitFor(t, "both breakers open", 5*time.Second, allIn(ls, resilient.BreakerOpen))
 	decide(ls[0], 2, ratelimit.ModeLocal)
 	srv.RestartEmpty(t)
 	waitFor(t, "app1's raise", 10*time.Second, func() bool { return ls[0].Status().Raises >= 1 })
 	time.Sleep(time.Second) // app2 still cut off
 	cut.Enable()
-	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.Closed))
+	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.BreakerClosed))
 	d, err := ls[0].Decide(ctx, ratelimit.Request{Policy: p, Key: "k"})
 	if err != nil || d.Mode != ratelimit.ModeRedis {
 		t.Fatalf("%+v %v", d, err)

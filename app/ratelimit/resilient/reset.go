@@ -84,7 +84,7 @@ func (l *Limiter) Reset(ctx context.Context, identity string, policies ...rateli
 	switch {
 	case !ok:
 		res = ResetResult{Partial: errors.New("the store cannot reset for the fleet")}
-	case l.br.State() == Open:
+	case l.br.State() == BreakerOpen:
 		res = ResetResult{Partial: errors.New("the store is out (breaker open)")}
 	default:
 		// Two round trips: the delete, then the log.

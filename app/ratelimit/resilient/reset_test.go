@@ -95,7 +95,7 @@ func TestResetAcrossTheFleet(t *testing.T) {
 	srv.Kill()
 	waitFor(t, "the breaker to open", 5*time.Second, func() bool {
 		_, _ = ls[2].Decide(ctx, ratelimit.Request{Policy: logPol, Key: "k:spent"})
-		return ls[2].Breaker() == resilient.Open
+		return ls[2].Breaker() == resilient.BreakerOpen
 	})
 	for ls[2].Status().LocalDecisions < 1000 { // spend its local share
 		if !decide(ls[2], logPol, "k:spent").Allowed {
@@ -190,7 +190,7 @@ func TestResetHoldsAcrossAHeal(t *testing.T) {
 	proxy.Disable()
 	waitFor(t, "app1's breaker to open", 5*time.Second, func() bool {
 		_, _ = ls[0].Decide(ctx, ratelimit.Request{Policy: pols[0], Key: "k:probe"})
-		return ls[0].Breaker() == resilient.Open
+		return ls[0].Breaker() == resilient.BreakerOpen
 	})
 	for _, p := range pols {
 		grant(ls[0], p, 20, ratelimit.ModeLocal, "pre")
@@ -203,7 +203,7 @@ func TestResetHoldsAcrossAHeal(t *testing.T) {
 		grant(ls[0], p, 10, ratelimit.ModeLocal, "post")
 	}
 	proxy.Enable()
-	waitFor(t, "every breaker closed", 10*time.Second, allIn(ls, resilient.Closed))
+	waitFor(t, "every breaker closed", 10*time.Second, allIn(ls, resilient.BreakerClosed))
 	rs := newStore(t, srv.Addr())
 	for _, p := range pols {
 		d, err := rs.Decide(ctx, ratelimit.Request{Policy: p, Key: "k:reset", ReadOnly: true})
@@ -254,7 +254,7 @@ func TestSecondApplicationKeepsLaterGrants(t *testing.T) {
 	proxy.Disable()
 	waitFor(t, "app1's breaker to open", 10*time.Second, func() bool {
 		_, _ = app1.Decide(ctx, ratelimit.Request{Policy: p, Key: "k:probe"})
-		return app1.Breaker() == resilient.Open
+		return app1.Breaker() == resilient.BreakerOpen
 	})
 	_ = app2.Close(ctx)
 	res, err := app1.Reset(ctx, "k", p)
@@ -262,7 +262,7 @@ func TestSecondApplicationKeepsLaterGrants(t *testing.T) {
 		t.Fatalf("reset with Redis out: %+v %v, want partial", res, err)
 	}
 	proxy.Enable()
-	waitFor(t, "app1 to recover", 5*time.Second, func() bool { return app1.Breaker() == resilient.Recovering })
+	waitFor(t, "app1 to recover", 5*time.Second, func() bool { return app1.Breaker() == resilient.BreakerRecovering })
 	for j := range 10 {
 		d, err := app1.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint("after-", j)})
 		if err != nil || !d.Allowed || d.Mode != ratelimit.ModeLocal {

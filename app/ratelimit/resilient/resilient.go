@@ -8,8 +8,8 @@
 // The breaker opens after FailureThreshold consecutive failures, a failure
 // being an error or a call that outlived Timeout. While open no request
 // touches the store; a prober pings it every ProbeInterval and, once it
-// answers, the breaker moves to Recovering (the journal of local grants is
-// replayed) and then Closed.
+// answers, the breaker moves to BreakerRecovering (the journal of local
+// grants is replayed) and then BreakerClosed.
 //
 // Every instance heartbeats into the store. An instance whose heartbeat is
 // missing may be cut off from the store but still granting its share
@@ -149,7 +149,7 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 			e.charge(p, g)
 			e.journaled = true
 		})
-		l.br.state.Store(int32(Open))
+		l.br.state.Store(int32(BreakerOpen))
 		l.br.opens.Add(1)
 	}
 	if s, ok := backend.(store.LateReporter); ok {
@@ -169,7 +169,7 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 	l.br.now = l.clock.now
 	l.br.lastSuccess.Store(l.clock.now().UnixMicro())
 	l.br.onChange = func(from, to BreakerState, reason string) {
-		if to == Open && from == Closed {
+		if to == BreakerOpen && from == BreakerClosed {
 			l.liveBefore.Store(l.live.Load() + l.suspect.Load())
 			if s, ok := backend.(store.Suspender); ok {
 				go func() { // best effort: the store may well be out
@@ -203,7 +203,7 @@ func (l *Limiter) Close(ctx context.Context) error {
 	}
 	l.cancel()
 	<-l.done
-	if l.br.State() == Closed && l.journal.Len() > 0 {
+	if l.br.State() == BreakerClosed && l.journal.Len() > 0 {
 		_ = l.replayJournal(ctx) // best effort; what is left stays in the file
 	}
 	jerr := l.journal.Close()

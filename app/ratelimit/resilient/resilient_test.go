@@ -25,7 +25,7 @@ func TestReplayRunsBeforeClosing(t *testing.T) {
 		p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: time.Minute}
 		f.down.Store(true)
 		settle(2 * time.Second) // heartbeats fail: the breaker opens without traffic
-		if l.Breaker() != resilient.Open {
+		if l.Breaker() != resilient.BreakerOpen {
 			t.Fatalf("%s, want open after failed heartbeats", l.Breaker())
 		}
 		if got := admit(t, l, p, "k", 10, ratelimit.ModeLocal); got != 10 {
@@ -33,12 +33,12 @@ func TestReplayRunsBeforeClosing(t *testing.T) {
 		}
 		f.down.Store(false) // pings answer, replays fail
 		settle(3 * time.Second)
-		if l.Breaker() != resilient.Open || len(f.ReplayCalls()) == 0 {
+		if l.Breaker() != resilient.BreakerOpen || len(f.ReplayCalls()) == 0 {
 			t.Fatalf("%s after %d replays, want open while the replay fails", l.Breaker(), len(f.ReplayCalls()))
 		}
 		f.failReplay.Store(false)
 		settle(1500 * time.Millisecond)
-		if l.Breaker() != resilient.Closed {
+		if l.Breaker() != resilient.BreakerClosed {
 			t.Fatalf("%s, want closed after a successful replay", l.Breaker())
 		}
 		// The store now holds the 10 local grants: 90 left.
@@ -75,10 +75,10 @@ func TestFailedReplayIsRetriedAtOnceThenAtTheInterval(t *testing.T) {
 		}
 		failedAt := time.Now()
 		f.failReplay.Store(false)
-		for l.Breaker() != resilient.Closed && time.Since(failedAt) < 3*time.Second {
+		for l.Breaker() != resilient.BreakerClosed && time.Since(failedAt) < 3*time.Second {
 			settle(10 * time.Millisecond)
 		}
-		if took := time.Since(failedAt); l.Breaker() != resilient.Closed || took > 250*time.Millisecond {
+		if took := time.Since(failedAt); l.Breaker() != resilient.BreakerClosed || took > 250*time.Millisecond {
 			t.Fatalf("%s %v after the failed replay, want closed within a tick or two (not a probe interval)", l.Breaker(), took)
 		}
 		// A store that keeps failing the replay: one quick retry, then
@@ -108,7 +108,7 @@ func TestInvalidRequestsAndOddReplies(t *testing.T) {
 			return ratelimit.Decision{}, fmt.Errorf("%w: WRONGTYPE", ratelimit.ErrBadReply)
 		}
 		admit(t, l, p, "k", 10, ratelimit.ModeLocal)
-		if l.Breaker() != resilient.Closed {
+		if l.Breaker() != resilient.BreakerClosed {
 			t.Fatal("odd replies for one key opened the breaker")
 		}
 	})
@@ -346,7 +346,7 @@ func TestGrantsAfterTheChargeAreChargedInFull(t *testing.T) {
 				f.down.Store(false)
 				send(15, 200*time.Millisecond)
 				settle(time.Second)
-				if l.Breaker() != resilient.Closed || len(passes) < 2 {
+				if l.Breaker() != resilient.BreakerClosed || len(passes) < 2 {
 					t.Fatalf("breaker %s after %d replay passes, want closed after two or more", l.Breaker(), len(passes))
 				}
 				after := local.Load() - atFirst.Load()

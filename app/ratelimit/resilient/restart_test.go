@@ -228,7 +228,7 @@ func TestRestartDuringOutage(t *testing.T) {
 				damage(t, dir)
 
 				second := newLimiter(t, f, cfg)
-				if second.Breaker() != resilient.Open {
+				if second.Breaker() != resilient.BreakerOpen {
 					t.Fatalf("restarted with a journal: %s, want open until replayed", second.Breaker())
 				}
 				if got := admit(t, second, p, "other", 10, ratelimit.ModeLocal); got != 10 {
@@ -239,7 +239,7 @@ func TestRestartDuringOutage(t *testing.T) {
 				}
 				f.down.Store(false)
 				settle(2 * time.Second)
-				if second.Breaker() != resilient.Closed {
+				if second.Breaker() != resilient.BreakerClosed {
 					t.Fatalf("%s, want closed after replay", second.Breaker())
 				}
 				d, err := second.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
@@ -302,7 +302,7 @@ func TestRestartDuringOutageChargesTheWholeShare(t *testing.T) {
 				time.Sleep(6 * time.Second)
 				f.down.Store(false)
 				settle(2 * time.Second)
-				if second.Breaker() != resilient.Closed {
+				if second.Breaker() != resilient.BreakerClosed {
 					t.Fatalf("%s, want closed after replay", second.Breaker())
 				}
 				d, err := second.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})

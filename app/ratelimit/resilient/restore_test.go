@@ -21,7 +21,7 @@ func TestWipeRestoresUsage(t *testing.T) {
 	ls := startInstances(t, srv.Addr())
 	grantThroughOutage(t, srv, ls)
 	srv.RestartEmpty(t)
-	waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.Closed))
+	waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.BreakerClosed))
 	restores := 0
 	for _, l := range ls {
 		restores += int(l.Status().Restores)
@@ -97,7 +97,7 @@ func TestClusterShardWipeIsRestored(t *testing.T) {
 	}
 	waitFor(t, "a restore", 5*time.Second, func() bool { return l.Status().Restores >= 1 })
 	// Decisions are local until the fleet has put back and replayed.
-	waitFor(t, "the breaker closed", 5*time.Second, allIn([]*resilient.Limiter{l}, resilient.Closed))
+	waitFor(t, "the breaker closed", 5*time.Second, allIn([]*resilient.Limiter{l}, resilient.BreakerClosed))
 	for _, k := range keys {
 		d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: k})
 		if err != nil || d.Mode != ratelimit.ModeRedis {
@@ -142,7 +142,7 @@ func TestReplayWaitsForTheLateInstancesRaise(t *testing.T) {
 		}
 	}
 	srv.Kill()
-	waitFor(t, "both breakers open", 5*time.Second, allIn(ls, resilient.Open))
+	waitFor(t, "both breakers open", 5*time.Second, allIn(ls, resilient.BreakerOpen))
 	for range 20 {
 		if d, err := ls[0].Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"}); err != nil || !d.Allowed {
 			t.Fatalf("local grant: %+v %v", d, err)
@@ -156,5 +156,5 @@ func TestReplayWaitsForTheLateInstancesRaise(t *testing.T) {
 		t.Fatalf("app1 replayed its journal before app2, live before the outage, came back and raised (app2: %d raises)", ls[1].Status().Raises)
 	}
 	cut.Enable()
-	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.Closed))
+	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.BreakerClosed))
 }

@@ -105,4 +105,4 @@ func (l *Limiter) Breaker() BreakerState { return l.br.State() }
 
 // InStore reports whether decisions go to the store now (the breaker is
 // closed). The lease layer takes leases only then.
-func (l *Limiter) InStore() bool { return l.br.State() == Closed }
+func (l *Limiter) InStore() bool { return l.br.State() == BreakerClosed }

@@ -34,7 +34,7 @@ func fallbackRows(logger *slog.Logger) []Row {
 		}
 		defer lim.Close(context.Background())
 		p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: ratelimit.MaxLimit, Window: time.Second}
-		for lim.Breaker() != resilient.Open {
+		for lim.Breaker() != resilient.BreakerOpen {
 			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
 			time.Sleep(time.Millisecond)
 		}
@@ -59,7 +59,7 @@ func fallbackRows(logger *slog.Logger) []Row {
 		lim, err := resilient.New(downStore{}, resilient.Config{Instance: "bench-memory", Logger: logger, ExpectedInstances: 4, JournalMax: 1})
 		if err == nil {
 			p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Second}
-			for lim.Breaker() != resilient.Open {
+			for lim.Breaker() != resilient.BreakerOpen {
 				_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
 				time.Sleep(time.Millisecond)
 			}
