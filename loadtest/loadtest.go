@@ -165,6 +165,9 @@ type Result struct {
 	ByStatus map[int]int64
 	Start    time.Time
 	End      time.Time
+	// Sources is how many loopback source addresses the keys were sent
+	// from (0: the client's own).
+	Sources int
 }
 
 // NewRunID returns a short random run id (12 base-36 characters).
@@ -252,7 +255,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 
-	res := Result{RunID: cfg.RunID, Policies: policies, Keys: keys, ByStatus: map[int]int64{}}
+	res := Result{RunID: cfg.RunID, Policies: policies, Keys: keys, ByStatus: map[int]int64{}, Sources: cfg.Sources}
 	records := make(chan Record, 4096)
 	collected := make(chan struct{})
 	go func() {

@@ -69,26 +69,31 @@ func TestSummaryNamesTheRefusingPolicy(t *testing.T) {
 		fmt.Fprintf(w, `{"status":429,"policy":%q}`, policy)
 	}))
 	defer srv.Close()
-	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), []string{"-url", srv.URL, "-routes", "/api/gcra", "-duration", "300ms",
-		"-out", filepath.Join(t.TempDir(), "r.jsonl"), "-run-id", "cli", "-api-key-secret", ""}, &stdout, &stderr)
-	if err != nil {
-		t.Fatalf("%v; %s", err, stderr.String())
-	}
-	out := stdout.String()
-	for _, want := range []string{
-		`/api/gcra polite`, `(429 by per-address `,
-		`/api/gcra abusive`, `(429 by gcra `,
-		`polite requests were refused by "per-address" (`, `loadtest/README.md`,
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("summary lacks %q:\n%s", want, out)
+	// By default each key sends from an address of its own: a ceiling
+	// that still refuses them saw fewer (a port proxy). From one address
+	// (-sources 0), the ceiling refuses the load as it should.
+	for sources, why := range map[string]string{"-1": "port proxy", "0": "This load comes from one address"} {
+		var stdout, stderr bytes.Buffer
+		err := run(context.Background(), []string{"-url", srv.URL, "-routes", "/api/gcra", "-duration", "300ms", "-sources", sources,
+			"-out", filepath.Join(t.TempDir(), "r.jsonl"), "-run-id", "cli", "-api-key-secret", ""}, &stdout, &stderr)
+		if err != nil {
+			t.Fatalf("%v; %s", err, stderr.String())
 		}
-	}
-	// Off a terminal: a line per phase on stderr.
-	for _, phase := range []string{"phase learn", "phase load", "phase drain"} {
-		if !strings.Contains(stderr.String(), phase) {
-			t.Errorf("stderr lacks %q:\n%s", phase, stderr.String())
+		out := stdout.String()
+		for _, want := range []string{
+			`/api/gcra polite`, `(429 by per-address `,
+			`/api/gcra abusive`, `(429 by gcra `,
+			`polite requests were refused by "per-address" (`, why, `loadtest/README.md`,
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("-sources %s: summary lacks %q:\n%s", sources, want, out)
+			}
+		}
+		// Off a terminal: a line per phase on stderr.
+		for _, phase := range []string{"phase learn", "phase load", "phase drain"} {
+			if !strings.Contains(stderr.String(), phase) {
+				t.Errorf("stderr lacks %q:\n%s", phase, stderr.String())
+			}
 		}
 	}
 }

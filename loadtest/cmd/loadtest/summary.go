@@ -106,10 +106,17 @@ func (s *summary) write(w io.Writer, res loadtest.Result) {
 	slices.Sort(names)
 	fmt.Fprintf(w, "warning: %d of %d polite requests were refused by %s, not by their route's own policy:\n"+
 		"  a ceiling every key of one client address shares (in the demo stacks, \"per-address\": 1000 requests\n"+
-		"  per 10 s). This load comes from one address, so the ceiling refuses it, as it should. To load the\n"+
-		"  stack without it: -sources 36 (an address per key), or a stack on chaos/policies.json\n"+
-		"  (loadtest/README.md, \"The per-address ceiling\").\n",
-		refused, polite, strings.Join(names, ", "))
+		"  per 10 s).\n", refused, polite, strings.Join(names, ", "))
+	if res.Sources > 1 {
+		fmt.Fprintf(w, "  The keys were sent from %d loopback addresses, but the service saw fewer: a container engine's\n"+
+			"  port proxy (docker-proxy, behind make up's published ports) replaces the client's address with\n"+
+			"  its own. The native stack (make local-up) sees each one; or load a stack on chaos/policies.json\n"+
+			"  (loadtest/README.md, \"The per-address ceiling\").\n", res.Sources)
+		return
+	}
+	fmt.Fprintf(w, "  This load comes from one address, so the ceiling refuses it, as it should. To load the stack\n"+
+		"  without it: -sources -1 against a loopback IPv4 target (an address per key), or a stack on\n"+
+		"  chaos/policies.json (loadtest/README.md, \"The per-address ceiling\").\n")
 }
 
 // refusers is ", 429 by: a 3, b 5" (sorted by name), or "".
