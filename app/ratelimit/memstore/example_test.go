@@ -3,9 +3,12 @@ package memstore_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 )
 
@@ -34,4 +37,26 @@ func Example() {
 	// true remaining 0 retry after 0s
 	// false remaining 0 retry after 1s
 	// true remaining 0 retry after 0s
+}
+
+// One instance, without Redis: the middleware over the in-memory store,
+// a GCRA of 100 requests per 10 s per client address.
+func Example_middleware() {
+	limiter := memstore.New()
+	policy := ratelimit.Policy{Name: "api", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second}
+	limits := httplimit.New(limiter)
+	mux := http.NewServeMux()
+	mux.Handle("/api/", limits.Handler(policy)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "hello")
+	})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/api/hello")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	_ = resp.Body.Close()
+	fmt.Println(resp.Status, resp.Header.Get("RateLimit-Policy"))
+	// Output: 200 OK "api";q=100;w=10
 }
