@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 	chaosstack "github.com/fleetlimit/fleetlimit/chaos/stack"
 )
 
@@ -504,8 +504,8 @@ type appStatus struct {
 	Mode     string `json:"mode"`
 	Breaker  string `json:"breaker"`
 	Limiter  *struct {
-		Breaker string        `json:"breaker"`
-		Journal journal.Stats `json:"journal"`
+		Breaker string                 `json:"breaker"`
+		Journal resilient.JournalStats `json:"journal"`
 	} `json:"limiter"`
 }
 

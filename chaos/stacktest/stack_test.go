@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -588,9 +588,9 @@ func checkRedisOutage(t *testing.T, s *stack, run string) {
 	t.Logf("recovery: local-service.sh start redis took %v; first redis answer %v after Redis was ready, all four %v",
 		up.Sub(restart).Round(time.Millisecond), first, all)
 
-	var stats map[string]journal.Stats
+	var stats map[string]resilient.JournalStats
 	d, err := waitFor(reconcileDeadline, func() error {
-		stats = map[string]journal.Stats{}
+		stats = map[string]resilient.JournalStats{}
 		for _, a := range s.info.Apps {
 			st, err := s.status(a)
 			if err != nil {

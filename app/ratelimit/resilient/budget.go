@@ -8,7 +8,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient/internal/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 

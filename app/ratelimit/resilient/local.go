@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient/internal/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 

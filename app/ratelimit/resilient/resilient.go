@@ -28,7 +28,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient/internal/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 

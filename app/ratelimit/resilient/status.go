@@ -5,7 +5,7 @@ package resilient
 import (
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient/internal/journal"
 )
 
 // Status is a snapshot of the limiter's state, for /status and metrics.
@@ -60,8 +60,15 @@ type Status struct {
 	ResetsApplied uint64 `json:"resets_applied"`
 	// Journal reconciles local grants: Granted + Reloaded = Replayed +
 	// Present + Dropped + DuplicateUnits + Pending.
-	Journal journal.Stats `json:"journal"`
+	Journal JournalStats `json:"journal"`
 }
+
+// JournalStats are the journal's counters, in units (a grant of cost 3 is
+// 3), since this process started (Reloaded: found in the file at start):
+// Granted + Reloaded = Replayed + Present + Dropped + DuplicateUnits +
+// Pending, which Reconcile checks; Overflow grants were refused because
+// the journal was full.
+type JournalStats = journal.Stats
 
 // Status returns the current status.
 func (l *Limiter) Status() Status {

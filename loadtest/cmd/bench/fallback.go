@@ -1,6 +1,7 @@
 package main
 
-// The fallback rows: the decision and the journal in memory, Redis out.
+// The fallback rows: the decision, its grant journaled in memory or to a
+// file, Redis out.
 
 import (
 	"context"
@@ -12,13 +13,12 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // fallbackRows measures the local decision of an instance whose Redis is
-// out, and the journal's append of a grant (memory only and to a file).
+// out, its grant journaled in memory only and to a file.
 func fallbackRows(logger *slog.Logger) []Row {
 	var rows []Row
 	bench := func(name string, fn func(b *testing.B)) {
@@ -27,32 +27,44 @@ func fallbackRows(logger *slog.Logger) []Row {
 			DecisionsPerS: round(float64(r.N) / r.T.Seconds())})
 		fmt.Fprintf(display, "%-28s %10d ns/op %4d allocs/op\n", name, r.NsPerOp(), r.AllocsPerOp())
 	}
-	bench("fallback/decision", func(b *testing.B) {
-		lim, err := resilient.New(downStore{}, resilient.Config{Instance: "bench-fallback", Logger: logger, ExpectedInstances: 4})
-		if err != nil {
-			b.Fatal(err)
+	// The decision with its grant journaled in memory, and to a file (the
+	// service's RL_JOURNAL_DIR: a write before the answer, fsync apart).
+	for _, file := range []bool{false, true} {
+		name := "fallback/decision"
+		if file {
+			name = "fallback/decision-journal-file"
 		}
-		defer lim.Close(context.Background())
-		p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: ratelimit.MaxLimit, Window: time.Second}
-		for lim.Breaker() != resilient.BreakerOpen {
-			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
-			time.Sleep(time.Millisecond)
-		}
-		keys := make([]string, 1000)
-		for i := range keys {
-			keys[i] = "k" + strconv.Itoa(i)
-			// Every key decided once before the clock starts, and the
-			// decision checked: an invalid policy measured only its error.
-			if d, err := lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: keys[i]}); err != nil || d.Mode != ratelimit.ModeLocal {
-				b.Fatalf("fallback decision: %+v, %v", d, err)
+		bench(name, func(b *testing.B) {
+			cfg := resilient.Config{Instance: "bench-fallback", Logger: logger, ExpectedInstances: 4}
+			if file {
+				cfg.JournalDir = b.TempDir()
 			}
-		}
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := 0; b.Loop(); i++ {
-			_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: keys[i%len(keys)]})
-		}
-	})
+			lim, err := resilient.New(downStore{}, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer lim.Close(context.Background())
+			p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: ratelimit.MaxLimit, Window: time.Second}
+			for lim.Breaker() != resilient.BreakerOpen {
+				_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"})
+				time.Sleep(time.Millisecond)
+			}
+			keys := make([]string, 1000)
+			for i := range keys {
+				keys[i] = "k" + strconv.Itoa(i)
+				// Every key decided once before the clock starts, and the
+				// decision checked: an invalid policy measured only its error.
+				if d, err := lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: keys[i]}); err != nil || d.Mode != ratelimit.ModeLocal {
+					b.Fatalf("fallback decision: %+v, %v", d, err)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				_, _ = lim.Decide(context.Background(), ratelimit.Request{Policy: p, Key: keys[i%len(keys)]})
+			}
+		})
+	}
 	// The fallback's memory with 1M distinct keys: bounded by its key
 	// capacity (the service's default, 100 000), not by the keys seen.
 	{
@@ -81,29 +93,6 @@ func fallbackRows(logger *slog.Logger) []Row {
 				HeapBytes: heap, KeysHeld: int64(st.Keys)})
 			fmt.Fprintf(display, "%-28s %10d keys held of 1M, heap +%d MiB\n", "fallback/memory-1M-keys", st.Keys, heap>>20)
 		}
-	}
-	for _, dir := range []string{"", "file"} {
-		name := "fallback/journal-append-memory"
-		if dir != "" {
-			name = "fallback/journal-append-file"
-		}
-		bench(name, func(b *testing.B) {
-			d := ""
-			if dir != "" {
-				d = b.TempDir()
-			}
-			j, err := journal.Open(d, "bench", 1<<30, logger)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer j.Close()
-			p := ratelimit.Policy{Name: "fb", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Second}
-			id := store.IdentityOf("k")
-			b.ReportAllocs()
-			for i := 0; b.Loop(); i++ {
-				_ = j.Append(p, id, store.Grant{At: int64(i), Cost: 1})
-			}
-		})
 	}
 	return rows
 }

@@ -11,7 +11,7 @@
 //     GCRA function by FCALL, one command per round trip and 16 deep;
 //   - script-cpu/*: one decision call's own Redis CPU (INFO commandstats),
 //     our GCRA function beside redis_rate's script, over one connection;
-//   - fallback/decision and fallback/journal-append: the in-memory decision
+//   - fallback/decision and fallback/decision-journal-file: the local decision
 //     an instance makes while Redis is out, and the journaling of its grant;
 //   - stack/*: a native stack through nginx: a route with the limiter (on
 //     the keys, a signed API key each; and on one hot key, the client
