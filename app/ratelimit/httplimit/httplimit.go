@@ -54,7 +54,7 @@
 //
 // A key the limiter cannot use (ratelimit.ErrInvalidRequest: empty,
 // over-long, control characters; or a cost above the capacity) gets a 400
-// problem; a key refused by the API-key validator a 401 problem. Any other
+// problem; a key refused by the API-key check (WithAPIKeys) a 401 problem. Any other
 // error from the limiter goes to the ErrorHandler. The default fails open
 // and logs at error level: the project's resilient limiter decides locally
 // when its store is out, so an error reaching the middleware means a
@@ -140,8 +140,8 @@ type Middleware struct {
 type Option func(*Middleware)
 
 // WithKeyFunc replaces the default identity (X-API-Key, else client IP). The
-// API-key validator is part of the default identity and is not called for a
-// custom key function.
+// API-key check (WithAPIKeys) is part of the default identity and is not
+// called for a custom key function.
 func WithKeyFunc(f KeyFunc) Option { return func(m *Middleware) { m.keyFunc = f } }
 
 // WithTrustedProxies sets the networks whose X-Real-IP and X-Forwarded-For
@@ -157,20 +157,6 @@ func WithTrustedProxies(prefixes []netip.Prefix) Option {
 			}
 		}
 	}
-}
-
-// WithAPIKeyValidator sets a check of the X-API-Key header (the raw value,
-// without prefix) for the default identity, called after the key passed
-// ratelimit.ValidateKey; the key is its own identity. An error gets a 401
-// problem; its text is logged, not sent. WithAPIKeys is the same check
-// where the key stands for an identity of its own.
-func WithAPIKeyValidator(f func(ctx context.Context, key string) error) Option {
-	return WithAPIKeys(func(ctx context.Context, key string) (string, error) {
-		if err := f(ctx, key); err != nil {
-			return "", err
-		}
-		return key, nil
-	})
 }
 
 // WithAPIKeys sets the check of the X-API-Key header for the default

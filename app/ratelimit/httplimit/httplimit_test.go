@@ -206,8 +206,8 @@ func TestBadKeys(t *testing.T) {
 		})}, nil, 400},
 		{"cost above capacity", nil, []httplimit.Option{httplimit.WithCost(func(*http.Request) int64 { return 101 })},
 			memstore.New(), 400},
-		{"validator refuses", []string{"X-API-Key", "stolen"}, []httplimit.Option{httplimit.WithAPIKeyValidator(
-			func(_ context.Context, key string) error { return errors.New("revoked") })}, nil, 401},
+		{"key check refuses", []string{"X-API-Key", "stolen"}, []httplimit.Option{httplimit.WithAPIKeys(
+			func(_ context.Context, key string) (string, error) { return "", errors.New("revoked") })}, nil, 401},
 		{"key func says invalid API key", nil, []httplimit.Option{httplimit.WithKeyFunc(func(*http.Request, ratelimit.Policy) (string, error) {
 			return "", fmt.Errorf("tenant: %w", httplimit.ErrInvalidAPIKey)
 		})}, nil, 401},
@@ -245,13 +245,13 @@ func TestBadKeys(t *testing.T) {
 func TestValidatorAcceptsKey(t *testing.T) {
 	var seen string
 	lim := allowAll()
-	mw := httplimit.New(lim, httplimit.WithAPIKeyValidator(func(_ context.Context, key string) error {
+	mw := httplimit.New(lim, httplimit.WithAPIKeys(func(_ context.Context, key string) (string, error) {
 		seen = key
-		return nil
+		return key, nil
 	}))
 	res := serve(mw, newRequest("192.0.2.1:1", "X-API-Key", "good"), gcra)
 	if res.rec.Code != 200 || seen != "good" || lim.DecideCalls()[0].Req.Key != "k:good" {
-		t.Errorf("status %d, validator saw %q, key %q", res.rec.Code, seen, lim.DecideCalls()[0].Req.Key)
+		t.Errorf("status %d, check saw %q, key %q", res.rec.Code, seen, lim.DecideCalls()[0].Req.Key)
 	}
 }
 

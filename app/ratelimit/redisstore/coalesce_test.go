@@ -179,8 +179,8 @@ func TestPingLoadsScripts(t *testing.T) {
 		t.Fatal(err)
 	}
 	libs, err := c.FunctionList(ctx, redis.FunctionListQuery{}).Result()
-	if err != nil || len(libs) != 1 || libs[0].Name != "fleetlimit_"+redisstore.LibraryVersion {
-		t.Fatalf("libraries after Ping: %+v %v, want fleetlimit_%s", libs, err, redisstore.LibraryVersion)
+	if err != nil || len(libs) != 1 || libs[0].Name != "fleetlimit_"+redisstore.LibraryVersion() {
+		t.Fatalf("libraries after Ping: %+v %v, want fleetlimit_%s", libs, err, redisstore.LibraryVersion())
 	}
 	have := map[string]bool{}
 	for _, f := range libs[0].Functions {

@@ -30,3 +30,16 @@ func RedisConnections(ctx context.Context, c *redis.Client) (int64, error) {
 	ri, err := readRedisInfo(ctx, c)
 	return ri.connections, err
 }
+
+// Names the external tests read (the package keeps them unexported).
+const (
+	MaxReplayGrants = maxReplayGrants
+	ResetLogTTL     = resetLogTTL
+)
+
+// LibraryVersion is the function library's version (libraryVersion, set
+// by the package's init).
+func LibraryVersion() string { return libraryVersion }
+
+// ResetLogKey is the fleet's reset log (resetLogKey).
+func (l *Store) ResetLogKey() string { return l.resetLogKey() }

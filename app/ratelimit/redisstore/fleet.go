@@ -153,8 +153,8 @@ func (l *Store) Suspend(ctx context.Context, instance string, ttl, grace time.Du
 	return err
 }
 
-// SyncKey holds the instances' recovery stages (HeartbeatStage).
-func (l *Store) SyncKey() string { return "{" + l.prefix + ":fleet}:sync" }
+// syncKey holds the instances' recovery stages (HeartbeatStage).
+func (l *Store) syncKey() string { return "{" + l.prefix + ":fleet}:sync" }
 
 func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
 	if err := ratelimit.ValidateKey(instance); err != nil {
@@ -164,7 +164,7 @@ func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.
 	defer cancel()
 	floors := l.seen.floors()
 	sent := time.Now()
-	keys := []string{l.FleetKey(), l.generationKey(), l.writesKey(), l.SyncKey()}
+	keys := []string{l.FleetKey(), l.generationKey(), l.writesKey(), l.syncKey()}
 	args := []any{instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op), stage}
 	res, err := lingering(l, callCtx, func(ctx context.Context) ([]any, error) {
 		return fcall(ctx, l.client, fnFleet, keys, args...).Slice()

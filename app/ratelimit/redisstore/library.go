@@ -18,12 +18,12 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
 
-// LibraryVersion names this release's function library: the first 8 hex
+// libraryVersion names this release's function library: the first 8 hex
 // digits of the SHA-256 of its code. It is in the library's name
 // ("fleetlimit_<version>") and in each function's ("fl_<version>_..."):
 // function names are global to a Redis, so instances of two releases
 // sharing one Redis each call their own library's functions.
-var LibraryVersion string
+var libraryVersion string
 
 // libraryName is the library's name in FUNCTION LIST.
 var libraryName string
@@ -120,9 +120,9 @@ func libraryCode() string {
 func init() {
 	code := libraryCode()
 	sum := sha256.Sum256([]byte(code))
-	LibraryVersion = hex.EncodeToString(sum[:4])
-	libraryName = "fleetlimit_" + LibraryVersion
-	librarySrc = "#!lua name=" + libraryName + "\n" + strings.ReplaceAll(code, "@V@", LibraryVersion)
+	libraryVersion = hex.EncodeToString(sum[:4])
+	libraryName = "fleetlimit_" + libraryVersion
+	librarySrc = "#!lua name=" + libraryName + "\n" + strings.ReplaceAll(code, "@V@", libraryVersion)
 	for _, a := range ratelimit.Algorithms {
 		fnDecide[a] = fnName("decide_" + fnBase[a])
 		fnReplay[a] = fnName("replay_" + fnBase[a])
@@ -132,7 +132,7 @@ func init() {
 	fnReadResets, fnLag, fnShardGen = fnName("read_resets"), fnName("lag"), fnName("shard_generation")
 }
 
-func fnName(base string) string { return "fl_" + LibraryVersion + "_" + base }
+func fnName(base string) string { return "fl_" + libraryVersion + "_" + base }
 
 // Library returns the function library's code (FUNCTION LOAD's argument)
 // and the name of algorithm a's decision function (empty for an unknown

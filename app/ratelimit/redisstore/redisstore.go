@@ -32,8 +32,8 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
-// TagBuckets is the number of hash tags identities are spread over.
-const TagBuckets = 1024
+// tagBuckets is the number of hash tags identities are spread over.
+const tagBuckets = 1024
 
 var (
 	//go:embed lua/arith.lua
@@ -218,7 +218,7 @@ func New(client redis.ScriptingFunctionsCmdable, opts ...Option) *Store {
 // 28 bytes with the prefix "rl", short enough that Redis keeps its name
 // in its smallest allocation (MEMORY USAGE, the memory/* rows of make
 // bench):
-//   - tag: one of TagBuckets hash tags (two base64url characters) chosen
+//   - tag: one of tagBuckets hash tags (two base64url characters) chosen
 //     from the identity's hash, so that an identity's keys under every
 //     policy share a Cluster slot (one script resets them all) and a
 //     pipeline's keys fall into few slots (one batch call each);
@@ -237,7 +237,7 @@ func (l *Store) tag(sum store.Identity) string {
 }
 
 func (l *Store) appendTag(b []byte, sum store.Identity) []byte {
-	n := binary.BigEndian.Uint16(sum[16:18]) % TagBuckets
+	n := binary.BigEndian.Uint16(sum[16:18]) % tagBuckets
 	b = append(append(append(b, '{'), l.prefix...), ':')
 	return append(b, shortname.Alphabet[n>>6], shortname.Alphabet[n&63], '}')
 }

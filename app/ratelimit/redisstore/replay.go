@@ -41,9 +41,9 @@ var replayFoldLua = map[ratelimit.Algorithm]string{
 	ratelimit.SlidingWindowLog:     replayWindowLogLua,
 }
 
-// MarkerTTL is how long a replay's idempotency marker lives: longer than any
+// markerTTL is how long a replay's idempotency marker lives: longer than any
 // retry of the same batch (a restart after a crash mid-replay included).
-const MarkerTTL = time.Hour
+const markerTTL = time.Hour
 
 // markerKey returns the idempotency marker of a batch: in the key's own
 // slot, named by the batch's marker (instance and epoch) and the key.
@@ -53,12 +53,12 @@ func (l *Store) markerKey(b store.ReplayBatch) string {
 	return l.tag(b.Identity) + ":replay:" + b.Marker + ":" + b.Policy.Name + ":" + statekey.Params(b.Policy) + ":" + fmt.Sprintf("%x", b.Identity[:16])
 }
 
-// MaxReplayGrants bounds the grants one replay script call folds in (each
+// maxReplayGrants bounds the grants one replay script call folds in (each
 // costs Redis a few µs of Lua), so no single call holds Redis for long and the other
 // instances' decisions are served between calls. A batch with more (a hot
 // key's whole outage) is sent as several parts, in order, each with a
 // marker of its own.
-const MaxReplayGrants = 1000
+const maxReplayGrants = 1000
 
 // markerField splits a batch's marker ("<instance>:<epoch>[/part]") into
 // the hash field that lists the instance's markers applied to a key and the
@@ -74,7 +74,7 @@ func markerField(marker string) (field, token string) {
 // maxReplayKeys bounds the keys one replay script call carries.
 const maxReplayKeys = 128
 
-// replayPart is one batch's grants (or a MaxReplayGrants slice of them)
+// replayPart is one batch's grants (or a maxReplayGrants slice of them)
 // with the keys they go to.
 type replayPart struct {
 	batch       int
@@ -95,7 +95,7 @@ type replayCall struct {
 // Replay folds journaled batches into Redis in one pipeline on the replay
 // client. results[i] is valid where errs[i] is nil. The batches of one
 // algorithm and hash tag (one Cluster slot) go in shared script calls of at
-// most maxReplayKeys keys and MaxReplayGrants grants, so a replay of many
+// most maxReplayKeys keys and maxReplayGrants grants, so a replay of many
 // keys costs Redis one call per few dozen keys. A marker per batch (per
 // part of a batch) makes each apply at most once: a batch already applied
 // comes back with Duplicate set and changes nothing; a batch of which only
@@ -149,9 +149,9 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 			pids[b.Policy] = pid
 		}
 		state := l.keyWith(pid, b.Identity)
-		parts := (len(b.Grants) + MaxReplayGrants - 1) / MaxReplayGrants
+		parts := (len(b.Grants) + maxReplayGrants - 1) / maxReplayGrants
 		for p := range parts {
-			grants := b.Grants[p*MaxReplayGrants : min(len(b.Grants), (p+1)*MaxReplayGrants)]
+			grants := b.Grants[p*maxReplayGrants : min(len(b.Grants), (p+1)*maxReplayGrants)]
 			marked := b
 			if parts > 1 {
 				marked.Marker = b.Marker + "/" + strconv.Itoa(p)
@@ -167,7 +167,7 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 				part.units += g.Cost
 			}
 			c := open[grp]
-			if c == nil || len(c.parts) == maxReplayKeys || c.grants+len(grants) > MaxReplayGrants {
+			if c == nil || len(c.parts) == maxReplayKeys || c.grants+len(grants) > maxReplayGrants {
 				c = &replayCall{}
 				open[grp] = c
 				calls = append(calls, c)
@@ -179,7 +179,7 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 	for _, c := range calls {
 		keys := make([]string, 0, 3*len(c.parts))
 		args := make([]any, 0, 3+7*len(c.parts)+3*c.grants)
-		args = append(args, now, MarkerTTL.Milliseconds(), len(c.parts))
+		args = append(args, now, markerTTL.Milliseconds(), len(c.parts))
 		for _, p := range c.parts {
 			keys = append(keys, p.state, p.mark, fenceKey(p.state))
 			field, token := markerField(p.marker)

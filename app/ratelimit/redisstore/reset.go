@@ -17,7 +17,7 @@ import (
 // a stream under the fleet's hash tag that every instance reads at each
 // heartbeat from the last entry it saw (ReadResets), so that each forgets
 // what it holds of the identity within one heartbeat. The log keeps the
-// newest ResetLogMax entries, for ResetLogTTL after the last reset: an
+// newest resetLogMax entries, for resetLogTTL after the last reset: an
 // instance cut off from Redis for longer than that, while more resets than
 // that were made, misses the oldest of them.
 
@@ -44,18 +44,18 @@ return {now, redis.call('XRANGE', KEYS[1], from, '+', 'COUNT', ARGV[2])}`
 
 // Bounds of the reset log.
 const (
-	ResetLogMax = 1000
-	ResetLogTTL = 24 * time.Hour
+	resetLogMax = 1000
+	resetLogTTL = 24 * time.Hour
 )
 
-// ResetLogKey is the stream of resets, in the fleet's hash slot.
-func (l *Store) ResetLogKey() string { return "{" + l.prefix + ":fleet}:resets" }
+// resetLogKey is the stream of resets, in the fleet's hash slot.
+func (l *Store) resetLogKey() string { return "{" + l.prefix + ":fleet}:resets" }
 
 // Reset lifts identity's limits under policies: it appends one entry per
 // policy to the reset log, with the reset's time (Redis TIME), then deletes
 // the identity's state under each of them and fences each key with that
 // time (one script: the keys share the identity's hash tag). The fence
-// (ResetLogTTL) refuses a replay of grants from before the reset by an
+// (resetLogTTL) refuses a replay of grants from before the reset by an
 // instance that has not read the log since (store.ErrFenced): the usage
 // the reset lifted never comes back. An error after the log says that the
 // state may not be deleted: send the reset again.
@@ -68,7 +68,7 @@ func (l *Store) Reset(ctx context.Context, identity string, policies []ratelimit
 	}
 	id := store.IdentityOf(identity)
 	keys := make([]string, 2*len(policies))
-	args := []any{ResetLogMax, ResetLogTTL.Milliseconds(), hex.EncodeToString(id[:]), len(policies)}
+	args := []any{resetLogMax, resetLogTTL.Milliseconds(), hex.EncodeToString(id[:]), len(policies)}
 	for i, p := range policies {
 		if err := p.Validate(); err != nil {
 			return err
@@ -79,11 +79,11 @@ func (l *Store) Reset(ctx context.Context, identity string, policies []ratelimit
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
-	at, err := fcall(callCtx, l.client, fnReset, []string{l.ResetLogKey()}, args...).Text()
+	at, err := fcall(callCtx, l.client, fnReset, []string{l.resetLogKey()}, args...).Text()
 	if err != nil {
 		return fmt.Errorf("reset: log: %w", classify(ctx, err))
 	}
-	if err := fcall(callCtx, l.client, fnFence, keys, len(policies), at, ResetLogTTL.Milliseconds()).Err(); err != nil {
+	if err := fcall(callCtx, l.client, fnFence, keys, len(policies), at, resetLogTTL.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("reset: delete: %w", classify(ctx, err))
 	}
 	return nil
@@ -96,14 +96,14 @@ func fenceKey(k string) string { return k + ":reset" }
 // ReadResets calls apply for each reset logged after the entry after, in
 // order, with the reset's time, and returns the id of the last entry read
 // (after itself when there is none), to pass as after next time, and Redis'
-// time of the read (µs; when it read ResetLogMax entries and more may
+// time of the read (µs; when it read resetLogMax entries and more may
 // follow, the time of the last reset read). With after empty it reads the log from its start:
 // an instance that starts may have reloaded a journal of grants from before
 // a reset it has not seen. An entry that does not parse is skipped.
 func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity, int64)) (string, int64, error) {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
-	reply, err := fcallRO(callCtx, l.client, fnReadResets, []string{l.ResetLogKey()}, after, ResetLogMax).Slice()
+	reply, err := fcallRO(callCtx, l.client, fnReadResets, []string{l.resetLogKey()}, after, resetLogMax).Slice()
 	if err != nil {
 		return after, 0, fmt.Errorf("read resets: %w", classify(ctx, err))
 	}
@@ -138,7 +138,7 @@ func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelim
 			lastAt = at
 		}
 	}
-	if len(res) >= ResetLogMax {
+	if len(res) >= resetLogMax {
 		// More may follow: the read covers the resets up to the last one
 		// applied, not up to now (store.ReplayBatch.ResetsRead).
 		read = lastAt
