@@ -25,10 +25,12 @@ type backend struct {
 	status func() Status
 	// close releases the limiter at shutdown, within ctx's deadline.
 	close func(ctx context.Context) error
-	// reset lifts identity's limits under policies (POST /admin/reset); an
-	// error is a bad request (nothing was reset). In memory mode the
-	// result is neither Fleet nor Partial: this instance is all there is.
-	reset func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error)
+	// reset lifts identity's limits under policies (POST /admin/reset): for
+	// the fleet ("fleet"), or in memory mode for this instance, which is all
+	// there is ("instance"). An error wrapping resilient.ErrResetPartial:
+	// it holds on this instance only; any other error is a bad request
+	// (nothing was reset).
+	reset func(ctx context.Context, identity string, policies []ratelimit.Policy) (scope string, err error)
 	// inspect reads identity's state under policies, counting nothing
 	// (GET /admin/keys, keys.go).
 	inspect func(ctx context.Context, identity string, policies []ratelimit.Policy) []keyPolicy
@@ -58,8 +60,8 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, 
 			limiter: mem,
 			status:  func() Status { return Status{Mode: string(ratelimit.ModeMemory), LiveInstances: 1} },
 			close:   func(context.Context) error { return nil },
-			reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error) {
-				return resilient.ResetResult{}, mem.Reset(ctx, identity, policies)
+			reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (string, error) {
+				return "instance", mem.Reset(ctx, identity, policies...)
 			},
 			inspect: inspectMemory(mem),
 		}, nil
@@ -190,8 +192,8 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, 
 		close: func(ctx context.Context) error {
 			return errors.Join(leased.Close(ctx), rl.Close(ctx), client.Close(), replayClient.Close())
 		},
-		reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (resilient.ResetResult, error) {
-			return rl.Reset(ctx, identity, policies...)
+		reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (string, error) {
+			return "fleet", rl.Reset(ctx, identity, policies...)
 		},
 		inspect:    inspectRedis(store, rl, leased, cfg.RedisTimeout),
 		lostWrites: store.LostWrites,

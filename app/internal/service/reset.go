@@ -14,6 +14,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
 // resetRequest is the body of POST /admin/reset.
@@ -73,18 +74,16 @@ func (s *Server) reset(w http.ResponseWriter, r *http.Request) {
 	for i, p := range policies {
 		names[i] = p.Name
 	}
-	res, err := s.backend.reset(r.Context(), identity, policies)
-	if err != nil {
+	scope, err := s.backend.reset(r.Context(), identity, policies)
+	if err != nil && !errors.Is(err, resilient.ErrResetPartial) {
 		s.badReset(w, r, err.Error())
 		return
 	}
-	out := resetResponse{Instance: s.cfg.Instance, Key: identity, Policies: names, Scope: "instance"}
-	status, result := http.StatusOK, "instance"
-	switch {
-	case res.Fleet:
-		out.Scope, result = "fleet", "fleet"
-	case res.Partial != nil:
-		out.Partial, out.Detail = true, "applied on this instance only: "+res.Partial.Error()+"; send it again once Redis is back"
+	out := resetResponse{Instance: s.cfg.Instance, Key: identity, Policies: names, Scope: scope}
+	status, result := http.StatusOK, scope
+	if err != nil {
+		out.Scope = "instance"
+		out.Partial, out.Detail = true, "applied on this instance only: "+strings.TrimPrefix(err.Error(), resilient.ErrResetPartial.Error()+": ")+"; send it again once Redis is back"
 		status, result = http.StatusServiceUnavailable, "partial"
 	}
 	s.resets.WithLabelValues(result).Inc()

@@ -180,7 +180,7 @@ func (l *Store) Replay(_ context.Context, batches []store.ReplayBatch) ([]store.
 // Reset lifts identity's limits under policies: their state is forgotten,
 // as if never seen (in place: a reset is not an eviction). An invalid
 // identity or policy is an error, and nothing is reset.
-func (l *Store) Reset(_ context.Context, identity string, policies []ratelimit.Policy) error {
+func (l *Store) Reset(_ context.Context, identity string, policies ...ratelimit.Policy) error {
 	if err := ratelimit.ValidateKey(identity); err != nil {
 		return err
 	}

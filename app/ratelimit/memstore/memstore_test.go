@@ -90,7 +90,7 @@ func TestReset(t *testing.T) {
 			}
 		}
 	}
-	if err := l.Reset(ctx, "k:x", []ratelimit.Policy{a}); err != nil {
+	if err := l.Reset(ctx, "k:x", a); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -102,7 +102,7 @@ func TestReset(t *testing.T) {
 			t.Errorf("%s %s after resetting k:x under a: allowed %v, want %v", c.p.Name, c.key, d.Allowed, c.want)
 		}
 	}
-	if err := l.Reset(ctx, "", []ratelimit.Policy{a}); !errors.Is(err, ratelimit.ErrInvalidRequest) {
+	if err := l.Reset(ctx, "", a); !errors.Is(err, ratelimit.ErrInvalidRequest) {
 		t.Errorf("empty identity: %v", err)
 	}
 	if l.Evictions() != 0 {

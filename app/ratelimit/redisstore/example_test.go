@@ -36,7 +36,7 @@ func Example() {
 
 	// Lift the limit (the service's POST /admin/reset), then ask without
 	// counting.
-	if err := backend.Reset(ctx, "user-42", []ratelimit.Policy{login}); err != nil {
+	if err := backend.Reset(ctx, "user-42", login); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -59,7 +59,7 @@ func (l *Store) resetLogKey() string { return "{" + l.prefix + ":fleet}:resets" 
 // instance that has not read the log since (store.ErrFenced): the usage
 // the reset lifted never comes back. An error after the log says that the
 // state may not be deleted: send the reset again.
-func (l *Store) Reset(ctx context.Context, identity string, policies []ratelimit.Policy) error {
+func (l *Store) Reset(ctx context.Context, identity string, policies ...ratelimit.Policy) error {
 	if err := ratelimit.ValidateKey(identity); err != nil {
 		return err
 	}

@@ -70,7 +70,7 @@ func TestReset(t *testing.T) {
 	if start != "0-0" || got != nil {
 		t.Fatalf("an empty log: %q %v, want 0-0 and nothing", start, got)
 	}
-	if err := l.Reset(ctx, "k:a", []ratelimit.Policy{gcra}); err != nil {
+	if err := l.Reset(ctx, "k:a", gcra); err != nil {
 		t.Fatal(err)
 	}
 	if exists(gcra, "k:a") || !exists(swl, "k:a") || !exists(gcra, "k:b") || !exists(swl, "k:b") {
@@ -84,7 +84,7 @@ func TestReset(t *testing.T) {
 	if err := c.XAdd(ctx, &redis.XAddArgs{Stream: l.ResetLogKey(), Values: []string{"id", "zz", "policy", "x"}}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Reset(ctx, "k:b", []ratelimit.Policy{gcra, swl}); err != nil {
+	if err := l.Reset(ctx, "k:b", gcra, swl); err != nil {
 		t.Fatal(err)
 	}
 	if exists(gcra, "k:b") || exists(swl, "k:b") || !exists(swl, "k:a") {
@@ -105,10 +105,10 @@ func TestReset(t *testing.T) {
 		t.Errorf("the log's TTL: %v %v, want at most %v", ttl, err, redisstore.ResetLogTTL)
 	}
 	for name, err := range map[string]error{
-		"no policy":   l.Reset(ctx, "k:a", nil),
-		"empty key":   l.Reset(ctx, "", []ratelimit.Policy{gcra}),
-		"bad policy":  l.Reset(ctx, "k:a", []ratelimit.Policy{{Name: "x"}}),
-		"control key": l.Reset(ctx, "k:\x01", []ratelimit.Policy{gcra}),
+		"no policy":   l.Reset(ctx, "k:a"),
+		"empty key":   l.Reset(ctx, "", gcra),
+		"bad policy":  l.Reset(ctx, "k:a", ratelimit.Policy{Name: "x"}),
+		"control key": l.Reset(ctx, "k:\x01", gcra),
 	} {
 		if !errors.Is(err, ratelimit.ErrInvalidRequest) && !errors.Is(err, ratelimit.ErrInvalidPolicy) {
 			t.Errorf("%s: %v, want an invalid request or policy", name, err)
@@ -130,7 +130,7 @@ func TestReplayAfterAResetIsFenced(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := l.Reset(ctx, "k:f", []ratelimit.Policy{p}); err != nil {
+		if err := l.Reset(ctx, "k:f", p); err != nil {
 			t.Fatal(err)
 		}
 		batch := store.ReplayBatch{Policy: p, Identity: store.IdentityOf("k:f"), Marker: "app1:1",

@@ -16,16 +16,10 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
-// ResetResult says how far a reset went.
-type ResetResult struct {
-	// Fleet: the store dropped the identity's state and logged the reset,
-	// which every instance applies at its next heartbeat.
-	Fleet bool
-	// Partial says, when Fleet is false, why the reset holds on this
-	// instance only (the store is out, or cannot reset). Sending the same
-	// reset again once the store is back completes it.
-	Partial error
-}
+// ErrResetPartial is the error of a reset that holds on this instance
+// only: the store is out, or cannot reset for the fleet. Sending the same
+// reset again once the store is back completes it.
+var ErrResetPartial = errors.New("resilient: the reset holds on this instance only")
 
 // maxReapply bounds the resets waiting to be applied a second time.
 const maxReapply = 4096
@@ -56,21 +50,22 @@ type reapply struct {
 // Reset lifts identity's limits under policies: in the store, and in what
 // every instance holds of it (cached refusals, snapshots, fallback shares)
 // within one heartbeat; on this instance at once. An invalid identity or
-// policy is an error and nothing is reset. While the store is out the reset
-// holds on this instance only (ResetResult.Partial). Grants this instance
+// policy is an error (ratelimit.ErrInvalidRequest or ErrInvalidPolicy) and
+// nothing is reset. While the store is out the reset holds on this instance
+// only: the error wraps ErrResetPartial and says why. Grants this instance
 // journaled for the identity are dropped with it (counted as dropped):
 // replayed, they would bring back the usage the reset lifted. Safe for
 // concurrent use.
-func (l *Limiter) Reset(ctx context.Context, identity string, policies ...ratelimit.Policy) (ResetResult, error) {
+func (l *Limiter) Reset(ctx context.Context, identity string, policies ...ratelimit.Policy) error {
 	if err := ratelimit.ValidateKey(identity); err != nil {
-		return ResetResult{}, err
+		return err
 	}
 	if len(policies) == 0 {
-		return ResetResult{}, fmt.Errorf("%w: no policy to reset", ratelimit.ErrInvalidRequest)
+		return fmt.Errorf("%w: no policy to reset", ratelimit.ErrInvalidRequest)
 	}
 	for _, p := range policies {
 		if err := p.Validate(); err != nil {
-			return ResetResult{}, err
+			return err
 		}
 	}
 	id := store.IdentityOf(identity)
@@ -79,26 +74,24 @@ func (l *Limiter) Reset(ctx context.Context, identity string, policies ...rateli
 		l.forget(p, id, math.MaxInt64)
 		l.reapplyLater(p, id)
 	}
-	res := ResetResult{Fleet: true}
+	var partial error
 	r, ok := l.store.(store.Resetter)
 	switch {
 	case !ok:
-		res = ResetResult{Partial: errors.New("the store cannot reset for the fleet")}
+		partial = errors.New("the store cannot reset for the fleet")
 	case l.br.State() == BreakerOpen:
-		res = ResetResult{Partial: errors.New("the store is out (breaker open)")}
+		partial = errors.New("the store is out (breaker open)")
 	default:
 		// Two round trips: the delete, then the log.
 		callCtx, cancel := context.WithTimeout(ctx, 2*l.cfg.Timeout)
-		if err := r.Reset(callCtx, identity, policies); err != nil {
-			res = ResetResult{Partial: err}
-		}
+		partial = r.Reset(callCtx, identity, policies...)
 		cancel()
 	}
-	if !res.Fleet {
-		// Counted here; a logged reset is counted when read back.
-		l.resets.applied.Add(uint64(len(policies)))
+	if partial == nil {
+		return nil // counted when read back from the log
 	}
-	return res, nil
+	l.resets.applied.Add(uint64(len(policies)))
+	return fmt.Errorf("%w: %w", ErrResetPartial, partial)
 }
 
 // pollResets applies the resets logged since the last read (the heartbeat

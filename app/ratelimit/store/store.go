@@ -118,7 +118,7 @@ type Raiser interface {
 // reset. ReadResets also returns the store's time of the read, for
 // ReplayBatch.ResetsRead.
 type Resetter interface {
-	Reset(ctx context.Context, identity string, policies []ratelimit.Policy) error
+	Reset(ctx context.Context, identity string, policies ...ratelimit.Policy) error
 	ReadResets(ctx context.Context, after string, apply func(p ratelimit.Policy, id Identity, at int64)) (cursor string, read int64, err error)
 }
 
