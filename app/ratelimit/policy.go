@@ -131,16 +131,18 @@ func (p Policy) Capacity() int64 {
 // WindowMicros is the window in microseconds.
 func (p Policy) WindowMicros() int64 { return p.Window.Microseconds() }
 
-// OnFailure returns the policy's failure mode, with the default filled in.
-func (p Policy) OnFailure() FailureMode {
+// EffectiveFailureMode is FailureMode, with the default (FailFallback)
+// filled in.
+func (p Policy) EffectiveFailureMode() FailureMode {
 	if p.FailureMode == "" {
 		return FailFallback
 	}
 	return p.FailureMode
 }
 
-// Factor returns the fallback factor, with the default filled in.
-func (p Policy) Factor() float64 {
+// EffectiveFallbackFactor is FallbackFactor, with the default (1) filled
+// in.
+func (p Policy) EffectiveFallbackFactor() float64 {
 	if p.FallbackFactor == 0 {
 		return 1
 	}

@@ -47,7 +47,7 @@ func (l *Limiter) Inspect(p ratelimit.Policy, key string) KeyState {
 	id := store.IdentityOf(key)
 	k := l.keyOfIdentity(p, id)
 	closed := l.br.State() == BreakerClosed
-	part := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
+	part := share{n: float64(l.fleetSize()), factor: p.EffectiveFallbackFactor(), confirmed: l.confirmedAt()}
 	if closed {
 		part.confirmed = math.MaxInt64 // as decideLocal
 	}
@@ -69,7 +69,7 @@ func (l *Limiter) Inspect(p ratelimit.Policy, key string) KeyState {
 		}
 	}
 	live := held && c.localInit && !c.needsLocal(closed)
-	if p.OnFailure() != ratelimit.FailFallback || closed && !live {
+	if p.EffectiveFailureMode() != ratelimit.FailFallback || closed && !live {
 		return ks
 	}
 	if !held { // as rebuild, without counting a rebuild

@@ -37,7 +37,7 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req ratelimit.Request, u
 	}
 	now := l.storeNow()
 	var d ratelimit.Decision
-	switch p.OnFailure() {
+	switch p.EffectiveFailureMode() {
 	case ratelimit.FailOpen:
 		d = ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}
 	case ratelimit.FailClosed:
@@ -45,7 +45,7 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req ratelimit.Request, u
 		// gets the refund below (TestFailClosedRefundsALateAdmission).
 		d = ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
 	default:
-		part := share{n: float64(l.fleetSize()), factor: p.Factor(), confirmed: l.confirmedAt()}
+		part := share{n: float64(l.fleetSize()), factor: p.EffectiveFallbackFactor(), confirmed: l.confirmedAt()}
 		closed := l.br.State() == BreakerClosed
 		if closed {
 			// The store still decides (this call timed out, or waits
