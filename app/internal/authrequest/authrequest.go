@@ -1,10 +1,10 @@
-// Package authrequest is the nginx auth_request door: a proxy in front of an upstream that is not
-// this service (a static site, a service in another language) asks the
-// check endpoint before proxying a request, and the answer applies the
-// policy file's checks with the same middleware, identity rules, per-address
-// ceiling and failure modes as the service's own routes. docs/DOORS.md has
-// the nginx side; package envoyrls is the other door, Envoy's rate limit
-// service.
+// Package authrequest is the nginx auth_request door: a proxy in front of
+// an upstream that is not this service (a static site, a service in
+// another language) asks the check endpoint before proxying a request, and
+// the answer applies the checks it is given (the policy file's, in the
+// service) with the same middleware, identity rules, per-address ceiling
+// and failure modes as the service's own routes. docs/DOORS.md has the nginx side; package envoyrls is the other door,
+// Envoy's rate limit service.
 package authrequest
 
 import (
