@@ -215,12 +215,6 @@ type Limiter interface {
 	Decide(ctx context.Context, req Request) (Decision, error)
 }
 
-// LimiterFunc adapts a function to the Limiter interface.
-type LimiterFunc func(ctx context.Context, req Request) (Decision, error)
-
-// Decide calls f.
-func (f LimiterFunc) Decide(ctx context.Context, req Request) (Decision, error) { return f(ctx, req) }
-
 // BatchLimiter is a Limiter that decides several requests in one round
 // trip to its store, as a request that several policies count needs (a
 // per-key quota and a per-address ceiling, say). DecideBatch returns one

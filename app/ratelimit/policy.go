@@ -71,8 +71,8 @@ const (
 // stay exact.
 const (
 	MaxLimit     = 1_000_000_000
-	MinWindow    = time.Millisecond
-	MaxWindow    = 31 * 24 * time.Hour
+	minWindow    = time.Millisecond
+	maxWindow    = 31 * 24 * time.Hour
 	maxScaled    = 1 << 50
 	maxNameBytes = 64
 )
@@ -88,8 +88,10 @@ type Policy struct {
 	// bytes of [A-Za-z0-9_.-].
 	Name      string
 	Algorithm Algorithm
-	Limit     int64
-	Window    time.Duration
+	// Limit is at most MaxLimit.
+	Limit int64
+	// Window is 1ms to 31 days.
+	Window time.Duration
 	// Burst is the capacity of TokenBucket and GCRA; 0 means Limit.
 	Burst int64
 	// FailureMode is used by the resilient limiter; "" means FailFallback.
@@ -182,8 +184,8 @@ func (p Policy) Validate() error {
 	if p.Limit <= 0 || p.Limit > MaxLimit {
 		return bad("limit", "must be between 1 and %d, got %d", MaxLimit, p.Limit)
 	}
-	if p.Window < MinWindow || p.Window > MaxWindow {
-		return bad("window", "must be between %v and %v, got %v", MinWindow, MaxWindow, p.Window)
+	if p.Window < minWindow || p.Window > maxWindow {
+		return bad("window", "must be between %v and %v, got %v", minWindow, maxWindow, p.Window)
 	}
 	if p.Burst < 0 || p.Burst > MaxLimit {
 		return bad("burst", "must be between 0 and %d, got %d", MaxLimit, p.Burst)

@@ -20,7 +20,7 @@ import (
 // auth_request's location treats as "limiter unreachable", never 204.
 func TestCheckThatWritesNothingIsNoAllow(t *testing.T) {
 	var decided atomic.Bool
-	limiter := ratelimit.LimiterFunc(func(ctx context.Context, _ ratelimit.Request) (ratelimit.Decision, error) {
+	limiter := limiterFunc(func(ctx context.Context, _ ratelimit.Request) (ratelimit.Decision, error) {
 		<-ctx.Done()
 		decided.Store(true)
 		return ratelimit.Decision{}, ctx.Err()
@@ -50,7 +50,7 @@ func TestCheckThatWritesNothingIsNoAllow(t *testing.T) {
 // trusted proxies; anyone else gets 404 and the limiter is not asked.
 func TestUntrustedPeerGetsNotFound(t *testing.T) {
 	var asked atomic.Bool
-	limiter := ratelimit.LimiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
+	limiter := limiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
 		asked.Store(true)
 		return ratelimit.Decision{Allowed: true}, nil
 	})
@@ -64,4 +64,11 @@ func TestUntrustedPeerGetsNotFound(t *testing.T) {
 	if w.Code != http.StatusNotFound || asked.Load() {
 		t.Fatalf("status %d (limiter asked: %v), want 404 without a decision", w.Code, asked.Load())
 	}
+}
+
+// limiterFunc adapts a function to ratelimit.Limiter.
+type limiterFunc func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error)
+
+func (f limiterFunc) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	return f(ctx, req)
 }

@@ -78,8 +78,8 @@ func (s *Service) answer(ctx context.Context, domain string, checks []check, ds 
 	}
 	hdr, best := headers(checks, limited, decided)
 	if s.headers {
-		for _, k := range []string{httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit, httplimit.HeaderXRateLimitLimit,
-			httplimit.HeaderXRateLimitRemaining, httplimit.HeaderXRateLimitReset, httplimit.HeaderRetryAfter} {
+		for _, k := range []string{"RateLimit-Policy", "RateLimit", "X-RateLimit-Limit",
+			"X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"} {
 			if v := hdr.Get(k); v != "" {
 				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: k, Value: v})
 			}
@@ -132,14 +132,14 @@ func headers(checks []check, limited []int, decided []ratelimit.Decision) (http.
 		}
 		stand, own := strconv.Quote(blockedName(i)), strconv.Quote(c.policy.Name)
 		window := strconv.FormatInt(int64((c.policy.Window+time.Second-1)/time.Second), 10)
-		for _, k := range []string{httplimit.HeaderRateLimitPolicy, httplimit.HeaderRateLimit} {
+		for _, k := range []string{"RateLimit-Policy", "RateLimit"} {
 			if v := hdr.Get(k); v != "" {
 				v = strings.Replace(v, stand+";q=1;w=1", own+";q=0;w="+window, 1)
 				hdr.Set(k, strings.Replace(v, stand+";r=", own+";r=", 1))
 			}
 		}
 		if i == best {
-			hdr.Set(httplimit.HeaderXRateLimitLimit, "0")
+			hdr.Set("X-RateLimit-Limit", "0")
 		}
 	}
 	return hdr, best

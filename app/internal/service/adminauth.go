@@ -23,6 +23,9 @@ const minAdminToken = 32
 // ProblemAdminUnauthorized is the problem type of a refused admin request.
 const ProblemAdminUnauthorized = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#admin-unauthorized"
 
+// problemInvalidRequest is the type of a 400 problem, the middleware's own.
+const problemInvalidRequest = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#invalid-request"
+
 // validateAdminTokens checks RL_ADMIN_TOKEN: every token at least
 // minAdminToken bytes, and one at least unless the admin address is
 // loopback or the instance runs in demo mode.
@@ -96,7 +99,7 @@ func (s *Server) adminGuard(tokens []string, next http.Handler) http.Handler {
 // badAdminRequest answers an admin request it cannot use (a bad key,
 // policy or parameter) with a 400 problem.
 func badAdminRequest(w http.ResponseWriter, r *http.Request, detail string) {
-	writeAdminProblem(w, httplimit.Problem{Type: httplimit.ProblemInvalidRequest, Title: "Bad Request",
+	writeAdminProblem(w, httplimit.Problem{Type: problemInvalidRequest, Title: "Bad Request",
 		Status: http.StatusBadRequest, Detail: detail, Instance: r.URL.Path})
 }
 

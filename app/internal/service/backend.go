@@ -196,6 +196,6 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, 
 			return "fleet", rl.Reset(ctx, identity, policies...)
 		},
 		inspect:    inspectRedis(store, rl, leased, cfg.RedisTimeout),
-		lostWrites: store.LostWrites,
+		lostWrites: func() uint64 { return rl.Status().LostWrites },
 	}, nil
 }

@@ -305,7 +305,7 @@ func (s *Server) logRequests(limits *httplimit.Middleware, next http.Handler) ht
 		start := time.Now()
 		id := limits.RequestID(r)
 		r = r.WithContext(httplimit.ContextWithRequestID(r.Context(), id))
-		w.Header().Set(httplimit.HeaderRequestID, id)
+		w.Header().Set("X-Request-Id", id)
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(sw, r)
 		if !sw.wroteHeader && r.Context().Err() != nil {
@@ -335,7 +335,7 @@ func (s *Server) logRequests(limits *httplimit.Middleware, next http.Handler) ht
 			slog.String("method", r.Method),
 			slog.String("route", route),
 			slog.Int("status", sw.status),
-			slog.String("mode", sw.Header().Get(httplimit.HeaderRateLimitMode)),
+			slog.String("mode", sw.Header().Get("X-RateLimit-Mode")),
 			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000))
 	})
 }

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/apikey"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
 )
 
 // syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
@@ -282,7 +281,7 @@ func checkProblem(t *testing.T, resp *http.Response, body []byte, policy string)
 	if err := json.Unmarshal(body, &p); err != nil {
 		t.Fatalf("problem %q: %v", body, err)
 	}
-	if p.Type != httplimit.ProblemRateLimited || p.Title == "" || p.Status != 429 || p.Detail == "" ||
+	if p.Type != "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#rate-limited" || p.Title == "" || p.Status != 429 || p.Detail == "" ||
 		p.RetryAfter != retry || p.Policy != policy {
 		t.Errorf("problem = %+v", p)
 	}

@@ -76,9 +76,9 @@ func ValidID(id string) error {
 	return nil
 }
 
-// ValidSecret reports whether secret is long enough to sign keys: at least
+// validSecret reports whether secret is long enough to sign keys: at least
 // MinSecretBytes bytes. The error names the problem, never the secret.
-func ValidSecret(secret string) error {
+func validSecret(secret string) error {
 	switch {
 	case secret == "":
 		return errors.New("apikey: empty secret")
@@ -100,7 +100,7 @@ func NewID() string {
 
 // Sign returns the key for id signed with secret, after checking both.
 func Sign(secret, id string) (string, error) {
-	if err := ValidSecret(secret); err != nil {
+	if err := validSecret(secret); err != nil {
 		return "", fmt.Errorf("apikey: sign: %w", err)
 	}
 	if err := ValidID(id); err != nil {
@@ -118,14 +118,14 @@ type Verifier struct {
 
 // NewVerifier returns a Verifier that signs with secrets[0] and accepts keys
 // signed with any of secrets. It needs at least one secret, and each must
-// pass ValidSecret.
+// pass validSecret.
 func NewVerifier(secrets ...string) (*Verifier, error) {
 	if len(secrets) == 0 {
 		return nil, errors.New("apikey: new verifier: no secret")
 	}
 	v := &Verifier{secrets: make([][]byte, len(secrets))}
 	for i, s := range secrets {
-		if err := ValidSecret(s); err != nil {
+		if err := validSecret(s); err != nil {
 			return nil, fmt.Errorf("apikey: new verifier: secret %d: %w", i, err)
 		}
 		v.secrets[i] = []byte(s)

@@ -14,7 +14,7 @@ import (
 // BenchmarkHandler measures the middleware alone, over a limiter that
 // answers at once.
 func BenchmarkHandler(b *testing.B) {
-	lim := ratelimit.LimiterFunc(func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	lim := limiterFunc(func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 		return ratelimit.Decision{Allowed: true, Limit: 100, Remaining: 42, ResetAfter: 3 * time.Second, Mode: ratelimit.ModeRedis}, nil
 	})
 	mw := httplimit.New(lim, httplimit.WithDebugHeaders("app1"), httplimit.WithTrustedProxies(prefixes("127.0.0.1/32")), httplimit.WithTrustedRequestIDs())

@@ -74,7 +74,7 @@ func ExampleWithAPIKeys() {
 	carol, _ := keys.Sign("carol")
 	for _, key := range []string{alice, bob, "mallory.forged-mac", carol} {
 		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
-		req.Header.Set(httplimit.HeaderAPIKey, key)
+		req.Header.Set("X-API-Key", key)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			fmt.Println(err)

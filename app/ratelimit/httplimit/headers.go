@@ -12,9 +12,9 @@ import (
 
 // Problem types (RFC 9457 "type" members) of the middleware's answers.
 const (
-	ProblemRateLimited    = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#rate-limited"
-	ProblemInvalidRequest = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#invalid-request"
-	ProblemInvalidAPIKey  = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#invalid-api-key"
+	problemRateLimited    = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#rate-limited"
+	problemInvalidRequest = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#invalid-request"
+	problemInvalidAPIKey  = "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#invalid-api-key"
 )
 
 // Problem is the RFC 9457 body of a 400, 401 or 429 answer.
@@ -37,18 +37,18 @@ type Problem struct {
 // Get canonicalise on every call, which allocates for names such as
 // "RateLimit" whose canonical form ("Ratelimit") differs.
 var (
-	keyAPIKey          = http.CanonicalHeaderKey(HeaderAPIKey)
-	keyRequestID       = http.CanonicalHeaderKey(HeaderRequestID)
-	keyRealIP          = http.CanonicalHeaderKey(HeaderRealIP)
-	keyForwardedFor    = http.CanonicalHeaderKey(HeaderForwardedFor)
-	keyRateLimit       = http.CanonicalHeaderKey(HeaderRateLimit)
-	keyRateLimitPolicy = http.CanonicalHeaderKey(HeaderRateLimitPolicy)
-	keyXLimit          = http.CanonicalHeaderKey(HeaderXRateLimitLimit)
-	keyXRemaining      = http.CanonicalHeaderKey(HeaderXRateLimitRemaining)
-	keyXReset          = http.CanonicalHeaderKey(HeaderXRateLimitReset)
-	keyRetryAfter      = http.CanonicalHeaderKey(HeaderRetryAfter)
-	keyServedBy        = http.CanonicalHeaderKey(HeaderServedBy)
-	keyMode            = http.CanonicalHeaderKey(HeaderRateLimitMode)
+	keyAPIKey          = http.CanonicalHeaderKey(headerAPIKey)
+	keyRequestID       = http.CanonicalHeaderKey(headerRequestID)
+	keyRealIP          = http.CanonicalHeaderKey(headerRealIP)
+	keyForwardedFor    = http.CanonicalHeaderKey(headerForwardedFor)
+	keyRateLimit       = http.CanonicalHeaderKey(headerRateLimit)
+	keyRateLimitPolicy = http.CanonicalHeaderKey(headerRateLimitPolicy)
+	keyXLimit          = http.CanonicalHeaderKey(headerXRateLimitLimit)
+	keyXRemaining      = http.CanonicalHeaderKey(headerXRateLimitRemaining)
+	keyXReset          = http.CanonicalHeaderKey(headerXRateLimitReset)
+	keyRetryAfter      = http.CanonicalHeaderKey(headerRetryAfter)
+	keyServedBy        = http.CanonicalHeaderKey(headerServedBy)
+	keyMode            = http.CanonicalHeaderKey(headerRateLimitMode)
 )
 
 // setHeader is h.Set for a key already in canonical form.

@@ -76,18 +76,18 @@ import (
 
 // Header names read or written by the middleware.
 const (
-	HeaderAPIKey              = "X-API-Key"
-	HeaderRequestID           = "X-Request-Id"
-	HeaderRealIP              = "X-Real-IP"
-	HeaderForwardedFor        = "X-Forwarded-For"
-	HeaderRateLimit           = "RateLimit"
-	HeaderRateLimitPolicy     = "RateLimit-Policy"
-	HeaderXRateLimitLimit     = "X-RateLimit-Limit"
-	HeaderXRateLimitRemaining = "X-RateLimit-Remaining"
-	HeaderXRateLimitReset     = "X-RateLimit-Reset"
-	HeaderRetryAfter          = "Retry-After"
-	HeaderServedBy            = "X-Served-By"
-	HeaderRateLimitMode       = "X-RateLimit-Mode"
+	headerAPIKey              = "X-API-Key"
+	headerRequestID           = "X-Request-Id"
+	headerRealIP              = "X-Real-IP"
+	headerForwardedFor        = "X-Forwarded-For"
+	headerRateLimit           = "RateLimit"
+	headerRateLimitPolicy     = "RateLimit-Policy"
+	headerXRateLimitLimit     = "X-RateLimit-Limit"
+	headerXRateLimitRemaining = "X-RateLimit-Remaining"
+	headerXRateLimitReset     = "X-RateLimit-Reset"
+	headerRetryAfter          = "Retry-After"
+	headerServedBy            = "X-Served-By"
+	headerRateLimitMode       = "X-RateLimit-Mode"
 
 	contentTypeProblem = "application/problem+json"
 	maxRequestIDBytes  = 128
@@ -330,7 +330,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Checked against every policy before any decides, so that a cost
 		// one policy cannot take is not counted by the others.
 		if cost = max(m.cost(r), 1); cost > h.minCapacity {
-			writeProblem(w, r, id, http.StatusBadRequest, ProblemInvalidRequest, "Bad Request",
+			writeProblem(w, r, id, http.StatusBadRequest, problemInvalidRequest, "Bad Request",
 				"the request costs more than a policy's capacity ("+itoa(h.minCapacity)+")", 0, "")
 			return
 		}
@@ -368,7 +368,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cp := &h.policies[i]
 		if err := errs[j]; err != nil {
 			if errors.Is(err, ratelimit.ErrInvalidRequest) {
-				writeProblem(w, r, id, http.StatusBadRequest, ProblemInvalidRequest, "Bad Request",
+				writeProblem(w, r, id, http.StatusBadRequest, problemInvalidRequest, "Bad Request",
 					"the request cannot be rate limited: "+err.Error(), 0, cp.policy.Name)
 				return
 			}
@@ -421,7 +421,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.logger.LogAttrs(ctx, slog.LevelDebug, "rate limited",
 			slog.String("request_id", id), slog.String("policy", cp.policy.Name),
 			slog.String("mode", string(bestD.Mode)), slog.Int64("retry_after_s", retry))
-		writeProblem(w, r, id, http.StatusTooManyRequests, ProblemRateLimited, "Too Many Requests",
+		writeProblem(w, r, id, http.StatusTooManyRequests, problemRateLimited, "Too Many Requests",
 			cp.detail+itoa(retry)+" s.", retry, cp.policy.Name)
 		return
 	}
@@ -446,13 +446,13 @@ func (m *Middleware) rejectKey(w http.ResponseWriter, r *http.Request, id string
 	if errors.Is(err, ErrInvalidAPIKey) {
 		m.logger.LogAttrs(r.Context(), slog.LevelInfo, "API key refused",
 			slog.String("request_id", id), slog.String("error", err.Error()))
-		writeProblem(w, r, id, http.StatusUnauthorized, ProblemInvalidAPIKey, "Unauthorized",
+		writeProblem(w, r, id, http.StatusUnauthorized, problemInvalidAPIKey, "Unauthorized",
 			"the X-API-Key header holds no valid API key", 0, "")
 		return
 	}
 	m.logger.LogAttrs(r.Context(), slog.LevelDebug, "unusable client identity",
 		slog.String("request_id", id), slog.String("error", err.Error()))
-	writeProblem(w, r, id, http.StatusBadRequest, ProblemInvalidRequest, "Bad Request", err.Error(), 0, "")
+	writeProblem(w, r, id, http.StatusBadRequest, problemInvalidRequest, "Bad Request", err.Error(), 0, "")
 }
 
 // moreRestrictive reports whether decision a is more restrictive than b (see

@@ -195,7 +195,7 @@ func TestBadKeys(t *testing.T) {
 		{"control character", []string{"X-API-Key", "a\tb"}, nil, nil, 400},
 		{"empty API key", []string{"X-API-Key", ""}, nil, nil, 400},
 		{"two API keys", []string{"X-API-Key", "a", "X-API-Key", "b"}, nil, nil, 400},
-		{"limiter says invalid", nil, nil, ratelimit.LimiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
+		{"limiter says invalid", nil, nil, limiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
 			return ratelimit.Decision{}, fmt.Errorf("store: %w: cost too high", ratelimit.ErrInvalidRequest)
 		}), 400},
 		{"key func error", nil, []httplimit.Option{httplimit.WithKeyFunc(func(*http.Request, ratelimit.Policy) (string, error) {
@@ -331,7 +331,7 @@ func TestHeaders(t *testing.T) {
 				return
 			}
 			p := decodeProblem(t, res.rec)
-			if p.Status != 429 || p.Title != "Too Many Requests" || p.Type != httplimit.ProblemRateLimited ||
+			if p.Status != 429 || p.Title != "Too Many Requests" || p.Type != "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#rate-limited" ||
 				p.Policy != tt.policy.Name || p.RequestID != "nginx-id-1" || p.Instance != "/api/thing" {
 				t.Errorf("problem = %+v", p)
 			}
@@ -517,7 +517,7 @@ func TestPerPolicyIdentity(t *testing.T) {
 }
 
 func TestLimiterErrors(t *testing.T) {
-	failing := ratelimit.LimiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
+	failing := limiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
 		return ratelimit.Decision{}, fmt.Errorf("redisstore: %w: dial tcp: refused", ratelimit.ErrUnavailable)
 	})
 	t.Run("default fails open", func(t *testing.T) {
@@ -684,7 +684,7 @@ func TestCheckedAPIKeys(t *testing.T) {
 	ceiling := ratelimit.Policy{Name: "per-address", Algorithm: ratelimit.SlidingWindowCounter, Limit: 8, Window: time.Minute}
 	var seen []ratelimit.Request
 	inner := memstore.New()
-	lim := ratelimit.LimiterFunc(func(ctx context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
+	lim := limiterFunc(func(ctx context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
 		seen = append(seen, r)
 		return inner.Decide(ctx, r)
 	})
@@ -706,7 +706,7 @@ func TestCheckedAPIKeys(t *testing.T) {
 		if res.rec.Code != http.StatusUnauthorized || res.next {
 			t.Fatalf("refused key %d: status %d, want 401", i, res.rec.Code)
 		}
-		if p := decodeProblem(t, res.rec); p.Type != httplimit.ProblemInvalidAPIKey {
+		if p := decodeProblem(t, res.rec); p.Type != "https://github.com/fleetlimit/fleetlimit/blob/main/docs/problems.md#invalid-api-key" {
 			t.Errorf("problem type %q", p.Type)
 		}
 	}
@@ -736,7 +736,7 @@ func TestClientGoneRunsNoHandler(t *testing.T) {
 	for _, cause := range []error{context.Canceled, context.DeadlineExceeded} {
 		t.Run(cause.Error(), func(t *testing.T) {
 			ctx, cancel := context.WithCancelCause(context.Background())
-			lim := ratelimit.LimiterFunc(func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+			lim := limiterFunc(func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 				cancel(cause) // the client leaves while the store is asked
 				<-ctx.Done()
 				return ratelimit.Decision{}, fmt.Errorf("redisstore: %w", ctx.Err())
@@ -763,10 +763,10 @@ func TestCounted(t *testing.T) {
 		want bool
 	}{
 		{"decided", allowAll(), true},
-		{"failed open", ratelimit.LimiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
+		{"failed open", limiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
 			return ratelimit.Decision{}, fmt.Errorf("redisstore: %w: refused", ratelimit.ErrUnavailable)
 		}), false},
-		{"open failure mode", ratelimit.LimiterFunc(func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+		{"open failure mode", limiterFunc(func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 			return ratelimit.Decision{Allowed: true, Limit: req.Policy.Capacity(), Mode: ratelimit.ModeOpen}, nil
 		}), false},
 	}
@@ -782,4 +782,11 @@ func TestCounted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// limiterFunc adapts a function to ratelimit.Limiter.
+type limiterFunc func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error)
+
+func (f limiterFunc) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	return f(ctx, req)
 }

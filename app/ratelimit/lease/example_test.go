@@ -9,14 +9,14 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
 )
 
-// A key of a lease policy, once hot (MinUnits asked within a lease's
+// A key of a lease policy, once hot (four units asked within a lease's
 // lifetime), draws a lease of units from the limiter below (in a fleet,
 // the resilient limiter over Redis; here a stand-in that admits and counts
 // its calls), and its next requests are answered from the lease without a
 // call. Close gives back what is left.
 func Example() {
 	calls, used := 0, int64(0)
-	below := ratelimit.LimiterFunc(func(_ context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
+	below := limiterFunc(func(_ context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
 		calls++
 		used += r.Units()
 		return ratelimit.Decision{Allowed: true, Limit: r.Policy.Capacity(), Remaining: r.Policy.Capacity() - used, Mode: ratelimit.ModeRedis}, nil
@@ -43,4 +43,11 @@ func Example() {
 	}
 	// Output:
 	// admitted 20 in 6 calls; answered from leases: 14
+}
+
+// limiterFunc adapts a function to ratelimit.Limiter.
+type limiterFunc func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error)
+
+func (f limiterFunc) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	return f(ctx, req)
 }

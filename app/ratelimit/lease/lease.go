@@ -14,7 +14,7 @@
 //   - The lease size follows the key's demand at this instance: the units
 //     asked in the last lifetime, at most an eighth of the capacity and a
 //     quarter of what the store last said was left. A key asked fewer than
-//     MinUnits units in a lifetime is cold: it gets no lease and is decided
+//     four units (minUnits) in a lifetime is cold: it gets no lease and is decided
 //     in the store as without lease mode.
 //
 // Wrap the limiter the service decides with (resilient.Limiter): a lease is
@@ -34,13 +34,14 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/budget"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
-// MinUnits is the demand, in units asked at this instance in a lease's
+// minUnits is the demand, in units asked at this instance in a lease's
 // lifetime, below which a key gets no lease.
-const MinUnits = 4
+const minUnits = 4
 
 // Config tunes a Limiter. The zero value is usable.
 type Config struct {
@@ -72,7 +73,7 @@ type Config struct {
 // wraps. Create it with New; Close gives the leases back.
 type Limiter struct {
 	next     ratelimit.Limiter
-	refunder store.Refunder
+	refunder contract.Refunder
 	inStore  func() bool
 	cfg      Config
 	ids      *reqid.Minter
@@ -130,9 +131,10 @@ type entry struct {
 	req   ratelimit.Request
 }
 
-// New wraps next. If next is a store.Refunder (resilient.Limiter is),
-// unused units are given back through it; if it has an InStore() bool
-// method, leases are taken only while it reports true.
+// New wraps next. With a resilient.Limiter (or a redisstore.Store) as next,
+// unused units are given back to the store; with a resilient.Limiter,
+// leases are taken only while it decides in the store, and a key's lease is
+// forgotten when an operator resets the key.
 func New(next ratelimit.Limiter, cfg Config) *Limiter {
 	if cfg.MaxKeys <= 0 {
 		cfg.MaxKeys = 10_000
@@ -153,15 +155,12 @@ func New(next ratelimit.Limiter, cfg Config) *Limiter {
 		stop:    make(chan struct{}), done: make(chan struct{}),
 		inStore: func() bool { return true },
 	}
-	if r, ok := next.(store.Refunder); ok {
+	x := contract.Extension(next)
+	if r, ok := x.(contract.Refunder); ok {
 		l.refunder = r
 	}
-	if s, ok := next.(interface{ InStore() bool }); ok {
+	if s, ok := x.(contract.Leasable); ok {
 		l.inStore = s.InStore
-	}
-	if s, ok := next.(interface {
-		OnForget(func(ratelimit.Policy, store.Identity))
-	}); ok {
 		s.OnForget(l.forget)
 	}
 	go l.loop()
@@ -395,7 +394,7 @@ func (e *entry) observe(now time.Time, units int64) {
 // store last said was left; 0 for a cold key.
 func (e *entry) size(units int64) int64 {
 	demand := max(e.last, e.seen)
-	if demand < MinUnits || e.remaining < 0 {
+	if demand < minUnits || e.remaining < 0 {
 		return 0
 	}
 	return max(0, min(demand, e.policy.Capacity()/8, e.remaining/4))

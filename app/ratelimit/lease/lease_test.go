@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
@@ -271,7 +272,7 @@ func TestNoLeaseWhileTheStoreIsOut(t *testing.T) {
 	}
 	srv.Kill()
 	deadline := time.Now().Add(5 * time.Second)
-	for in.res.InStore() {
+	for in.res.Breaker() == resilient.BreakerClosed {
 		if time.Now().After(deadline) {
 			t.Fatal("the breaker did not open")
 		}
@@ -370,7 +371,7 @@ func TestRefundAtTheDrawsWeight(t *testing.T) {
 	}
 	back := draw
 	back.Hold = 0
-	n, err := a.res.Refund(ctx, back, d)
+	n, err := contract.Extension(a.res).(contract.Refunder).Refund(ctx, back, d)
 	if err != nil || n != 100 {
 		t.Fatalf("refund: %d units, %v", n, err)
 	}

@@ -21,8 +21,8 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
-// DefaultCapacity is the number of keys held when no capacity is set.
-const DefaultCapacity = 100_000
+// defaultCapacity is the number of keys held when no capacity is set.
+const defaultCapacity = 100_000
 
 // Store is an in-memory ratelimit.Limiter. It is safe for concurrent use;
 // decisions are serialised by one mutex (a decision takes well under a
@@ -53,7 +53,7 @@ type entry struct {
 // Option configures a Store.
 type Option func(*Store)
 
-// WithCapacity bounds the number of keys held (DefaultCapacity); the least
+// WithCapacity bounds the number of keys held (defaultCapacity); the least
 // recently used key is evicted beyond it, and starts again from a full
 // quota when seen next.
 func WithCapacity(n int) Option {
@@ -68,7 +68,7 @@ func WithClock(now func() time.Time) Option {
 // New returns an in-memory limiter. It panics only on an invalid capacity
 // (n <= 0), which is a programming error.
 func New(opts ...Option) *Store {
-	l := &Store{now: time.Now, seeds: statekey.NewSeeds(), capacity: DefaultCapacity}
+	l := &Store{now: time.Now, seeds: statekey.NewSeeds(), capacity: defaultCapacity}
 	for _, o := range opts {
 		o(l)
 	}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 // WithCoalescing makes concurrent decisions share pipelines, so that many
@@ -38,7 +38,7 @@ func WithCoalescing(n int) Option {
 }
 
 // OnLate makes the store report what becomes of every decision whose caller
-// stopped waiting before its answer came (see store.LateReply): fn is
+// stopped waiting before its answer came (see contract.LateReply): fn is
 // called once for each such request, from the goroutine that read the
 // pipeline, as soon as its fate is known: the reply itself when it comes
 // within window after the caller's deadline, else an error. It needs
@@ -51,7 +51,7 @@ func WithCoalescing(n int) Option {
 // caller learns that it did, and what Redis answered, instead of guessing.
 // The store's own calls (heartbeats, pings) read their late replies within
 // the window too, and drop them: their connections stay open.
-func (l *Store) OnLate(window time.Duration, fn func(store.LateReply)) bool {
+func (l *Store) onLate(window time.Duration, fn func(contract.LateReply)) bool {
 	if l.co == nil || fn == nil {
 		return false
 	}
@@ -67,7 +67,7 @@ type coalescer struct {
 	// late, if set, is told the fate of calls their callers gave up on
 	// (OnLate); the pipelines then read replies for window past the last
 	// caller's deadline.
-	late   func(store.LateReply)
+	late   func(contract.LateReply)
 	window time.Duration
 
 	mu       sync.Mutex
@@ -149,7 +149,7 @@ func (c *coalescer) do(ctx context.Context, reqs []ratelimit.Request) ([]ratelim
 		errs := make([]error, len(reqs))
 		for i := range errs {
 			if c.late != nil {
-				errs[i] = fmt.Errorf("redisstore: %w: %w", ctx.Err(), store.ErrPending)
+				errs[i] = fmt.Errorf("redisstore: %w: %w", ctx.Err(), contract.ErrPending)
 			} else {
 				errs[i] = fmt.Errorf("redisstore: %w", ctx.Err())
 			}
@@ -193,7 +193,7 @@ func (c *coalescer) answer(cl *call, ds []ratelimit.Decision, errs []error, sent
 		return
 	}
 	for i, r := range cl.reqs {
-		lr := store.LateReply{Request: r, Err: errs[i], NotSent: !sent}
+		lr := contract.LateReply{Request: r, Err: errs[i], NotSent: !sent}
 		if lr.Err == nil {
 			lr.Decision = ds[i]
 		}

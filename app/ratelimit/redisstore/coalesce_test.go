@@ -13,9 +13,9 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/conformance"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // roundTrips counts the commands and pipelines a client sends.
@@ -288,7 +288,7 @@ func TestLateRepliesAccountForEveryDecision(t *testing.T) {
 		late        = map[string]int{}
 		lateAllowed int
 	)
-	if !l.OnLate(5*time.Second, func(r store.LateReply) {
+	if !l.OnLate(5*time.Second, func(r contract.LateReply) {
 		mu.Lock()
 		defer mu.Unlock()
 		late[r.Request.ID]++
@@ -318,7 +318,7 @@ func TestLateRepliesAccountForEveryDecision(t *testing.T) {
 				switch {
 				case err == nil && d.Allowed:
 					callerAllowed.Add(1)
-				case errors.Is(err, store.ErrPending):
+				case errors.Is(err, contract.ErrPending):
 					pending.Add(1)
 					pendingIDs.Store(id, true)
 				case err == nil:

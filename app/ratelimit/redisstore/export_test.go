@@ -2,9 +2,12 @@ package redisstore
 
 import (
 	"context"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -43,3 +46,23 @@ func LibraryVersion() string { return libraryVersion }
 
 // ResetLogKey is the fleet's reset log (resetLogKey).
 func (l *Store) ResetLogKey() string { return l.resetLogKey() }
+
+// The store's part of the recovery contract (ext), for the external tests.
+func (l *Store) OnLate(window time.Duration, fn func(contract.LateReply)) bool {
+	return l.onLate(window, fn)
+}
+func (l *Store) FleetKey() string   { return l.fleetKey() }
+func (l *Store) LostWrites() uint64 { return l.lostWrites() }
+func (l *Store) Sharded() bool      { return l.sharded() }
+func (l *Store) Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
+	return l.suspend(ctx, instance, ttl, grace)
+}
+func (l *Store) Raise(ctx context.Context, floors []contract.Floor) ([]int64, []error) {
+	return l.raise(ctx, floors)
+}
+func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity, int64)) (string, int64, error) {
+	return l.readResets(ctx, after, apply)
+}
+func (l *Store) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
+	return l.refund(ctx, req, d)
+}

@@ -17,7 +17,7 @@ var fleetLua string
 
 // FleetKey is the sorted set of instance heartbeats. It has a hash tag of its
 // own, so in a Cluster it lives on one slot.
-func (l *Store) FleetKey() string { return "{" + l.prefix + ":fleet}:instances" }
+func (l *Store) fleetKey() string { return "{" + l.prefix + ":fleet}:instances" }
 
 // Ping checks that Redis answers, within the limiter's timeout. When it
 // does, the function library is loaded too: a Redis that was restarted
@@ -51,7 +51,7 @@ func (l *Store) Ping(ctx context.Context) error {
 // the function library (on every master of a Cluster), so that the first
 // decisions on a Redis that never had it do not each meet "Function not
 // found" and load it. Best effort.
-func (l *Store) Warm(ctx context.Context, n int) {
+func (l *Store) warm(ctx context.Context, n int) {
 	// A dial takes longer than a call's timeout on a loaded machine.
 	callCtx, cancel := context.WithTimeout(ctx, max(l.timeout, 500*time.Millisecond))
 	defer cancel()
@@ -84,7 +84,7 @@ func (l *Store) Warm(ctx context.Context, n int) {
 // answered and a Cluster master's generation did not, the counts come back
 // with the error.
 func (l *Store) Heartbeat(ctx context.Context, instance string, ttl, grace time.Duration) (store.Fleet, error) {
-	return l.HeartbeatStage(ctx, instance, ttl, grace, "")
+	return l.heartbeatStage(ctx, instance, ttl, grace, "")
 }
 
 // HeartbeatStage is Heartbeat, writing the instance's recovery stage beside
@@ -92,7 +92,7 @@ func (l *Store) Heartbeat(ctx context.Context, instance string, ttl, grace time.
 // instance's. The resilient limiter's recovery waits on them: an instance
 // decides in Redis again only once every live one has replayed what it
 // granted locally.
-func (l *Store) HeartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
+func (l *Store) heartbeatStage(ctx context.Context, instance string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
 	f, err := l.fleet(ctx, instance, "beat", ttl, grace, stage)
 	if err != nil {
 		return f, err
@@ -148,7 +148,7 @@ func (l *Store) Leave(ctx context.Context, instance string, ttl, grace time.Dura
 // after its heartbeat lapses. On a Cluster with one master down, the fleet
 // key's master often still answers while the instances go local one after
 // the other.
-func (l *Store) Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
+func (l *Store) suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
 	_, err := l.fleet(ctx, instance, "suspend", ttl, grace, "")
 	return err
 }
@@ -164,7 +164,7 @@ func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.
 	defer cancel()
 	floors := l.seen.floors()
 	sent := time.Now()
-	keys := []string{l.FleetKey(), l.generationKey(), l.writesKey(), l.syncKey()}
+	keys := []string{l.fleetKey(), l.generationKey(), l.writesKey(), l.syncKey()}
 	args := []any{instance, op, ttl.Milliseconds(), grace.Milliseconds(), randomHex(), l.beatDeadline(callCtx, op), stage}
 	res, err := lingering(l, callCtx, func(ctx context.Context) ([]any, error) {
 		return fcall(ctx, l.client, fnFleet, keys, args...).Slice()

@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // slowStore returns a store that reads late replies (OnLate, the service's
@@ -25,7 +25,7 @@ func slowStore(t *testing.T) (*redisstore.Store, *redistest.Server, *redistest.P
 	}
 	t.Cleanup(func() { _ = client.Close() })
 	l := redisstore.New(client, redisstore.WithTimeout(timeout), redisstore.WithCoalescing(2))
-	if !l.OnLate(2*time.Second, func(store.LateReply) {}) {
+	if !l.OnLate(2*time.Second, func(contract.LateReply) {}) {
 		t.Fatal("OnLate refused with coalescing on")
 	}
 	if err := l.Ping(context.Background()); err != nil {

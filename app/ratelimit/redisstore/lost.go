@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -92,7 +93,7 @@ func (s *seenWrites) floors() map[string]seenCounter {
 
 // LostWrites counts the times this instance found that Redis had lost
 // writes it acknowledged (a write counter that went back).
-func (l *Store) LostWrites() uint64 { return l.seen.lost.Load() }
+func (l *Store) lostWrites() uint64 { return l.seen.lost.Load() }
 
 // checkCounter records the write counter n that shard answered under gen,
 // to a call sent when the counters answered were floors, and returns the
@@ -136,34 +137,34 @@ func randomHex() string {
 // masters kept their data. A range that did not exist before (the slots were
 // resharded) is not taken as lost: putting its keys' usage back on top of
 // what they hold would charge them twice.
-func (l *Store) Loss(old, new string) func(p ratelimit.Policy, id store.Identity) store.Loss {
-	kind := store.LossNone
+func (l *Store) loss(old, new string) func(p ratelimit.Policy, id store.Identity) contract.Loss {
+	kind := contract.LossNone
 	if old != new {
-		kind = store.LossAll
+		kind = contract.LossAll
 		if strings.HasPrefix(new, lagPrefix) {
-			kind = store.LossRecent
+			kind = contract.LossRecent
 		}
 	}
 	before, ok1 := parseShards(old)
 	after, ok2 := parseShards(new)
 	if !ok1 || !ok2 {
-		return func(ratelimit.Policy, store.Identity) store.Loss { return kind }
+		return func(ratelimit.Policy, store.Identity) contract.Loss { return kind }
 	}
 	type span struct {
 		first, last int
-		loss        store.Loss
+		loss        contract.Loss
 	}
 	var changed []span
 	for r, g := range after {
 		if was, ok := before[r]; ok && was != g {
-			s := span{first: r[0], last: r[1], loss: store.LossAll}
+			s := span{first: r[0], last: r[1], loss: contract.LossAll}
 			if strings.HasPrefix(g, lagPrefix) {
-				s.loss = store.LossRecent
+				s.loss = contract.LossRecent
 			}
 			changed = append(changed, s)
 		}
 	}
-	return func(_ ratelimit.Policy, id store.Identity) store.Loss {
+	return func(_ ratelimit.Policy, id store.Identity) contract.Loss {
 		tag := l.tag(id)
 		s := slot(tag[1 : len(tag)-1])
 		for _, r := range changed {
@@ -171,15 +172,15 @@ func (l *Store) Loss(old, new string) func(p ratelimit.Policy, id store.Identity
 				return r.loss
 			}
 		}
-		return store.LossNone
+		return contract.LossNone
 	}
 }
 
-// Raise raises keys to their floors (see store.Floor) in one pipeline
+// Raise raises keys to their floors (see contract.Floor) in one pipeline
 // on the replay client, and returns the units each got back (0: it held its
 // floor already). Raising is a max-merge, so a floor sent twice, or several
 // instances' floors of one key, leave the key as the highest of them.
-func (l *Store) Raise(ctx context.Context, floors []store.Floor) ([]int64, []error) {
+func (l *Store) raise(ctx context.Context, floors []contract.Floor) ([]int64, []error) {
 	raised := make([]int64, len(floors))
 	errs := make([]error, len(floors))
 	client := l.client

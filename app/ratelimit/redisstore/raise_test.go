@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
@@ -23,7 +24,7 @@ func TestRaiseIsAMaxMerge(t *testing.T) {
 	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.SlidingWindowCounter, ratelimit.SlidingWindowLog} {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "raise", Algorithm: alg, Limit: 20, Window: 24 * time.Hour}
-			decide := func(n int) store.Floor {
+			decide := func(n int) contract.Floor {
 				t.Helper()
 				var d ratelimit.Decision
 				for range n {
@@ -32,7 +33,7 @@ func TestRaiseIsAMaxMerge(t *testing.T) {
 						t.Fatalf("%+v %v", d, err)
 					}
 				}
-				return store.Floor{Policy: p, Identity: store.IdentityOf("k"), State: d.State}
+				return contract.Floor{Policy: p, Identity: store.IdentityOf("k"), State: d.State}
 			}
 			key := l.Key(p, "k")
 			f5 := decide(5)
@@ -46,11 +47,11 @@ func TestRaiseIsAMaxMerge(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, c := range []struct {
-				floors []store.Floor
+				floors []contract.Floor
 				want   []int64
 			}{
-				{[]store.Floor{f8}, []int64{3}},
-				{[]store.Floor{f8, f5}, []int64{0, 0}}, // again, and an older floor
+				{[]contract.Floor{f8}, []int64{3}},
+				{[]contract.Floor{f8, f5}, []int64{0, 0}}, // again, and an older floor
 			} {
 				got, errs := l.Raise(ctx, c.floors)
 				for j := range got {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
@@ -229,7 +230,7 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 			}
 			t := &results[p.batch]
 			if r.fenced {
-				errs[p.batch] = store.ErrFenced
+				errs[p.batch] = contract.ErrFenced
 				continue
 			}
 			if r.Duplicate {

@@ -56,7 +56,7 @@ func (l *Store) resetLogKey() string { return "{" + l.prefix + ":fleet}:resets" 
 // the identity's state under each of them and fences each key with that
 // time (one script: the keys share the identity's hash tag). The fence
 // (resetLogTTL) refuses a replay of grants from before the reset by an
-// instance that has not read the log since (store.ErrFenced): the usage
+// instance that has not read the log since (contract.ErrFenced): the usage
 // the reset lifted never comes back. An error after the log says that the
 // state may not be deleted: send the reset again.
 func (l *Store) Reset(ctx context.Context, identity string, policies ...ratelimit.Policy) error {
@@ -100,7 +100,7 @@ func fenceKey(k string) string { return k + ":reset" }
 // follow, the time of the last reset read). With after empty it reads the log from its start:
 // an instance that starts may have reloaded a journal of grants from before
 // a reset it has not seen. An entry that does not parse is skipped.
-func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity, int64)) (string, int64, error) {
+func (l *Store) readResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity, int64)) (string, int64, error) {
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()
 	reply, err := fcallRO(callCtx, l.client, fnReadResets, []string{l.resetLogKey()}, after, resetLogMax).Slice()

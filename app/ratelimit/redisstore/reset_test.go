@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
@@ -118,7 +119,7 @@ func TestReset(t *testing.T) {
 
 // TestReplayAfterAResetIsFenced: a replay batch sent by an instance that
 // last read the reset log before the key's reset is refused with
-// store.ErrFenced and changes nothing, for every algorithm; sent again
+// contract.ErrFenced and changes nothing, for every algorithm; sent again
 // once the log is read, it is applied.
 func TestReplayAfterAResetIsFenced(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
@@ -136,7 +137,7 @@ func TestReplayAfterAResetIsFenced(t *testing.T) {
 		batch := store.ReplayBatch{Policy: p, Identity: store.IdentityOf("k:f"), Marker: "app1:1",
 			Grants: []store.Grant{{At: time.Now().UnixMicro(), Cost: 3, ID: "g1"}}, ResetsRead: before}
 		_, errs := l.Replay(ctx, []store.ReplayBatch{batch})
-		if !errors.Is(errs[0], store.ErrFenced) {
+		if !errors.Is(errs[0], contract.ErrFenced) {
 			t.Fatalf("%s: a replay that knew no reset: %v, want ErrFenced", alg, errs[0])
 		}
 		d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k:f", ReadOnly: true})

@@ -51,7 +51,7 @@ const layoutTTL = 5 * time.Second
 
 // Sharded reports whether the store is a Redis Cluster: its masters fail
 // independently, so one refusing a call says nothing of the others.
-func (l *Store) Sharded() bool {
+func (l *Store) sharded() bool {
 	_, ok := l.client.(*redis.ClusterClient)
 	return ok
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -22,21 +23,21 @@ func TestSlot(t *testing.T) {
 func TestLoss(t *testing.T) {
 	l := New(nil)
 	old := "0-5460=a,5461-10922=b,10923-16383=c"
-	loss := l.Loss(old, "0-5460=a,5461-10922=B,10923-16383=lag-c")
+	loss := l.loss(old, "0-5460=a,5461-10922=B,10923-16383=lag-c")
 	scope := func(p ratelimit.Policy, id store.Identity) bool {
 		tag := l.tag(id)
 		s := slot(tag[1 : len(tag)-1])
-		want := store.LossNone
+		want := contract.LossNone
 		switch {
 		case s >= 5461 && s <= 10922:
-			want = store.LossAll
+			want = contract.LossAll
 		case s >= 10923:
-			want = store.LossRecent
+			want = contract.LossRecent
 		}
 		if got := loss(p, id); got != want {
 			t.Fatalf("slot %d: loss %v, want %v", s, got, want)
 		}
-		return want == store.LossAll
+		return want == contract.LossAll
 	}
 	in, out := 0, 0
 	for i := range 300 {
@@ -55,17 +56,17 @@ func TestLoss(t *testing.T) {
 	if in == 0 || out == 0 {
 		t.Fatalf("%d keys in the changed range and %d outside: the test covers nothing", in, out)
 	}
-	resharded := l.Loss(old, "0-8000=a,8001-16383=z")
+	resharded := l.loss(old, "0-8000=a,8001-16383=z")
 	for i := range 300 {
-		if resharded(ratelimit.Policy{}, [32]byte{byte(i), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i), byte(i * 7)}) != store.LossNone {
+		if resharded(ratelimit.Policy{}, [32]byte{byte(i), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i), byte(i * 7)}) != contract.LossNone {
 			t.Fatal("after a resharding, a new range was taken as lost")
 		}
 	}
 	for _, c := range []struct {
 		old, new string
-		want     store.Loss
-	}{{"gen-1", "gen-1", store.LossNone}, {"gen-1", "gen-2", store.LossAll}, {"gen-1", "lag-2", store.LossRecent}, {"lag-2", "gen-3", store.LossAll}} {
-		if got := New(nil).Loss(c.old, c.new)(ratelimit.Policy{}, [32]byte{}); got != c.want {
+		want     contract.Loss
+	}{{"gen-1", "gen-1", contract.LossNone}, {"gen-1", "gen-2", contract.LossAll}, {"gen-1", "lag-2", contract.LossRecent}, {"lag-2", "gen-3", contract.LossAll}} {
+		if got := New(nil).loss(c.old, c.new)(ratelimit.Policy{}, [32]byte{}); got != c.want {
 			t.Errorf("single Redis, %s -> %s: loss %v, want %v", c.old, c.new, got, c.want)
 		}
 	}

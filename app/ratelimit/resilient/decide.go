@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/budget"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -170,7 +171,7 @@ func (l *Limiter) ask(ctx context.Context, cs []call, n int, probe bool, timeout
 		if !c.asked {
 			continue
 		}
-		d, local, err := l.settle(c.k, c.sent(), c.id, c.d, c.err, at, !counted && !(short && (isTimeout(c.err) || errors.Is(c.err, store.ErrPending))))
+		d, local, err := l.settle(c.k, c.sent(), c.id, c.d, c.err, at, !counted && !(short && (isTimeout(c.err) || errors.Is(c.err, contract.ErrPending))))
 		if !local {
 			if err == nil && d.Mode == ratelimit.ModeRedis {
 				d.Weight = c.w
@@ -180,7 +181,7 @@ func (l *Limiter) ask(ctx context.Context, cs []call, n int, probe bool, timeout
 		}
 		counted = true
 		c.d, c.err = ratelimit.Decision{}, nil
-		if l.lateReplies && errors.Is(err, store.ErrPending) {
+		if l.lateReplies && errors.Is(err, contract.ErrPending) {
 			c.late = at.Add(timeout + l.cfg.LateGrace)
 		}
 	}

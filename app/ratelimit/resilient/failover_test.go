@@ -79,7 +79,7 @@ func TestFailoverLagIsRaised(t *testing.T) {
 	})
 	// Decisions are local until both have raised and replayed.
 	waitFor(t, "both breakers closed", 5*time.Second, allIn(ls, resilient.BreakerClosed))
-	if stores[0].LostWrites()+stores[1].LostWrites() == 0 {
+	if lostWrites(stores[0])+lostWrites(stores[1]) == 0 {
 		t.Error("raised without a lost write counted")
 	}
 	for _, alg := range algs {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
@@ -204,4 +205,14 @@ func checkExactUsage(t *testing.T, srv *redistest.Server, probe *resilient.Limit
 			t.Logf("%s: %d remaining after replay, ideal %d", alg, d.Remaining, want.Remaining)
 		}
 	}
+}
+
+// lostWrites counts the keys s found to have lost acknowledged writes.
+func lostWrites(s *redisstore.Store) uint64 {
+	return contract.Extension(s).(interface{ LostWrites() uint64 }).LostWrites()
+}
+
+// fleetKey is the Redis key of s's fleet heartbeats.
+func fleetKey(s *redisstore.Store) string {
+	return contract.Extension(s).(interface{ FleetKey() string }).FleetKey()
 }

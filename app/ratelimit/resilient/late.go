@@ -1,7 +1,7 @@
 // Late replies: a decision whose store call timed out is decided locally,
 // but the store often decided it too (a slow Redis runs every call and
 // answers late). The store reports each such call's fate
-// (store.LateReply), and the local grant waits for it as a doubt in the
+// (contract.LateReply), and the local grant waits for it as a doubt in the
 // journal: dropped when the store counted the request, replayed when it did
 // not. Without this, every timed-out call that ran was counted twice: in
 // the store, and again by the replay of its local grant, and a key of a
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -38,7 +39,7 @@ type lateBook struct {
 	early   map[string]earlyReply
 	// waiting are the requests whose local refusal waits for their late
 	// reply (awaitLate).
-	waiting map[string]chan store.LateReply
+	waiting map[string]chan contract.LateReply
 	stats   LateStats
 	refunds refunds
 }
@@ -46,7 +47,7 @@ type lateBook struct {
 // earlyReply is a late reply that came before its local decision, and when
 // (store µs).
 type earlyReply struct {
-	r  store.LateReply
+	r  contract.LateReply
 	at int64
 }
 
@@ -119,7 +120,7 @@ func (b *lateBook) refuse(req ratelimit.Request, now int64) {
 
 // onLate settles a request by its late reply: it is the store's LateReporter
 // callback, called once per request whose caller stopped waiting.
-func (l *Limiter) onLate(r store.LateReply) {
+func (l *Limiter) onLate(r contract.LateReply) {
 	counted := r.Err == nil && r.Decision.Allowed
 	if r.Err == nil {
 		// The reply is the store's state after the request: a snapshot
@@ -207,12 +208,12 @@ const maxRefunds = 4096
 // goroutine sends them, each once (a refund that timed out may have been
 // applied: a second one would give back usage that is real).
 type refunds struct {
-	queue chan store.LateReply // nil: the store cannot refund
+	queue chan contract.LateReply // nil: the store cannot refund
 }
 
 // add queues r's refund, unless the queue is full or there is none. The
 // late book's lock is held.
-func (q *refunds) add(r store.LateReply) {
+func (q *refunds) add(r contract.LateReply) {
 	if q.queue == nil {
 		return
 	}
@@ -223,7 +224,7 @@ func (q *refunds) add(r store.LateReply) {
 }
 
 // refund queues r's refund (see refunds). The late book's lock is held.
-func (l *Limiter) refund(r store.LateReply) { l.late.refunds.add(r) }
+func (l *Limiter) refund(r contract.LateReply) { l.late.refunds.add(r) }
 
 // refundSenders is how many refunds are out at once. A refund is sent
 // when the store is slow (its reply came after the caller's deadline), and
@@ -235,7 +236,7 @@ const refundSenders = 4
 // the late window past Timeout: nobody waits on it, and one cut off at
 // Timeout behind a slow store is lost (it may have been applied, so it is
 // not sent again) and the client stays charged (TestSlowStoreRefunds).
-func (l *Limiter) sendRefunds(ctx context.Context, s store.Refunder) {
+func (l *Limiter) sendRefunds(ctx context.Context, s contract.Refunder) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -270,9 +271,9 @@ func (l *Limiter) awaitLate(req ratelimit.Request, until time.Time) (ratelimit.D
 		return ratelimit.Decision{}, false
 	}
 	if b.waiting == nil {
-		b.waiting = map[string]chan store.LateReply{}
+		b.waiting = map[string]chan contract.LateReply{}
 	}
-	ch := make(chan store.LateReply, 1)
+	ch := make(chan contract.LateReply, 1)
 	b.waiting[req.ID] = ch
 	b.mu.Unlock()
 	t := time.NewTimer(wait)
@@ -294,7 +295,7 @@ func (l *Limiter) awaitLate(req ratelimit.Request, until time.Time) (ratelimit.D
 }
 
 // lateDecision is the decision a late reply carries, if it carries one.
-func (l *Limiter) lateDecision(r store.LateReply) (ratelimit.Decision, bool) {
+func (l *Limiter) lateDecision(r contract.LateReply) (ratelimit.Decision, bool) {
 	if r.Err != nil {
 		return ratelimit.Decision{}, false
 	}
@@ -309,16 +310,16 @@ func (l *Limiter) lateDecision(r store.LateReply) (ratelimit.Decision, bool) {
 	return r.Decision, true
 }
 
-// Refund gives back units of req that the store admitted by d (a lease's
+// refundStore gives back units of req that the store admitted by d (a lease's
 // unused units, package lease) and returns how many it gave back. It does
 // nothing for a decision the store did not make, nor while the breaker is
 // not closed: the units stay counted. The units go back at the weight the
 // store charged them at (d.Weight), not at the one this instance decides
 // with now: given back at a stricter weight, they would be more than were
 // taken (TestRefundAtTheDrawsWeight).
-func (l *Limiter) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
-	r, ok := l.store.(store.Refunder)
-	if !ok || d.Mode != ratelimit.ModeRedis || !l.InStore() {
+func (l *Limiter) refundStore(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
+	r, ok := l.ext.(contract.Refunder)
+	if !ok || d.Mode != ratelimit.ModeRedis || !l.inStore() {
 		return 0, nil
 	}
 	req.Weight = d.Weight

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -92,7 +93,7 @@ func (l *Limiter) loop(ctx context.Context) {
 // loop (on Sentinel each asks a Sentinel for the master, and a dial can
 // outlive a heartbeat interval), one Warm at a time.
 func (l *Limiter) warm(ctx context.Context) {
-	w, ok := l.store.(store.Warmer)
+	w, ok := l.ext.(contract.Warmer)
 	if !ok || !l.warming.CompareAndSwap(false, true) {
 		return
 	}
@@ -113,7 +114,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	var fleet store.Fleet
 	var err error
 	written := l.stageToken()
-	if st, ok := l.store.(store.Stager); ok {
+	if st, ok := l.ext.(contract.Stager); ok {
 		fleet, err = st.HeartbeatStage(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace, written)
 	} else {
 		fleet, err = l.store.Heartbeat(callCtx, l.cfg.Instance, l.cfg.HeartbeatTTL, l.cfg.LeaseGrace)
@@ -161,7 +162,7 @@ func (l *Limiter) heartbeat(ctx context.Context) {
 	l.br.success()
 	l.learnOffset(fleet.Now, sent, l.clock.now())
 	live, suspect, gen := fleet.Live, fleet.Suspect, fleet.Generation
-	if _, ok := l.store.(store.Stager); ok {
+	if _, ok := l.ext.(contract.Stager); ok {
 		l.stages.Store(&fleet.Stages)
 		l.recovering.Store(recoveringOthers(fleet.Stages, written))
 	}

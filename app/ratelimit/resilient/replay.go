@@ -11,6 +11,7 @@ import (
 	"math"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -25,10 +26,10 @@ func (l *Limiter) replayJournal(ctx context.Context) error {
 	defer l.replay.Unlock()
 	// The resets logged while this instance was away first: its grants
 	// from before a reset are usage the reset lifted. A reset logged after
-	// this read fences its key (store.ErrFenced): read again, and send
+	// this read fences its key (contract.ErrFenced): read again, and send
 	// what the reset left.
 	for range maxFencedPasses {
-		if err := l.replayPass(ctx); !errors.Is(err, store.ErrFenced) {
+		if err := l.replayPass(ctx); !errors.Is(err, contract.ErrFenced) {
 			return err
 		}
 	}
@@ -44,7 +45,7 @@ const maxFencedPasses = 3
 
 // replayPass reads the reset log, then sends the journal (replayJournal).
 // A failed read is no reason not to send: the fences refuse what a reset
-// the last read missed lifted (store.ErrFenced), and the rest goes.
+// the last read missed lifted (contract.ErrFenced), and the rest goes.
 func (l *Limiter) replayPass(ctx context.Context) error {
 	_ = l.readResets(ctx)
 	read := l.resets.read.Load()

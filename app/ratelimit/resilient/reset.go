@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -75,7 +76,7 @@ func (l *Limiter) Reset(ctx context.Context, identity string, policies ...rateli
 		l.reapplyLater(p, id)
 	}
 	var partial error
-	r, ok := l.store.(store.Resetter)
+	r, ok := l.ext.(contract.Resetter)
 	switch {
 	case !ok:
 		partial = errors.New("the store cannot reset for the fleet")
@@ -97,7 +98,7 @@ func (l *Limiter) Reset(ctx context.Context, identity string, policies ...rateli
 // pollResets applies the resets logged since the last read (the heartbeat
 // calls it), and the second applications that are due.
 func (l *Limiter) pollResets(ctx context.Context) {
-	if _, ok := l.store.(store.Resetter); !ok {
+	if _, ok := l.ext.(contract.Resetter); !ok {
 		return
 	}
 	now := l.clock.now()
@@ -122,7 +123,7 @@ func (l *Limiter) pollResets(ctx context.Context) {
 // readResets applies the resets logged since the last read and records the
 // store's time of the read (resets.read).
 func (l *Limiter) readResets(ctx context.Context) error {
-	r, ok := l.store.(store.Resetter)
+	r, ok := l.ext.(contract.Resetter)
 	if !ok {
 		return nil
 	}
@@ -201,9 +202,9 @@ func (l *Limiter) forgetRefusal(p ratelimit.Policy, id store.Identity) {
 	sh.mu.Unlock()
 }
 
-// OnForget has f called whenever this instance forgets what it holds of a
+// setOnForget has f called whenever this instance forgets what it holds of a
 // key (a reset), so that a layer above it forgets its own (package lease:
 // the key's lease). f must not block.
-func (l *Limiter) OnForget(f func(ratelimit.Policy, store.Identity)) {
+func (l *Limiter) setOnForget(f func(ratelimit.Policy, store.Identity)) {
 	l.onForget.Store(&f)
 }

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient/internal/journal"
@@ -40,6 +41,7 @@ const warmConnections = 8
 // use. Create it with New and stop it with Close.
 type Limiter struct {
 	store   store.Store
+	ext     any // the store's extension (contract.Extension): its optional interfaces
 	cfg     Config
 	br      breaker
 	seeds   statekey.Seeds
@@ -128,7 +130,7 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{store: backend, cfg: cfg, seeds: statekey.NewSeeds(), done: make(chan struct{}), clock: newLocalClock(cfg.Now())}
+	l := &Limiter{store: backend, ext: contract.Extension(backend), cfg: cfg, seeds: statekey.NewSeeds(), done: make(chan struct{}), clock: newLocalClock(cfg.Now())}
 	l.ids = reqid.New(cfg.Instance + "-")
 	keys, err := newKeyTable(cfg.KeyCapacity, l.evicted)
 	if err != nil {
@@ -152,18 +154,18 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 		l.br.state.Store(int32(BreakerOpen))
 		l.br.opens.Add(1)
 	}
-	if s, ok := backend.(store.LateReporter); ok {
+	if s, ok := l.ext.(contract.LateReporter); ok {
 		l.lateReplies = s.OnLate(cfg.LateWindow, l.onLate)
 	}
-	if _, ok := backend.(store.Refunder); ok && l.lateReplies {
-		l.late.refunds.queue = make(chan store.LateReply, maxRefunds)
+	if _, ok := l.ext.(contract.Refunder); ok && l.lateReplies {
+		l.late.refunds.queue = make(chan contract.LateReply, maxRefunds)
 	}
 	l.br.threshold = cfg.FailureThreshold
 	l.br.slowWindow = cfg.SlowWindow
 	l.br.stallAfter = 2 * cfg.Timeout
 	// On a sharded store (a Redis Cluster) a refused call says that one
 	// master is down, not the store: the calls to the others must go on.
-	if s, ok := backend.(store.Sharded); ok && s.Sharded() {
+	if s, ok := l.ext.(contract.Sharded); ok && s.Sharded() {
 		l.br.shardedStore = true
 	}
 	l.br.now = l.clock.now
@@ -171,7 +173,7 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 	l.br.onChange = func(from, to BreakerState, reason string) {
 		if to == BreakerOpen && from == BreakerClosed {
 			l.liveBefore.Store(l.live.Load() + l.suspect.Load())
-			if s, ok := backend.(store.Suspender); ok {
+			if s, ok := l.ext.(contract.Suspender); ok {
 				go func() { // best effort: the store may well be out
 					ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 					defer cancel()
@@ -186,7 +188,7 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
-	if s, ok := backend.(store.Refunder); ok && l.late.refunds.queue != nil {
+	if s, ok := l.ext.(contract.Refunder); ok && l.late.refunds.queue != nil {
 		for range refundSenders {
 			go l.sendRefunds(ctx, s)
 		}

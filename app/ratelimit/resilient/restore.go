@@ -11,12 +11,13 @@ import (
 	"strconv"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 // restore puts back into a store that lost data what this instance's
 // snapshots knew of each key's usage. What the store says each key lost
-// (store.Lossy) decides how:
+// (contract.Lossy) decides how:
 //
 //   - All of it (Redis restarted empty): as replay batches of synthetic
 //     grants: the sliding window log's grants at the latest times their age
@@ -29,7 +30,7 @@ import (
 //     most recent one counts.
 //   - Its recent writes (a replica promoted while behind): the key still
 //     holds part of its usage, so adding would count that part twice. It is
-//     raised to the snapshot instead (store.Raiser): a max-merge, harmless to
+//     raised to the snapshot instead (contract.Raiser): a max-merge, harmless to
 //     repeat and to do from every instance. A raise after a journal's
 //     replay would undo the replay's additions wherever another instance's
 //     floor is higher, so when it raised anything, the caller replays its
@@ -38,25 +39,25 @@ func (l *Limiter) restore(ctx context.Context, old, gen string) (raised bool, er
 	now := l.storeNow()
 	sum := sha256.Sum256([]byte(gen))
 	marker := "restore-" + hex.EncodeToString(sum[:8])
-	loss := func(ratelimit.Policy, store.Identity) store.Loss { return store.LossAll }
-	if s, ok := l.store.(store.Lossy); ok {
+	loss := func(ratelimit.Policy, store.Identity) contract.Loss { return contract.LossAll }
+	if s, ok := l.ext.(contract.Lossy); ok {
 		loss = s.Loss(old, gen)
 	}
-	r, canRaise := l.store.(store.Raiser)
+	r, canRaise := l.ext.(contract.Raiser)
 	var batches []store.ReplayBatch
-	var floors []store.Floor
+	var floors []contract.Floor
 	l.keys.each(func(e *entry) {
 		if !e.snapValid || e.policy == nil || e.snap.Now < now-2*e.policy.WindowMicros() {
 			return
 		}
 		switch loss(*e.policy, e.identity) {
-		case store.LossRecent:
+		case contract.LossRecent:
 			if canRaise {
-				floors = append(floors, store.Floor{Policy: *e.policy, Identity: e.identity, State: e.snap})
+				floors = append(floors, contract.Floor{Policy: *e.policy, Identity: e.identity, State: e.snap})
 				return
 			}
 			fallthrough // adding counts the part that survived twice: too much, never too little
-		case store.LossAll:
+		case contract.LossAll:
 			if g := restoreGrants(*e.policy, e.snap, marker); len(g) > 0 {
 				batches = append(batches, store.ReplayBatch{Policy: *e.policy, Identity: e.identity, Marker: marker, Grants: g})
 			}
@@ -64,7 +65,7 @@ func (l *Limiter) restore(ctx context.Context, old, gen string) (raised bool, er
 			// older than another's: every instance also raises the key
 			// to its own, so the key ends up with the latest one.
 			if canRaise {
-				floors = append(floors, store.Floor{Policy: *e.policy, Identity: e.identity, State: e.snap})
+				floors = append(floors, contract.Floor{Policy: *e.policy, Identity: e.identity, State: e.snap})
 			}
 		}
 	})
@@ -91,7 +92,7 @@ func (l *Limiter) restore(ctx context.Context, old, gen string) (raised bool, er
 // within ReplayTimeout, and returns the units put back. It stops at the
 // first pipeline with a failure; the caller retries the whole raise, which
 // is harmless (a max-merge).
-func (l *Limiter) raise(ctx context.Context, r store.Raiser, floors []store.Floor) (uint64, error) {
+func (l *Limiter) raise(ctx context.Context, r contract.Raiser, floors []contract.Floor) (uint64, error) {
 	var units uint64
 	for len(floors) > 0 {
 		chunk := floors[:min(len(floors), l.cfg.ReplayBatchKeys)]

@@ -75,7 +75,7 @@ func TestClusterShardWipeIsRestored(t *testing.T) {
 			}
 		}
 	}
-	fleetMaster := cl.MasterFor(rs.FleetKey())
+	fleetMaster := cl.MasterFor(fleetKey(rs))
 	var wiped *redistest.Server
 	onWiped := 0
 	for _, k := range keys {

@@ -58,6 +58,10 @@ type Status struct {
 	// ResetsApplied counts the resets (one identity under one policy) this
 	// instance applied: its own and those the fleet's reset log brought.
 	ResetsApplied uint64 `json:"resets_applied"`
+	// LostWrites counts the keys the store found to have lost writes it had
+	// acknowledged (a Redis replica promoted while behind its master); 0
+	// from a store that cannot tell.
+	LostWrites uint64 `json:"lost_writes"`
 	// Journal reconciles local grants: Granted + Reloaded = Replayed +
 	// Present + Dropped + DuplicateUnits + Pending.
 	Journal JournalStats `json:"journal"`
@@ -103,13 +107,22 @@ func (l *Limiter) Status() Status {
 		Spilled:         l.stats.spilled.Load(),
 		Late:            l.lateStats(),
 		ResetsApplied:   l.resets.applied.Load(),
+		LostWrites:      l.lostWrites(),
 		Journal:         js,
 	}
+}
+
+// lostWrites asks the store's extension, when it counts them.
+func (l *Limiter) lostWrites() uint64 {
+	if s, ok := l.ext.(interface{ LostWrites() uint64 }); ok {
+		return s.LostWrites()
+	}
+	return 0
 }
 
 // Breaker returns the circuit breaker's state.
 func (l *Limiter) Breaker() BreakerState { return l.br.State() }
 
-// InStore reports whether decisions go to the store now (the breaker is
+// inStore reports whether decisions go to the store now (the breaker is
 // closed). The lease layer takes leases only then.
-func (l *Limiter) InStore() bool { return l.br.State() == BreakerClosed }
+func (l *Limiter) inStore() bool { return l.br.State() == BreakerClosed }

@@ -2,16 +2,9 @@ package store
 
 import (
 	"crypto/sha256"
-	"errors"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
-
-// ErrPending: the caller stopped waiting (its context ended) while the
-// store still had the call; a store that returns it (one with a
-// LateReporter registered) reports what became of the call as a LateReply.
-// Stores wrap it; test with errors.Is.
-var ErrPending = errors.New("rate-limit decision pending in the store")
 
 // Identity is the SHA-256 of a client identity. Stores and journals keep it
 // instead of the identity itself: fixed length, and no client key on disk.
@@ -60,33 +53,6 @@ type ReplayResult struct {
 	DuplicateUnits int64
 }
 
-// Floor is the least usage a key is known to hold: the state a store's
-// reply showed an instance. A store that lost writes it had acknowledged (a
-// replica promoted while behind its master) is raised back to the floors the
-// instances hold: each key ends up with at least the floor's usage and keeps
-// whatever it holds beyond it, so raising twice, or to several instances'
-// floors, is harmless.
-type Floor struct {
-	Policy   ratelimit.Policy
-	Identity Identity
-	State    ratelimit.State
-}
-
-// Loss says what a change of a store's data generation lost of one key.
-type Loss int
-
-const (
-	// LossNone: the key's data is intact.
-	LossNone Loss = iota
-	// LossAll: the store lost all of the key's data (restarted empty,
-	// flushed): its usage is put back by adding it.
-	LossAll
-	// LossRecent: the store lost only its most recent writes (a replica
-	// promoted while behind, an AOF that lost its last second): the key is
-	// raised to its floor (see Floor).
-	LossRecent
-)
-
 // Fleet is a shared store's view of the fleet of instances sharing it, as
 // a heartbeat returns it.
 type Fleet struct {
@@ -102,21 +68,4 @@ type Fleet struct {
 	// their heartbeats ("" for one that wrote none), for a store that
 	// keeps them (see Stager).
 	Stages []string
-}
-
-// LateReply is what became of a store call whose caller stopped waiting
-// (its context ended) before the answer came: a store that reports them
-// (redisstore with coalescing) keeps reading the reply and hands it over
-// once it has it, so that a decision the store made, and counted, is never
-// lost between the store and its caller.
-type LateReply struct {
-	Request ratelimit.Request
-	// Decision is the store's answer when Err is nil: the store decided
-	// the request, and counted it if it was allowed.
-	Decision ratelimit.Decision
-	// Err says why there is no answer. With NotSent the call never reached
-	// the store, which did not count it; otherwise the store may or may not
-	// have (the reply was lost, or did not come within the store's window).
-	Err     error
-	NotSent bool
 }

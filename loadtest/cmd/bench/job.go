@@ -18,7 +18,6 @@ import (
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/httplimit"
 	"github.com/fleetlimit/fleetlimit/loadtest"
 )
 
@@ -47,7 +46,7 @@ func httpDecider(url string, signed map[string]string, elsewhere *atomic.Int64) 
 		}
 		_, _ = io.Copy(io.Discard, resp.Body)
 		_ = resp.Body.Close()
-		if m := resp.Header.Get(httplimit.HeaderRateLimitMode); m != "" && m != string(ratelimit.ModeRedis) {
+		if m := resp.Header.Get("X-RateLimit-Mode"); m != "" && m != string(ratelimit.ModeRedis) {
 			elsewhere.Add(1)
 		}
 		if resp.StatusCode != http.StatusOK {

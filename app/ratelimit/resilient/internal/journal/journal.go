@@ -30,7 +30,7 @@ var ErrFull = errors.New("journal: full")
 //
 // A grant made for a request whose store call timed out is a doubt: the
 // store may have decided the request all the same, and will say so (see
-// store.LateReply). A doubt is held, and counts toward the key, but is
+// contract.LateReply). A doubt is held, and counts toward the key, but is
 // not replayed until it is resolved: dropped when the store had counted the
 // request, made an ordinary grant when it had not (or cannot say).
 //

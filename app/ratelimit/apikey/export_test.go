@@ -1,0 +1,4 @@
+package apikey
+
+// ValidSecret is validSecret, for the external tests.
+var ValidSecret = validSecret

@@ -1,0 +1,4 @@
+package lease
+
+// MinUnits is minUnits, for the external tests.
+const MinUnits = minUnits
