@@ -41,9 +41,9 @@ type Request struct {
 	// units, so nothing is counted, journaled or remembered as admitted,
 	// and the decision reports the key as it is. Remaining is then how many
 	// units a request could take now; Allowed is false only when the key
-	// already holds more than the policy admits (under a stricter Weight,
-	// say). Cost must be 0. Envoy's per-descriptor hits_addend of 0 is such
-	// a request.
+	// already holds more than the policy admits (to this instance, which
+	// may hold back part of the policy for others). Cost must be 0.
+	// Envoy's per-descriptor hits_addend of 0 is such a request.
 	ReadOnly bool
 	// ID identifies the request, unique across the fleet (nginx's request
 	// id, say). The sliding window log stores it as the member of the grant,
@@ -55,21 +55,6 @@ type Request struct {
 	// them from clients (see httplimit.WithTrustedRequestIDs). Empty: the
 	// backend makes one up.
 	ID string
-	// Weight holds back part of the policy for instances deciding
-	// elsewhere; the zero value decides with the whole policy.
-	Weight Weight
-	// Hold asks for units that will be used at any time within Hold of
-	// the decision (a lease, package lease), and so are counted as used at
-	// its end: GCRA's theoretical arrival time moves to at least the
-	// decision's time plus Hold before the cost is added. Admitted so, no
-	// use of the units within Hold can exceed what GCRA admits over any
-	// interval. The Redis store honours it for GCRA; other backends decide
-	// as if it were 0, and the lease layer takes no lease from them. At
-	// most the window or the time the policy takes to refill its capacity,
-	// whichever is longer (a lease, at most Policy.LeaseMax, may outlive
-	// the window when the burst exceeds the limit); 0 for other
-	// algorithms.
-	Hold time.Duration
 }
 
 // Units returns the cost with the default filled in: 0 for a read-only
@@ -101,12 +86,6 @@ func (r Request) Validate() error {
 	}
 	if c > r.Policy.Capacity() {
 		return fmt.Errorf("%w: cost %d exceeds the capacity %d of policy %q", ErrInvalidRequest, c, r.Policy.Capacity(), r.Policy.Name)
-	}
-	if most := max(r.Policy.Window, 4*r.Policy.LeaseMax()); r.Hold < 0 || r.Hold > 0 && (r.Hold > most || r.Policy.Algorithm != GCRA || r.ReadOnly) {
-		return fmt.Errorf("%w: hold %v: at most %v (the window or the capacity's refill time), and only for a gcra request that counts", ErrInvalidRequest, r.Hold, most)
-	}
-	if !r.Weight.Valid() {
-		return fmt.Errorf("%w: invalid weight %d/%d", ErrInvalidRequest, r.Weight.Num, r.Weight.Den)
 	}
 	if r.ID != "" {
 		if err := ValidateKey(r.ID); err != nil {
@@ -162,48 +141,7 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Mode says what decided.
 	Mode Mode
-	// State is the algorithm state after the decision, in the deciding
-	// backend's clock, for a fallback to continue from.
-	State State
-	// ResendID is set on a refusal by a backend that takes a request with
-	// the id of one it admitted moments before for a resend of it (and
-	// admits it without counting it again): the id of the key's last
-	// admission, which it would admit so until ResendUntil (µs since the
-	// epoch, the backend's clock). A cache of this refusal must not answer
-	// a request with that id before then. Empty: no such admission. A
-	// backend may keep ids in a short form (redisstore keeps those of 11
-	// bytes or more as an 11-byte hash): the id is in that form.
-	ResendID    string
-	ResendUntil int64
-	// Weight is the weight a resilient limiter's store decision charged
-	// the request at (the zero value: 1/1); a refund of the admission
-	// gives back at this weight, whatever the weight is when it is made.
-	Weight Weight
 }
-
-// State is an algorithm's state after a decision, as a backend reports it.
-// Only the fields of the policy's algorithm are set.
-type State struct {
-	// Now is the deciding backend's time, µs since the Unix epoch (Redis
-	// TIME for the Redis backend).
-	Now int64
-	// Tokens is the token bucket's level, scaled by the window in µs
-	// (tokens × Window µs), so refills stay integral.
-	Tokens int64
-	// TAT is GCRA's theoretical arrival time: TAT µs since the epoch plus
-	// TATRem/Limit µs.
-	TAT, TATRem int64
-	// WindowStart, Current and Previous are the sliding window counter's
-	// aligned window (µs since the epoch) and the counts of it and the one
-	// before.
-	WindowStart, Current, Previous int64
-	// Ages is the sliding window log's histogram: Ages[i] grants are between
-	// i and i+1 eighths of a window old.
-	Ages [AgeBuckets]int64
-}
-
-// AgeBuckets is the resolution of the sliding window log's age histogram.
-const AgeBuckets = 8
 
 // Limiter decides whether requests are admitted.
 //

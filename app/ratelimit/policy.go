@@ -112,8 +112,8 @@ type Policy struct {
 
 // LeaseMax is the longest lease the policy allows: a quarter of the time
 // it takes to refill its capacity (Capacity × Window / Limit). A lease of
-// L units held for d costs the key up to L units plus d of refill (see
-// Request.Hold), so d must stay well short of that time.
+// L units held for d costs the key up to L units plus d of refill (package
+// lease), so d must stay well short of that time.
 func (p Policy) LeaseMax() time.Duration {
 	if p.Limit <= 0 {
 		return 0

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/mocks"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
 )
@@ -21,15 +22,15 @@ import (
 func TestRefusedDrawDecidesTheRequestAlone(t *testing.T) {
 	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Second, Lease: 200 * time.Millisecond}
 	refuse := true
-	var calls []ratelimit.Request
-	next := &mocks.Limiter{DecideFunc: func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	var calls []contract.Request
+	next := wireFake(func(_ context.Context, req contract.Request) (ratelimit.Decision, error) {
 		calls = append(calls, req)
 		d := ratelimit.Decision{Allowed: true, Remaining: 900, Limit: 1000, Mode: ratelimit.ModeRedis}
 		if req.Cost > 1 && refuse {
 			d.Allowed, d.RetryAfter = false, time.Millisecond
 		}
 		return d, nil
-	}}
+	})
 	l := lease.New(next, lease.Config{})
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	ctx := context.Background()
@@ -83,13 +84,13 @@ func TestRefusedDrawDecidesTheRequestAlone(t *testing.T) {
 func TestKeysAreBounded(t *testing.T) {
 	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Second, Lease: 10 * time.Millisecond}
 	var calls int
-	next := &mocks.Limiter{DecideFunc: func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	next := wireFake(func(_ context.Context, req contract.Request) (ratelimit.Decision, error) {
 		calls++
 		if req.Cost != 0 || req.Hold != 0 {
 			t.Errorf("a cold key's request changed: %+v", req)
 		}
 		return ratelimit.Decision{Allowed: true, Remaining: 900, Mode: ratelimit.ModeRedis}, nil
-	}}
+	})
 	l := lease.New(next, lease.Config{MaxKeys: 10, Tick: time.Millisecond})
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	for n := range 50 {
@@ -120,7 +121,7 @@ func TestRequestsWaitForTheDrawOut(t *testing.T) {
 		mu           sync.Mutex
 		draws, alone int
 	)
-	next := &mocks.Limiter{DecideFunc: func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	next := wireFake(func(_ context.Context, req contract.Request) (ratelimit.Decision, error) {
 		if req.Cost > 1 {
 			<-release
 		}
@@ -132,7 +133,7 @@ func TestRequestsWaitForTheDrawOut(t *testing.T) {
 		}
 		mu.Unlock()
 		return ratelimit.Decision{Allowed: true, Remaining: 900, Mode: ratelimit.ModeRedis}, nil
-	}}
+	})
 	l := lease.New(next, lease.Config{})
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	ctx := context.Background()
@@ -162,9 +163,9 @@ func TestRequestsWaitForTheDrawOut(t *testing.T) {
 // wait for its own draw.
 func TestOneBatchTwiceTheKey(t *testing.T) {
 	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Second, Lease: 200 * time.Millisecond}
-	next := &mocks.Limiter{DecideFunc: func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	next := wireFake(func(_ context.Context, req contract.Request) (ratelimit.Decision, error) {
 		return ratelimit.Decision{Allowed: true, Remaining: 900, Mode: ratelimit.ModeRedis}, nil
-	}}
+	})
 	l := lease.New(next, lease.Config{})
 	t.Cleanup(func() { _ = l.Close(context.Background()) })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -180,5 +181,37 @@ func TestOneBatchTwiceTheKey(t *testing.T) {
 	}
 	if ctx.Err() != nil {
 		t.Fatal("a batch waited for its own draw")
+	}
+}
+
+// TestPlainLimiterGetsNoLeases: over a limiter that cannot hold units for
+// a lease's lifetime (one from outside the module: its requests carry no
+// hold), a lease policy's requests all go down as they came, however hot
+// the key: no draw.
+func TestPlainLimiterGetsNoLeases(t *testing.T) {
+	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Second, Lease: 200 * time.Millisecond}
+	var calls []ratelimit.Request
+	next := &mocks.Limiter{DecideFunc: func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+		calls = append(calls, req)
+		return ratelimit.Decision{Allowed: true, Remaining: 900, Limit: 1000, Mode: ratelimit.ModeRedis}, nil
+	}}
+	l := lease.New(next, lease.Config{})
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	n := 10 * lease.MinUnits
+	for i := range n {
+		if d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint("r", i)}); err != nil || !d.Allowed {
+			t.Fatalf("request %d: %+v %v", i, d, err)
+		}
+	}
+	if len(calls) != n {
+		t.Fatalf("%d calls for %d requests, want one each", len(calls), n)
+	}
+	for i, c := range calls {
+		if c.Cost != 0 || c.ID != fmt.Sprint("r", i) {
+			t.Fatalf("call %d: %+v, want the request as it came", i, c)
+		}
+	}
+	if st := l.Stats(); st.Draws != 0 || st.Served != 0 {
+		t.Fatalf("stats %+v, want no lease", st)
 	}
 }

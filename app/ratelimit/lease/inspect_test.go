@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
 )
 
@@ -19,7 +20,7 @@ func TestInspectCountsNothing(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Unix(1_700_000_000, 0)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	f := &fakeStore{draw: func(r ratelimit.Request) ratelimit.Decision {
+	f := &fakeStore{draw: func(r contract.Request) ratelimit.Decision {
 		return ratelimit.Decision{Allowed: true, Limit: r.Policy.Capacity(), Remaining: 10_000, Mode: ratelimit.ModeRedis}
 	}}
 	l := lease.New(f, lease.Config{Instance: "app1", Now: clock, Tick: time.Hour})

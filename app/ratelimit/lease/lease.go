@@ -6,9 +6,9 @@
 // lease is held. The bounds:
 //
 //   - Over-admission 0 by construction. A lease's units are counted in the
-//     store when it is taken, as a ratelimit.Request.Hold of the lease's
-//     lifetime: counted as used at its end, so that no use of them within
-//     it lets the fleet exceed what GCRA admits over any interval.
+//     store when it is taken, held for the lease's lifetime: counted as
+//     used at its end, so that no use of them within it lets the fleet
+//     exceed what GCRA admits over any interval.
 //   - Under-admission at most the units on lease, plus the refill of a
 //     lifetime while the key's bucket is nearly full (the hold).
 //   - The lease size follows the key's demand at this instance: the units
@@ -17,12 +17,14 @@
 //     four units (minUnits) in a lifetime is cold: it gets no lease and is decided
 //     in the store as without lease mode.
 //
-// Wrap the limiter the service decides with (resilient.Limiter): a lease is
-// taken only from a decision the store made (ratelimit.ModeRedis) while the
-// limiter decides in the store (InStore), so the breaker, the fallback
-// budget, the journal and the replay see the draws as any other request and
-// decide every request as without lease mode while the store is out. A
-// lease already held is spent through an outage: its units were counted.
+// Wrap the limiter the service decides with (resilient.Limiter): a lease
+// is taken only from a decision the store made (ratelimit.ModeRedis)
+// while the limiter decides in the store (its breaker closed), so the
+// breaker, the fallback budget, the journal and the replay see the draws
+// as any other request and decide every request as without lease mode
+// while the store is out. A lease already held is spent through an
+// outage: its units were counted. Over a limiter that cannot hold units
+// (any but resilient.Limiter and redisstore.Store), no lease is taken.
 package lease
 
 import (
@@ -73,6 +75,7 @@ type Config struct {
 // wraps. Create it with New; Close gives the leases back.
 type Limiter struct {
 	next     ratelimit.Limiter
+	wire     contract.Decider // next's decisions with holds (nil: no leases)
 	refunder contract.Refunder
 	inStore  func() bool
 	cfg      Config
@@ -127,8 +130,8 @@ type entry struct {
 	// the hold).
 	units int64
 	until time.Time
-	draw  ratelimit.Decision
-	req   ratelimit.Request
+	draw  contract.Decision
+	req   contract.Request
 }
 
 // New wraps next. With a resilient.Limiter (or a redisstore.Store) as next,
@@ -156,6 +159,9 @@ func New(next ratelimit.Limiter, cfg Config) *Limiter {
 		inStore: func() bool { return true },
 	}
 	x := contract.Extension(next)
+	if d, ok := x.(contract.Decider); ok {
+		l.wire = d
+	}
 	if r, ok := x.(contract.Refunder); ok {
 		l.refunder = r
 	}
@@ -189,12 +195,12 @@ type pending struct {
 // here, the rest in one batch of the wrapped limiter (a draw in place of
 // its request).
 func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
-	if !slices.ContainsFunc(reqs, func(r ratelimit.Request) bool { return r.Policy.Lease > 0 }) {
+	if l.wire == nil || !slices.ContainsFunc(reqs, func(r ratelimit.Request) bool { return r.Policy.Lease > 0 }) {
 		return ratelimit.DecideAll(ctx, l.next, reqs)
 	}
 	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
 	var (
-		sent []ratelimit.Request
+		sent []contract.Request
 		pend []pending
 	)
 	now := l.cfg.Now()
@@ -202,28 +208,28 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 		ctx = budget.WithDeadline(ctx, time.Now().Add(l.cfg.Timeout))
 	}
 	for i, r := range reqs {
-		if r.Policy.Lease > 0 && !r.ReadOnly && r.Hold == 0 && !l.closed.Load() && r.Validate() == nil {
+		if r.Policy.Lease > 0 && !r.ReadOnly && !l.closed.Load() && r.Validate() == nil {
 			d, answered, draw, size := l.try(ctx, r, pend)
 			if answered {
 				ds[i] = d
 				continue
 			}
 			if draw.e != nil {
-				dr := r
-				dr.Cost, dr.Hold, dr.ID = size, r.Policy.Lease, l.ids.Next()
+				dr := contract.Request{Request: r, Hold: r.Policy.Lease}
+				dr.Cost, dr.ID = size, l.ids.Next()
 				sent = append(sent, dr)
 				draw.at, draw.units = i, r.Units()
 				pend = append(pend, draw)
 				continue
 			}
 		}
-		sent = append(sent, r)
+		sent = append(sent, contract.Request{Request: r})
 		pend = append(pend, pending{at: i})
 	}
 	if len(sent) == 0 {
 		return ds, errs
 	}
-	gotDs, gotErrs := ratelimit.DecideAll(ctx, l.next, sent)
+	gotDs, gotErrs := l.wire.DecideWire(ctx, sent)
 	for j, p := range pend {
 		d, err := gotDs[j], gotErrs[j]
 		if p.e == nil {
@@ -234,10 +240,11 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 				}
 				l.mu.Unlock()
 			}
-			ds[p.at], errs[p.at] = d, err
+			ds[p.at], errs[p.at] = d.Decision, err
 			continue
 		}
 		leased := err == nil && d.Allowed && d.Mode == ratelimit.ModeRedis
+		out := d.Decision
 		l.mu.Lock()
 		e := p.e
 		close(p.done) // its waiters, whatever became of the entry
@@ -271,7 +278,7 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			e.units, e.until = sent[j].Cost-p.units, now.Add(sent[j].Policy.Lease)
 			e.draw, e.req = d, sent[j]
 			l.held[e] = struct{}{}
-			d = e.answer(l.cfg.Now())
+			out = e.answer(l.cfg.Now())
 			if l.closed.Load() {
 				l.end(e)
 			}
@@ -286,12 +293,12 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 			// The store had not the lease's units: decide the request
 			// alone.
 			l.stats.refused.Add(1)
-			d, err = l.next.Decide(ctx, reqs[p.at])
+			out, err = l.next.Decide(ctx, reqs[p.at])
 		}
 		// Else admitted without the store (the breaker opened meanwhile;
 		// the rest of the units stay with the local budget that granted
 		// them), or failed.
-		ds[p.at], errs[p.at] = d, err
+		ds[p.at], errs[p.at] = out, err
 	}
 	return ds, errs
 }
@@ -404,11 +411,10 @@ func (e *entry) size(units int64) int64 {
 // the store's mode, with what the store had left at the draw plus the
 // lease's units.
 func (e *entry) answer(now time.Time) ratelimit.Decision {
-	d := e.draw
+	d := e.draw.Decision
 	d.Allowed, d.RetryAfter = true, 0
 	d.Remaining += e.units
 	d.ResetAfter = max(0, d.ResetAfter-now.Sub(e.until.Add(-e.policy.Lease)))
-	d.ResendID, d.ResendUntil = "", 0
 	return d
 }
 

@@ -354,12 +354,13 @@ func TestRefundAtTheDrawsWeight(t *testing.T) {
 			t.Fatalf("use %d: %+v %v", n, d, err)
 		}
 	}
-	draw := ratelimit.Request{Policy: p, Key: "k", Cost: 100, Hold: p.Lease, ID: "draw"}
-	d, err := a.res.Decide(ctx, draw)
+	draw := contract.Request{Request: ratelimit.Request{Policy: p, Key: "k", Cost: 100, ID: "draw"}, Hold: p.Lease}
+	ds, errs := contract.Extension(a.res).(contract.Decider).DecideWire(ctx, []contract.Request{draw})
+	d, err := ds[0], errs[0]
 	if err != nil || !d.Allowed || d.Mode != ratelimit.ModeRedis {
 		t.Fatalf("draw: %+v %v", d, err)
 	}
-	if d.Weight != (ratelimit.Weight{}) {
+	if d.Weight != (contract.Weight{}) {
 		t.Fatalf("the draw was charged at %+v with every instance live", d.Weight)
 	}
 	proxy.Disable() // app4's heartbeats stop: the others hold its share back

@@ -9,17 +9,17 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 type refund struct {
-	req ratelimit.Request
-	d   ratelimit.Decision
+	req contract.Request
+	d   contract.Decision
 }
 
 // queueRefund queues the refund of r's units, admitted by the store's
 // decision d.
-func (l *Limiter) queueRefund(r ratelimit.Request, d ratelimit.Decision) {
+func (l *Limiter) queueRefund(r contract.Request, d contract.Decision) {
 	if r.Cost <= 0 {
 		return
 	}

@@ -9,18 +9,29 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/budget"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/lease"
 )
 
-// fakeStore (a ratelimit.Limiter, what the lease layer consumes) decides every request as the store would with room to spare,
-// except the draws (requests with a Hold), which draw decides.
+// fakeStore (what the lease layer consumes: a ratelimit.Limiter that
+// decides requests with their holds, contract.Decider) decides every
+// request as the store would with room to spare, except the draws
+// (requests with a Hold), which draw decides.
 type fakeStore struct {
 	mu    sync.Mutex
-	draws []ratelimit.Request
-	draw  func(ratelimit.Request) ratelimit.Decision
+	draws []contract.Request
+	draw  func(contract.Request) ratelimit.Decision
 }
 
-func (f *fakeStore) Decide(_ context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
+func (f *fakeStore) Decide(ctx context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
+	return f.decide(ctx, contract.Request{Request: r})
+}
+
+func (f *fakeStore) DecideWire(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	return wireFake(f.decide).DecideWire(ctx, reqs)
+}
+
+func (f *fakeStore) decide(_ context.Context, r contract.Request) (ratelimit.Decision, error) {
 	if r.Hold > 0 {
 		f.mu.Lock()
 		f.draws = append(f.draws, r)
@@ -28,6 +39,22 @@ func (f *fakeStore) Decide(_ context.Context, r ratelimit.Request) (ratelimit.De
 		return f.draw(r), nil
 	}
 	return ratelimit.Decision{Allowed: true, Limit: r.Policy.Capacity(), Remaining: 10_000, Mode: ratelimit.ModeRedis}, nil
+}
+
+// wireFake adapts a function to what the lease layer draws through: a
+// limiter whose requests carry their hold (contract.Decider).
+type wireFake func(context.Context, contract.Request) (ratelimit.Decision, error)
+
+func (f wireFake) Decide(ctx context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
+	return f(ctx, contract.Request{Request: r})
+}
+
+func (f wireFake) DecideWire(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	ds, errs := make([]contract.Decision, len(reqs)), make([]error, len(reqs))
+	for i, r := range reqs {
+		ds[i].Decision, errs[i] = f(ctx, r)
+	}
+	return ds, errs
 }
 
 func (f *fakeStore) drawn() int {
@@ -43,7 +70,7 @@ var fakePolicy = ratelimit.Policy{Name: "fake", Algorithm: ratelimit.GCRA, Limit
 // still closed) is not sent again by every request that follows: they go
 // at their own cost for a lease's lifetime.
 func TestDrawNotDecidedInTheStoreIsNotRetried(t *testing.T) {
-	f := &fakeStore{draw: func(r ratelimit.Request) ratelimit.Decision {
+	f := &fakeStore{draw: func(r contract.Request) ratelimit.Decision {
 		return ratelimit.Decision{Allowed: true, Limit: r.Policy.Capacity(), Mode: ratelimit.ModeLocal}
 	}}
 	l := lease.New(f, lease.Config{Instance: "app1"})
@@ -66,7 +93,7 @@ func TestDrawNotDecidedInTheStoreIsNotRetried(t *testing.T) {
 // it.
 func TestDrawOutDuringAReloadServesNothing(t *testing.T) {
 	release := make(chan struct{})
-	f := &fakeStore{draw: func(r ratelimit.Request) ratelimit.Decision {
+	f := &fakeStore{draw: func(r contract.Request) ratelimit.Decision {
 		<-release
 		return ratelimit.Decision{Allowed: true, Limit: r.Policy.Capacity(), Remaining: 5000, Mode: ratelimit.ModeRedis}
 	}}
@@ -98,7 +125,7 @@ func TestDrawOutDuringAReloadServesNothing(t *testing.T) {
 func TestWaitForADrawIsBounded(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
-	f := &fakeStore{draw: func(r ratelimit.Request) ratelimit.Decision {
+	f := &fakeStore{draw: func(r contract.Request) ratelimit.Decision {
 		<-release // a store that does not answer the draw
 		return ratelimit.Decision{Mode: ratelimit.ModeLocal}
 	}}
@@ -134,6 +161,15 @@ func (d deadlines) Decide(ctx context.Context, r ratelimit.Request) (ratelimit.D
 		d.t.Errorf("request %s passed on without its deadline (%v %v)", r.ID, dl, ok)
 	}
 	return d.next.Decide(ctx, r)
+}
+
+func (d deadlines) DecideWire(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	for _, r := range reqs {
+		if dl, ok := budget.Deadline(ctx); !ok || time.Until(dl) > 50*time.Millisecond {
+			d.t.Errorf("request %s passed on without its deadline (%v %v)", r.ID, dl, ok)
+		}
+	}
+	return d.next.(contract.Decider).DecideWire(ctx, reqs)
 }
 
 // turnHot sends requests of key k until one of them draws (the fake's draw

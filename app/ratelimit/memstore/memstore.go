@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -86,15 +87,22 @@ func (l *Store) keyOfIdentity(p ratelimit.Policy, id store.Identity) statekey.Ke
 
 // Decide applies the request's policy to its key at the limiter's clock.
 func (l *Store) Decide(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	d, err := l.decide(contract.Request{Request: req})
+	return d.Decision, err
+}
+
+// decide is Decide with the request's weight, and the state in the
+// decision (the extension's DecideWire).
+func (l *Store) decide(req contract.Request) (contract.Decision, error) {
 	if err := req.Validate(); err != nil {
-		return ratelimit.Decision{}, err
+		return contract.Decision{}, err
 	}
 	return l.decideAt(l.keyOfIdentity(req.Policy, store.IdentityOf(req.Key)), req.Policy, l.now().UnixMicro(), req.Units(), req.Weight), nil
 }
 
 // decideAt applies a validated policy to key at time now (µs since the
 // epoch).
-func (l *Store) decideAt(key statekey.Key, p ratelimit.Policy, now, cost int64, wt ratelimit.Weight) ratelimit.Decision {
+func (l *Store) decideAt(key statekey.Key, p ratelimit.Policy, now, cost int64, wt contract.Weight) contract.Decision {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e, ok := l.keys.Get(key)
@@ -102,7 +110,7 @@ func (l *Store) decideAt(key statekey.Key, p ratelimit.Policy, now, cost int64, 
 		e = &entry{}
 		l.keys.Add(key, e)
 	}
-	var d ratelimit.Decision
+	var d contract.Decision
 	switch p.Algorithm {
 	case ratelimit.TokenBucket:
 		e.tb, d = algorithm.TokenBucketDecide(p, e.tb, now, cost, wt)
@@ -130,11 +138,11 @@ func (l *Store) Evictions() uint64 { return l.evictions.Load() }
 // maxMarkers bounds the replay markers remembered per key.
 const maxMarkers = 16
 
-// Replay folds journaled grants into the in-memory state with the same
+// replay folds journaled grants into the in-memory state with the same
 // transitions as the Redis replay scripts, each batch at most once per key
 // (the last maxMarkers markers of a key are remembered). It makes memstore a
 // complete twin of the Redis store for tests.
-func (l *Store) Replay(_ context.Context, batches []store.ReplayBatch) ([]store.ReplayResult, []error) {
+func (l *Store) replay(_ context.Context, batches []store.ReplayBatch) ([]store.ReplayResult, []error) {
 	results, errs := make([]store.ReplayResult, len(batches)), make([]error, len(batches))
 	now := l.now().UnixMicro()
 	l.mu.Lock()

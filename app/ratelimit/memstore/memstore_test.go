@@ -8,6 +8,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/conformance"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 )
@@ -25,12 +26,15 @@ func TestVectors(t *testing.T) {
 		t.Run(c.Name, func(t *testing.T) {
 			var now int64
 			l := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+			wire := contract.Extension(l).(contract.Decider)
 			for i, s := range c.Steps {
 				now = vectors.T0 + s.At
-				got, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: "k", Cost: s.Cost, ReadOnly: s.ReadOnly, Weight: s.Weight})
-				if err != nil {
-					t.Fatal(err)
+				req := contract.Request{Request: ratelimit.Request{Policy: c.Policy, Key: "k", Cost: s.Cost, ReadOnly: s.ReadOnly}, Weight: s.Weight}
+				ds, errs := wire.DecideWire(context.Background(), []contract.Request{req})
+				if errs[0] != nil {
+					t.Fatal(errs[0])
 				}
+				got := ds[0]
 				want := c.Decision(s)
 				want.Mode = ratelimit.ModeMemory
 				if got != want {

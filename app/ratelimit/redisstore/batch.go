@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 //go:embed lua/batch.lua
@@ -92,7 +93,7 @@ func hashTag(key string) string {
 // into script calls: a group of one request is its algorithm's own script,
 // a larger one the batch script (in calls of at most maxBatch), each in the
 // requests' order.
-func (l *Store) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []*scriptCall {
+func (l *Store) scriptCalls(reqs []contract.Request, which []int, now int64) []*scriptCall {
 	keys := make([]string, len(reqs))
 	groups := map[int][]int{}
 	var order []int
@@ -135,8 +136,8 @@ func (l *Store) scriptCalls(reqs []ratelimit.Request, which []int, now int64) []
 // batch function (scriptCalls). When a node lacks the library (after a
 // restart or a FUNCTION FLUSH), it is loaded and only the calls that
 // failed for it are sent again, so nothing is counted twice.
-func (l *Store) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
-	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
+func (l *Store) pipeline(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	ds, errs := make([]contract.Decision, len(reqs)), make([]error, len(reqs))
 	if len(reqs) == 1 { // a lone call: a plain command costs less than a pipeline
 		ds[0], errs[0] = l.decideOne(ctx, reqs[0])
 		return ds, errs
@@ -215,7 +216,7 @@ func (l *Store) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratel
 			if err != nil {
 				errs[i] = classify(ctx, err)
 				if l.hooks.OnError != nil {
-					l.hooks.OnError(req, errs[i], latency)
+					l.hooks.OnError(req.Request, errs[i], latency)
 				}
 				continue
 			}
@@ -223,7 +224,7 @@ func (l *Store) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratel
 			d.Mode = ratelimit.ModeRedis
 			ds[i] = d
 			if l.hooks.OnDecision != nil {
-				l.hooks.OnDecision(req, d, latency)
+				l.hooks.OnDecision(req.Request, d.Decision, latency)
 			}
 		}
 	}
@@ -232,16 +233,16 @@ func (l *Store) pipeline(ctx context.Context, reqs []ratelimit.Request) ([]ratel
 
 // reply is the decision of the call's n-th request (of algorithm a), or
 // its error: the call's own, or, from the batch script, the request's.
-func (c *scriptCall) reply(n int, a ratelimit.Algorithm) (ratelimit.Decision, error) {
+func (c *scriptCall) reply(n int, a ratelimit.Algorithm) (contract.Decision, error) {
 	res, err := c.cmd.Slice()
 	if err != nil {
-		return ratelimit.Decision{}, err
+		return contract.Decision{}, err
 	}
 	if c.fn != fnBatch {
 		return parseReply(a, res)
 	}
 	if len(res) != len(c.at) {
-		return ratelimit.Decision{}, fmt.Errorf("%w: batch of %d replies, want %d", ratelimit.ErrBadReply, len(res), len(c.at))
+		return contract.Decision{}, fmt.Errorf("%w: batch of %d replies, want %d", ratelimit.ErrBadReply, len(res), len(c.at))
 	}
 	switch x := res[n].(type) {
 	case []any:
@@ -249,9 +250,9 @@ func (c *scriptCall) reply(n int, a ratelimit.Algorithm) (ratelimit.Decision, er
 	case error:
 		var rerr redis.Error
 		if errors.As(x, &rerr) {
-			return ratelimit.Decision{}, rerr
+			return contract.Decision{}, rerr
 		}
-		return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrBadReply, x)
+		return contract.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrBadReply, x)
 	}
-	return ratelimit.Decision{}, fmt.Errorf("%w: batch reply %d is %T, want an array", ratelimit.ErrBadReply, n, res[n])
+	return contract.Decision{}, fmt.Errorf("%w: batch reply %d is %T, want an array", ratelimit.ErrBadReply, n, res[n])
 }

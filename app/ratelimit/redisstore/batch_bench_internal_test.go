@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 )
 
@@ -97,13 +98,13 @@ func BenchmarkScriptCPU(b *testing.B) {
 					b.Fatal(err)
 				}
 				p := ratelimit.Policy{Name: "cpu-" + mode, Algorithm: alg, Limit: 1_000_000, Window: time.Second}
-				reqs := make([]ratelimit.Request, depth)
+				reqs := make([]contract.Request, depth)
 				ctx := context.Background()
 				cpu0 := processCPU(b, admin)
 				b.ResetTimer()
 				for n := 0; n < b.N; n += depth {
 					for i := range reqs {
-						reqs[i] = ratelimit.Request{Policy: p, Key: "k" + strconv.Itoa((n+i)%10_000), ID: "r" + strconv.Itoa(n+i)}
+						reqs[i] = contract.Request{Request: ratelimit.Request{Policy: p, Key: "k" + strconv.Itoa((n+i)%10_000), ID: "r" + strconv.Itoa(n+i)}}
 					}
 					if mode == "batch" {
 						_, errs := l.pipeline(ctx, reqs)

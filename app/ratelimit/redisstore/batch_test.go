@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
@@ -20,22 +21,22 @@ import (
 // round, so order matters), costs above 1, read-only requests, weights
 // that hold back part of the limit, and resends of ids admitted before (in
 // this round or the one before), at limits small enough to refuse.
-func mixedRound(round int) []ratelimit.Request {
-	var reqs []ratelimit.Request
+func mixedRound(round int) []contract.Request {
+	var reqs []contract.Request
 	for i, alg := range ratelimit.Algorithms {
 		p := ratelimit.Policy{Name: "mix-" + string(alg), Algorithm: alg, Limit: 6, Window: time.Minute, Burst: 2}
 		if alg == ratelimit.SlidingWindowLog || alg == ratelimit.SlidingWindowCounter {
 			p.Burst = 0
 		}
 		for j := range 9 {
-			r := ratelimit.Request{Policy: p, Key: fmt.Sprint("id-", (i+j)%3), ID: fmt.Sprint("r", round, "-", i, "-", j)}
+			r := contract.Request{Request: ratelimit.Request{Policy: p, Key: fmt.Sprint("id-", (i+j)%3), ID: fmt.Sprint("r", round, "-", i, "-", j)}}
 			switch j % 5 {
 			case 1:
 				r.Cost = 2
 			case 2:
 				r.ReadOnly, r.ID = true, ""
 			case 3:
-				r.Weight = ratelimit.Weight{Num: 4, Den: 3}
+				r.Weight = contract.Weight{Num: 4, Den: 3}
 			case 4:
 				r.ID = fmt.Sprint("r", max(round-1, 0), "-", i, "-", j-4) // a resend
 			}
@@ -46,16 +47,16 @@ func mixedRound(round int) []ratelimit.Request {
 }
 
 // decideOneByOne decides reqs with l, one call each, in order.
-func decideOneByOne(l *redisstore.Store, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
-	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
+func decideOneByOne(l *redisstore.Store, reqs []contract.Request) ([]contract.Decision, []error) {
+	ds, errs := make([]contract.Decision, len(reqs)), make([]error, len(reqs))
 	for i, r := range reqs {
-		ds[i], errs[i] = l.Decide(context.Background(), r)
+		ds[i], errs[i] = l.DecideWire(context.Background(), r)
 	}
 	return ds, errs
 }
 
 // sameAnswers fails t unless the batch's answers are the one-by-one ones.
-func sameAnswers(t *testing.T, round int, reqs []ratelimit.Request, bds, ods []ratelimit.Decision, berrs, oerrs []error) {
+func sameAnswers(t *testing.T, round int, reqs []contract.Request, bds, ods []contract.Decision, berrs, oerrs []error) {
 	t.Helper()
 	for i := range reqs {
 		if berrs[i] != nil || oerrs[i] != nil {
@@ -93,7 +94,7 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 		now = vectors.T0 + int64(round)*7_000_000
 		reqs := mixedRound(round)
 		before := scriptCalls(t, c)
-		bds, berrs := batched.DecideBatch(context.Background(), reqs)
+		bds, berrs := batched.DecideBatchWire(context.Background(), reqs)
 		if calls := scriptCalls(t, c) - before; calls != 1 {
 			t.Errorf("round %d: %d script calls for a batch of %d, want 1", round, calls, len(reqs))
 		}
@@ -150,7 +151,7 @@ func TestBatchDecidesAsOneByOneOnCluster(t *testing.T) {
 			slots[s] = true
 		}
 		before := calls()
-		bds, berrs := batched.DecideBatch(context.Background(), reqs)
+		bds, berrs := batched.DecideBatchWire(context.Background(), reqs)
 		if n := calls() - before; n != int64(len(slots)) {
 			t.Errorf("round %d: %d script calls for %d requests in %d slots, want one per slot", round, n, len(reqs), len(slots))
 		}
@@ -168,15 +169,15 @@ func TestBatchCorruptKeyFailsAlone(t *testing.T) {
 	c := newClient(t, srv.Addr())
 	l := redisstore.New(c)
 	ctx := context.Background()
-	var reqs []ratelimit.Request
+	var reqs []contract.Request
 	for _, alg := range ratelimit.Algorithms {
 		p := ratelimit.Policy{Name: "odd", Algorithm: alg, Limit: 5, Window: time.Minute}
-		reqs = append(reqs, ratelimit.Request{Policy: p, Key: "corrupt"}, ratelimit.Request{Policy: p, Key: "fine"})
+		reqs = append(reqs, contract.Request{Request: ratelimit.Request{Policy: p, Key: "corrupt"}}, contract.Request{Request: ratelimit.Request{Policy: p, Key: "fine"}})
 		if err := c.RPush(ctx, l.Key(p, "corrupt"), "x").Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ds, errs := l.DecideBatch(ctx, reqs)
+	ds, errs := l.DecideBatchWire(ctx, reqs)
 	for i, r := range reqs {
 		if r.Key == "corrupt" {
 			if !errors.Is(errs[i], ratelimit.ErrBadReply) {
@@ -195,12 +196,12 @@ func TestBatchCorruptKeyFailsAlone(t *testing.T) {
 		}
 	}
 	defer admin.ConfigSet(ctx, "maxmemory", "0")
-	var fresh []ratelimit.Request
+	var fresh []contract.Request
 	for _, alg := range []ratelimit.Algorithm{ratelimit.GCRA, ratelimit.TokenBucket, ratelimit.SlidingWindowCounter} {
 		p := ratelimit.Policy{Name: "oom", Algorithm: alg, Limit: 5, Window: time.Minute}
-		fresh = append(fresh, ratelimit.Request{Policy: p, Key: "a"}, ratelimit.Request{Policy: p, Key: "b"})
+		fresh = append(fresh, contract.Request{Request: ratelimit.Request{Policy: p, Key: "a"}}, contract.Request{Request: ratelimit.Request{Policy: p, Key: "b"}})
 	}
-	_, errs = l.DecideBatch(ctx, fresh)
+	_, errs = l.DecideBatchWire(ctx, fresh)
 	for i, err := range errs {
 		if !errors.Is(err, ratelimit.ErrUnavailable) || errors.Is(err, ratelimit.ErrBadReply) {
 			t.Errorf("request %d under OOM: %v, want ErrUnavailable", i, err)
@@ -225,9 +226,9 @@ func TestVectorsInBatches(t *testing.T) {
 			}
 			for j, s := range vc.Steps {
 				now = vectors.T0 + s.At
-				ds, errs := l.DecideBatch(context.Background(), []ratelimit.Request{
-					{Policy: other, Key: key, ID: fmt.Sprintf("other-%d", j)},
-					{Policy: vc.Policy, Key: key, Cost: s.Cost, ReadOnly: s.ReadOnly, Weight: s.Weight, ID: fmt.Sprintf("req-%d", j)},
+				ds, errs := l.DecideBatchWire(context.Background(), []contract.Request{
+					{Request: ratelimit.Request{Policy: other, Key: key, ID: fmt.Sprintf("other-%d", j)}},
+					{Request: ratelimit.Request{Policy: vc.Policy, Key: key, Cost: s.Cost, ReadOnly: s.ReadOnly, ID: fmt.Sprintf("req-%d", j)}, Weight: s.Weight},
 				})
 				if errs[0] != nil || errs[1] != nil {
 					t.Fatal(errs)
@@ -254,7 +255,7 @@ func TestBatchOnOneClusterNode(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: node.Addr(), DisableIdentity: true})
 	t.Cleanup(func() { _ = c.Close() })
 	l := redisstore.New(c)
-	var reqs []ratelimit.Request
+	var reqs []contract.Request
 	slots := map[int64]bool{}
 	for i := 0; len(reqs) < 6 && i < 1000; i++ {
 		id := fmt.Sprint("id-", i)
@@ -266,7 +267,7 @@ func TestBatchOnOneClusterNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		slots[s] = true
-		reqs = append(reqs, ratelimit.Request{Policy: p, Key: id})
+		reqs = append(reqs, contract.Request{Request: ratelimit.Request{Policy: p, Key: id}})
 	}
 	if len(slots) < 2 {
 		t.Fatalf("%d requests in %d slots: the test needs several", len(reqs), len(slots))
@@ -275,7 +276,7 @@ func TestBatchOnOneClusterNode(t *testing.T) {
 		for i := range reqs {
 			reqs[i].ID = fmt.Sprint("r", round, "-", i)
 		}
-		ds, errs := l.DecideBatch(context.Background(), reqs)
+		ds, errs := l.DecideBatchWire(context.Background(), reqs)
 		for i := range reqs {
 			if errs[i] != nil || ds[i].Allowed != want {
 				t.Fatalf("round %d, request %d: %+v %v, want allowed %v", round, i, ds[i], errs[i], want)

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
@@ -63,7 +62,7 @@ func (l *Store) onLate(window time.Duration, fn func(contract.LateReply)) bool {
 type coalescer struct {
 	max     int
 	timeout time.Duration // the store's own per-call bound (0: none)
-	send    func(context.Context, []ratelimit.Request) ([]ratelimit.Decision, []error)
+	send    func(context.Context, []contract.Request) ([]contract.Decision, []error)
 	// late, if set, is told the fate of calls their callers gave up on
 	// (OnLate); the pipelines then read replies for window past the last
 	// caller's deadline.
@@ -102,8 +101,8 @@ const (
 // call is one caller's requests, answered together.
 type call struct {
 	ctx   context.Context
-	reqs  []ratelimit.Request
-	ds    []ratelimit.Decision
+	reqs  []contract.Request
+	ds    []contract.Decision
 	errs  []error
 	state atomic.Int32
 	done  chan struct{} // closed once ds and errs are set for the caller
@@ -112,7 +111,7 @@ type call struct {
 // errNotSent: the call's caller left before its pipeline went out.
 var errNotSent = errors.New("redisstore: the caller left before the call was sent")
 
-func (c *coalescer) do(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
+func (c *coalescer) do(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
 	cl := &call{ctx: ctx, reqs: reqs, done: make(chan struct{})}
 	c.mu.Lock()
 	c.queue = append(c.queue, cl)
@@ -154,7 +153,7 @@ func (c *coalescer) do(ctx context.Context, reqs []ratelimit.Request) ([]ratelim
 				errs[i] = fmt.Errorf("redisstore: %w", ctx.Err())
 			}
 		}
-		return make([]ratelimit.Decision, len(reqs)), errs
+		return make([]contract.Decision, len(reqs)), errs
 	}
 }
 
@@ -183,7 +182,7 @@ func (c *coalescer) drain(batch []*call) {
 
 // answer hands ds and errs to cl's caller or, if it has left, to the late
 // handler (sent says whether the call reached the pipeline).
-func (c *coalescer) answer(cl *call, ds []ratelimit.Decision, errs []error, sent bool) {
+func (c *coalescer) answer(cl *call, ds []contract.Decision, errs []error, sent bool) {
 	cl.ds, cl.errs = ds, errs
 	if cl.state.CompareAndSwap(waiting, answered) {
 		close(cl.done)
@@ -207,7 +206,7 @@ func (c *coalescer) answer(cl *call, ds []ratelimit.Decision, errs []error, sent
 // its own deadline, so no call is cut short by another's, and none waits
 // longer than it would alone.
 func (c *coalescer) flush(batch []*call) {
-	var reqs []ratelimit.Request
+	var reqs []contract.Request
 	var deadline time.Time
 	unbounded := false // a call without a deadline
 	live := batch[:0:0]
@@ -217,7 +216,7 @@ func (c *coalescer) flush(batch []*call) {
 			for i := range errs {
 				errs[i] = fmt.Errorf("redisstore: %w: %w", err, errNotSent)
 			}
-			c.answer(cl, make([]ratelimit.Decision, len(cl.reqs)), errs, false)
+			c.answer(cl, make([]contract.Decision, len(cl.reqs)), errs, false)
 			continue
 		}
 		d, ok := cl.ctx.Deadline()

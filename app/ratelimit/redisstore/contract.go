@@ -23,21 +23,18 @@ var (
 	_ contract.Lossy        = ext{}
 	_ contract.Raiser       = ext{}
 	_ contract.Resetter     = ext{}
+	_ contract.Decider      = ext{}
 )
 
-func init() {
-	contract.Register(func(l ratelimit.Limiter) (any, bool) {
-		s, ok := l.(*Store)
-		if !ok {
-			return nil, false
-		}
-		return ext{s}, true
-	})
-}
+func init() { contract.Register(func(s *Store) any { return ext{s} }) }
 
 // ext is a Store's extension (contract.Extension): its part of the
 // recovery, which only resilient calls.
 type ext struct{ s *Store }
+
+func (e ext) DecideWire(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	return e.s.decideBatch(ctx, reqs)
+}
 
 func (e ext) Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
 	return e.s.suspend(ctx, instance, ttl, grace)
@@ -49,7 +46,7 @@ func (e ext) OnLate(window time.Duration, fn func(contract.LateReply)) bool {
 	return e.s.onLate(window, fn)
 }
 
-func (e ext) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
+func (e ext) Refund(ctx context.Context, req contract.Request, d contract.Decision) (int64, error) {
 	return e.s.refund(ctx, req, d)
 }
 

@@ -63,6 +63,15 @@ func (l *Store) Raise(ctx context.Context, floors []contract.Floor) ([]int64, []
 func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity, int64)) (string, int64, error) {
 	return l.readResets(ctx, after, apply)
 }
-func (l *Store) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
+func (l *Store) Refund(ctx context.Context, req contract.Request, d contract.Decision) (int64, error) {
 	return l.refund(ctx, req, d)
+}
+
+// DecideWire and DecideBatchWire decide as the extension does (decide,
+// decideBatch): with weights and holds, and with the states.
+func (l *Store) DecideWire(ctx context.Context, req contract.Request) (contract.Decision, error) {
+	return l.decide(ctx, req)
+}
+func (l *Store) DecideBatchWire(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	return l.decideBatch(ctx, reqs)
 }

@@ -6,12 +6,13 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 )
 
 // TestHoldCountsUnitsFromTheEndOfTheHold: a held GCRA request's units count
-// from now + hold (ratelimit.Request.Hold), alone and in a batch; a held
+// from now + hold (contract.Request.Hold), alone and in a batch; a held
 // request refused leaves the key as it was, and one admitted behind a
 // theoretical arrival time already past now + hold costs what it would
 // without the hold.
@@ -22,10 +23,10 @@ func TestHoldCountsUnitsFromTheEndOfTheHold(t *testing.T) {
 	l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return now }))
 	// 10 a second: one unit is 100 ms of the 1 s tolerance.
 	p := ratelimit.Policy{Name: "hold", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}
-	held := func(key, id string, cost int64, hold time.Duration) ratelimit.Request {
-		return ratelimit.Request{Policy: p, Key: key, ID: id, Cost: cost, Hold: hold}
+	held := func(key, id string, cost int64, hold time.Duration) contract.Request {
+		return contract.Request{Request: ratelimit.Request{Policy: p, Key: key, ID: id, Cost: cost}, Hold: hold}
 	}
-	check := func(name string, d ratelimit.Decision, err error, allowed bool, remaining int64, ahead time.Duration) {
+	check := func(name string, d contract.Decision, err error, allowed bool, remaining int64, ahead time.Duration) {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -37,12 +38,12 @@ func TestHoldCountsUnitsFromTheEndOfTheHold(t *testing.T) {
 	}
 	for _, batch := range []bool{false, true} {
 		key := "single"
-		decide := func(r ratelimit.Request) (ratelimit.Decision, error) { return l.Decide(ctx, r) }
+		decide := func(r contract.Request) (contract.Decision, error) { return l.DecideWire(ctx, r) }
 		if batch {
 			key = "batch"
 			// Beside a request of another key, so that the batch script decides it.
-			decide = func(r ratelimit.Request) (ratelimit.Decision, error) {
-				ds, errs := l.DecideBatch(ctx, []ratelimit.Request{r, {Policy: p, Key: "other", ID: r.ID + "-other"}})
+			decide = func(r contract.Request) (contract.Decision, error) {
+				ds, errs := l.DecideBatchWire(ctx, []contract.Request{r, {Request: ratelimit.Request{Policy: p, Key: "other", ID: r.ID + "-other"}}})
 				return ds[0], errs[0]
 			}
 		}
@@ -57,18 +58,18 @@ func TestHoldCountsUnitsFromTheEndOfTheHold(t *testing.T) {
 		check(key+": hold behind the TAT", d, err, true, 0, time.Second)
 	}
 	// Without a hold the same first request costs its units only.
-	d, err := l.Decide(ctx, held("plain", "p1", 3, 0))
+	d, err := l.DecideWire(ctx, held("plain", "p1", 3, 0))
 	check("no hold", d, err, true, 7, 300*time.Millisecond)
 }
 
 // TestHoldIsOnlyForGCRA: a hold on another algorithm, a read-only request
 // or past the window is a bad request.
 func TestHoldIsOnlyForGCRA(t *testing.T) {
-	for _, r := range []ratelimit.Request{
-		{Policy: ratelimit.Policy{Name: "tb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: time.Second}, Key: "k", Hold: time.Millisecond},
-		{Policy: ratelimit.Policy{Name: "g", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}, Key: "k", Hold: 2 * time.Second},
-		{Policy: ratelimit.Policy{Name: "g", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}, Key: "k", Hold: -time.Millisecond},
-		{Policy: ratelimit.Policy{Name: "g", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}, Key: "k", Hold: time.Millisecond, ReadOnly: true},
+	for _, r := range []contract.Request{
+		{Request: ratelimit.Request{Policy: ratelimit.Policy{Name: "tb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: time.Second}, Key: "k"}, Hold: time.Millisecond},
+		{Request: ratelimit.Request{Policy: ratelimit.Policy{Name: "g", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}, Key: "k"}, Hold: 2 * time.Second},
+		{Request: ratelimit.Request{Policy: ratelimit.Policy{Name: "g", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}, Key: "k"}, Hold: -time.Millisecond},
+		{Request: ratelimit.Request{Policy: ratelimit.Policy{Name: "g", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}, Key: "k", ReadOnly: true}, Hold: time.Millisecond},
 	} {
 		if err := r.Validate(); err == nil {
 			t.Errorf("%+v: valid", r)

@@ -98,7 +98,7 @@ func TestRefundTakesItsCallersDeadline(t *testing.T) {
 	px.Latency(60 * time.Millisecond)
 	callCtx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	n, err := l.Refund(callCtx, ratelimit.Request{Policy: p, Key: "k", ID: "r1"}, d)
+	n, err := l.Refund(callCtx, contract.Request{Request: ratelimit.Request{Policy: p, Key: "k", ID: "r1"}}, contract.Decision{Decision: d})
 	if err != nil || n != 1 {
 		t.Fatalf("refund through a 60 ms proxy with a second to spare: %d back, %v; want 1", n, err)
 	}

@@ -26,10 +26,10 @@ func TestRaiseIsAMaxMerge(t *testing.T) {
 			p := ratelimit.Policy{Name: "raise", Algorithm: alg, Limit: 20, Window: 24 * time.Hour}
 			decide := func(n int) contract.Floor {
 				t.Helper()
-				var d ratelimit.Decision
+				var d contract.Decision
 				for range n {
 					var err error
-					if d, err = l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"}); err != nil || !d.Allowed {
+					if d, err = l.DecideWire(ctx, contract.Request{Request: ratelimit.Request{Policy: p, Key: "k"}}); err != nil || !d.Allowed {
 						t.Fatalf("%+v %v", d, err)
 					}
 				}

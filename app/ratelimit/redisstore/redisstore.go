@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/shortname"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
@@ -170,7 +171,7 @@ func WithReplayClient(c redis.ScriptingFunctionsCmdable) Option {
 const DefaultResendWindow = 3 * time.Second
 
 // WithResendWindow sets how long after a request was admitted a request
-// with the same ratelimit.Request.ID is taken for a resend of it (a proxy
+// with the same contract.Request.ID is taken for a resend of it (a proxy
 // trying another instance after the first failed, possibly after deciding
 // it): admitted without being counted again (default DefaultResendWindow;
 // d <= 0 keeps the default). For the token bucket, GCRA and the window
@@ -266,12 +267,19 @@ func (l *Store) keyWith(pid string, id store.Identity) string {
 // Decide makes one decision in one round trip (with WithCoalescing, in a
 // pipeline shared with the concurrent calls).
 func (l *Store) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	d, err := l.decide(ctx, contract.Request{Request: req})
+	return d.Decision, err
+}
+
+// decide is Decide with the request's weight and hold, and the state in
+// the decision (the extension's DecideWire).
+func (l *Store) decide(ctx context.Context, req contract.Request) (contract.Decision, error) {
 	if l.co != nil {
-		ds, errs := l.DecideBatch(ctx, []ratelimit.Request{req})
+		ds, errs := l.decideBatch(ctx, []contract.Request{req})
 		return ds[0], errs[0]
 	}
 	if err := req.Validate(); err != nil {
-		return ratelimit.Decision{}, err
+		return contract.Decision{}, err
 	}
 	if req.ID == "" {
 		req.ID = l.ids.Next()
@@ -284,7 +292,7 @@ func (l *Store) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.De
 // decideOne sends one valid request (with an ID) as a single FCALL (the
 // library loaded and the call sent again when the node lacks it), within
 // ctx.
-func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+func (l *Store) decideOne(ctx context.Context, req contract.Request) (contract.Decision, error) {
 	callCtx := ctx
 	var now int64
 	if l.now != nil {
@@ -294,28 +302,28 @@ func (l *Store) decideOne(ctx context.Context, req ratelimit.Request) (ratelimit
 	start := time.Now()
 	res, err := fcall(callCtx, l.client, fnDecide[p.Algorithm], []string{l.Key(p, req.Key)}, l.scriptArgs(req, now)...).Slice()
 	latency := time.Since(start)
-	var d ratelimit.Decision
+	var d contract.Decision
 	if err == nil {
 		d, err = parseReply(p.Algorithm, res)
 	}
 	if err != nil {
 		err = classify(ctx, err)
 		if l.hooks.OnError != nil {
-			l.hooks.OnError(req, err, latency)
+			l.hooks.OnError(req.Request, err, latency)
 		}
-		return ratelimit.Decision{}, err
+		return contract.Decision{}, err
 	}
 	d.Limit = p.Capacity()
 	d.Mode = ratelimit.ModeRedis
 	if l.hooks.OnDecision != nil {
-		l.hooks.OnDecision(req, d, latency)
+		l.hooks.OnDecision(req.Request, d.Decision, latency)
 	}
 	return d, nil
 }
 
 // scriptArgs are the ARGV of req's decision script (lua/decide.lua); the
 // hold only when there is one.
-func (l *Store) scriptArgs(req ratelimit.Request, now int64) []any {
+func (l *Store) scriptArgs(req contract.Request, now int64) []any {
 	p := req.Policy
 	args := []any{now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, l.resend}
 	if req.Hold > 0 {
@@ -325,11 +333,11 @@ func (l *Store) scriptArgs(req ratelimit.Request, now int64) []any {
 }
 
 // scriptID is the request id a decision script gets, in the short form
-// Redis keeps (reqid.Short; so are a refusal's Decision.ResendID and a
+// Redis keeps (reqid.Short; so are a refusal's contract.Decision.ResendID and a
 // replayed grant's id): none for a read-only request, which must not be
 // remembered as admitted (lua/once.lua) nor become a member of a sliding
 // window log.
-func scriptID(r ratelimit.Request) string {
+func scriptID(r contract.Request) string {
 	if r.ReadOnly {
 		return ""
 	}
@@ -344,15 +352,26 @@ func scriptID(r ratelimit.Request) string {
 // loaded and only the calls that failed for it are sent again, so nothing
 // is counted twice.
 func (l *Store) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
-	ds, errs := make([]ratelimit.Decision, len(reqs)), make([]error, len(reqs))
+	wreqs := make([]contract.Request, len(reqs))
+	for i, r := range reqs {
+		wreqs[i].Request = r
+	}
+	ds, errs := l.decideBatch(ctx, wreqs)
+	return contract.Plain(ds), errs
+}
+
+// decideBatch is DecideBatch with the requests' weights and holds, and the
+// states in the decisions (the extension's DecideWire).
+func (l *Store) decideBatch(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	ds, errs := make([]contract.Decision, len(reqs)), make([]error, len(reqs))
 	_, pipelines := l.client.(redis.Cmdable)
 	if !pipelines || (len(reqs) == 1 && l.co == nil) {
 		for i, r := range reqs {
-			ds[i], errs[i] = l.Decide(ctx, r)
+			ds[i], errs[i] = l.decide(ctx, r)
 		}
 		return ds, errs
 	}
-	valid := make([]ratelimit.Request, 0, len(reqs))
+	valid := make([]contract.Request, 0, len(reqs))
 	at := make([]int, 0, len(reqs))
 	for i, r := range reqs {
 		if errs[i] = r.Validate(); errs[i] != nil {
@@ -366,7 +385,7 @@ func (l *Store) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ra
 	if len(valid) == 0 {
 		return ds, errs
 	}
-	var vds []ratelimit.Decision
+	var vds []contract.Decision
 	var verrs []error
 	if l.co != nil {
 		vds, verrs = l.co.do(ctx, valid)

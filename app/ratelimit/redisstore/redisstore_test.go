@@ -13,6 +13,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/conformance"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
@@ -35,7 +36,7 @@ func TestVectors(t *testing.T) {
 			key := fmt.Sprintf("vector-%d", i)
 			for j, s := range c.Steps {
 				now = vectors.T0 + s.At
-				got, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: key, Cost: s.Cost, ReadOnly: s.ReadOnly, Weight: s.Weight, ID: fmt.Sprintf("req-%d", j)})
+				got, err := l.DecideWire(context.Background(), contract.Request{Request: ratelimit.Request{Policy: c.Policy, Key: key, Cost: s.Cost, ReadOnly: s.ReadOnly, ID: fmt.Sprintf("req-%d", j)}, Weight: s.Weight})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -51,7 +52,7 @@ func TestVectors(t *testing.T) {
 
 // withoutHint clears a refusal's resend hint, which TestResendVectors
 // checks: the vector tables leave it out.
-func withoutHint(d ratelimit.Decision) ratelimit.Decision {
+func withoutHint(d contract.Decision) contract.Decision {
 	d.ResendID, d.ResendUntil = "", 0
 	return d
 }
@@ -71,7 +72,7 @@ func TestResendVectors(t *testing.T) {
 			var last algorithm.Admission
 			for j, s := range rc.Steps {
 				now = vectors.T0 + s.At
-				d, err := l.Decide(context.Background(), ratelimit.Request{Policy: rc.Policy, Key: key, Cost: s.Cost, ID: s.ID})
+				d, err := l.DecideWire(context.Background(), contract.Request{Request: ratelimit.Request{Policy: rc.Policy, Key: key, Cost: s.Cost, ID: s.ID}})
 				if err != nil {
 					t.Fatal(err)
 				}

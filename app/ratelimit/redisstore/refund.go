@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 //go:embed lua/refund.lua
@@ -26,7 +27,7 @@ var algorithmArg = map[ratelimit.Algorithm]string{
 // ctx's deadline bounds it, when it has one, instead of the store's
 // timeout, so that behind a slow Redis it is applied and known to be (give
 // a deadline the client's read timeout allows: ClientConfig.LateReplies).
-func (l *Store) refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
+func (l *Store) refund(ctx context.Context, req contract.Request, d contract.Decision) (int64, error) {
 	if err := req.Validate(); err != nil {
 		return 0, err
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 )
@@ -19,15 +20,15 @@ import (
 func TestRefundUndoesAnAdmission(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	ctx := context.Background()
-	for _, w := range []ratelimit.Weight{{}, {Num: 4, Den: 3}} {
+	for _, w := range []contract.Weight{{}, {Num: 4, Den: 3}} {
 		for _, alg := range ratelimit.Algorithms {
 			t.Run(fmt.Sprintf("%s/%d-%d", alg, w.Num, w.Den), func(t *testing.T) {
 				now := time.Unix(1_700_000_000, 0)
 				l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return now }))
 				p := ratelimit.Policy{Name: "refund-" + string(alg), Algorithm: alg, Limit: 20, Window: time.Hour}
-				decide := func(key, id string) ratelimit.Decision {
+				decide := func(key, id string) contract.Decision {
 					t.Helper()
-					d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: key, ID: id, Weight: w})
+					d, err := l.DecideWire(ctx, contract.Request{Request: ratelimit.Request{Policy: p, Key: key, ID: id}, Weight: w})
 					if err != nil || !d.Allowed {
 						t.Fatalf("%s %s: %+v %v", key, id, d, err)
 					}
@@ -35,14 +36,14 @@ func TestRefundUndoesAnAdmission(t *testing.T) {
 				}
 				key := fmt.Sprintf("refunded-%d-%d", w.Num, w.Den)
 				ref := fmt.Sprintf("reference-%d-%d", w.Num, w.Den)
-				var last ratelimit.Decision
+				var last contract.Decision
 				for i := range 5 {
 					last = decide(key, fmt.Sprint("a", i))
 					if i < 4 {
 						decide(ref, fmt.Sprint("b", i))
 					}
 				}
-				got, err := l.Refund(ctx, ratelimit.Request{Policy: p, Key: key, ID: "a4", Weight: w}, last)
+				got, err := l.Refund(ctx, contract.Request{Request: ratelimit.Request{Policy: p, Key: key, ID: "a4"}, Weight: w}, last)
 				if err != nil || got != 1 {
 					t.Fatalf("refund: %d units back, %v; want 1", got, err)
 				}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
@@ -24,9 +25,9 @@ func TestReplayVectors(t *testing.T) {
 			var now int64
 			l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
 			key := fmt.Sprintf("replay-%d", i)
-			step := func(s vectors.Step, id string) ratelimit.Decision {
+			step := func(s vectors.Step, id string) contract.Decision {
 				now = vectors.T0 + s.At
-				d, err := l.Decide(context.Background(), ratelimit.Request{Policy: c.Policy, Key: key, Cost: s.Cost, Weight: s.Weight, ID: id})
+				d, err := l.DecideWire(context.Background(), contract.Request{Request: ratelimit.Request{Policy: c.Policy, Key: key, Cost: s.Cost, ID: id}, Weight: s.Weight})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -73,7 +74,7 @@ func TestReplayDoesNotCountARequestTwice(t *testing.T) {
 	l := redisstore.New(c)
 	p := ratelimit.Policy{Name: "dup", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Minute}
 	ctx := context.Background()
-	d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: "req-1"})
+	d, err := l.DecideWire(ctx, contract.Request{Request: ratelimit.Request{Policy: p, Key: "k", ID: "req-1"}})
 	if err != nil || !d.Allowed {
 		t.Fatal(d, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 // replyHead is the length of the part of a decision script's reply that is
@@ -32,14 +33,14 @@ func replyLen(a ratelimit.Algorithm) int {
 	case ratelimit.SlidingWindowCounter:
 		return replyHead + 3
 	case ratelimit.SlidingWindowLog:
-		return replyHead + ratelimit.AgeBuckets
+		return replyHead + contract.AgeBuckets
 	}
 	return -1
 }
 
 // parseReply turns algorithm a's script reply into a decision, checking
 // every element.
-func parseReply(a ratelimit.Algorithm, res []any) (ratelimit.Decision, error) {
+func parseReply(a ratelimit.Algorithm, res []any) (contract.Decision, error) {
 	n := replyLen(a)
 	var resendID string
 	var resendUntil int64
@@ -47,31 +48,33 @@ func parseReply(a ratelimit.Algorithm, res []any) (ratelimit.Decision, error) {
 		id, ok1 := res[n].(string)
 		until, ok2 := res[n+1].(int64)
 		if !ok1 || !ok2 || id == "" || until <= 0 || res[0] != int64(0) {
-			return ratelimit.Decision{}, fmt.Errorf("%w: resend hint %v", ratelimit.ErrBadReply, res[n:])
+			return contract.Decision{}, fmt.Errorf("%w: resend hint %v", ratelimit.ErrBadReply, res[n:])
 		}
 		resendID, resendUntil, res = id, until, res[:n]
 	}
 	if len(res) != n {
-		return ratelimit.Decision{}, fmt.Errorf("%w: %d elements, want %d", ratelimit.ErrBadReply, len(res), n)
+		return contract.Decision{}, fmt.Errorf("%w: %d elements, want %d", ratelimit.ErrBadReply, len(res), n)
 	}
-	var v [replyHead + ratelimit.AgeBuckets]int64
+	var v [replyHead + contract.AgeBuckets]int64
 	for i, x := range res {
 		n, ok := x.(int64)
 		if !ok {
-			return ratelimit.Decision{}, fmt.Errorf("%w: element %d is %T, want an integer", ratelimit.ErrBadReply, i, x)
+			return contract.Decision{}, fmt.Errorf("%w: element %d is %T, want an integer", ratelimit.ErrBadReply, i, x)
 		}
 		v[i] = n
 	}
 	if v[0] != 0 && v[0] != 1 || v[1] < 0 || v[2] < 0 || v[3] < 0 || v[4] <= 0 {
-		return ratelimit.Decision{}, fmt.Errorf("%w: out-of-range values %v", ratelimit.ErrBadReply, v[:replyHead])
+		return contract.Decision{}, fmt.Errorf("%w: out-of-range values %v", ratelimit.ErrBadReply, v[:replyHead])
 	}
-	d := ratelimit.Decision{
-		Allowed:    v[0] == 1,
-		Remaining:  v[1],
-		ResetAfter: time.Duration(v[2]) * time.Microsecond,
-		RetryAfter: time.Duration(v[3]) * time.Microsecond,
-		State:      ratelimit.State{Now: v[4]},
-		ResendID:   resendID, ResendUntil: resendUntil,
+	d := contract.Decision{
+		Decision: ratelimit.Decision{
+			Allowed:    v[0] == 1,
+			Remaining:  v[1],
+			ResetAfter: time.Duration(v[2]) * time.Microsecond,
+			RetryAfter: time.Duration(v[3]) * time.Microsecond,
+		},
+		State:    contract.State{Now: v[4]},
+		ResendID: resendID, ResendUntil: resendUntil,
 	}
 	st, s := &d.State, v[replyHead:]
 	switch a {

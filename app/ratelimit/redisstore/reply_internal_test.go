@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 // TestParseReply: each algorithm's reply carries the head and only its own
@@ -23,12 +24,12 @@ func TestParseReply(t *testing.T) {
 	for _, c := range []struct {
 		alg   ratelimit.Algorithm
 		state []int64
-		want  ratelimit.State
+		want  contract.State
 	}{
-		{ratelimit.TokenBucket, []int64{7}, ratelimit.State{Tokens: 7}},
-		{ratelimit.GCRA, []int64{8, 9}, ratelimit.State{TAT: 8, TATRem: 9}},
-		{ratelimit.SlidingWindowCounter, []int64{10, 11, 12}, ratelimit.State{WindowStart: 10, Current: 11, Previous: 12}},
-		{ratelimit.SlidingWindowLog, []int64{1, 2, 3, 4, 5, 6, 7, 8}, ratelimit.State{Ages: [ratelimit.AgeBuckets]int64{1, 2, 3, 4, 5, 6, 7, 8}}},
+		{ratelimit.TokenBucket, []int64{7}, contract.State{Tokens: 7}},
+		{ratelimit.GCRA, []int64{8, 9}, contract.State{TAT: 8, TATRem: 9}},
+		{ratelimit.SlidingWindowCounter, []int64{10, 11, 12}, contract.State{WindowStart: 10, Current: 11, Previous: 12}},
+		{ratelimit.SlidingWindowLog, []int64{1, 2, 3, 4, 5, 6, 7, 8}, contract.State{Ages: [contract.AgeBuckets]int64{1, 2, 3, 4, 5, 6, 7, 8}}},
 	} {
 		t.Run(string(c.alg), func(t *testing.T) {
 			d, err := parseReply(c.alg, ints(append(append([]int64{}, head...), c.state...)...))

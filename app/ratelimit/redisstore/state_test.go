@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
@@ -27,10 +28,10 @@ func TestStateString(t *testing.T) {
 		p := ratelimit.Policy{Name: "forms", Algorithm: alg, Limit: 10, Window: time.Minute, Burst: 2}
 		name := fmt.Sprint(alg)
 		key := l.Key(p, name)
-		var d ratelimit.Decision
+		var d contract.Decision
 		for i := range 2 {
 			var err error
-			if d, err = l.Decide(ctx, ratelimit.Request{Policy: p, Key: name, ID: fmt.Sprint("id-", i)}); err != nil || !d.Allowed {
+			if d, err = l.DecideWire(ctx, contract.Request{Request: ratelimit.Request{Policy: p, Key: name, ID: fmt.Sprint("id-", i)}}); err != nil || !d.Allowed {
 				t.Fatalf("%s: %+v %v, want an admission", name, d, err)
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 )
@@ -33,7 +34,7 @@ func hammer(t *testing.T, limiters []*redisstore.Store, p ratelimit.Policy, key 
 		wg.Go(func() {
 			l := limiters[g%len(limiters)]
 			for i := 0; time.Now().Before(deadline); i++ {
-				dec, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: key, ID: fmt.Sprintf("g%d-%d", g, i)})
+				dec, err := l.DecideWire(context.Background(), contract.Request{Request: ratelimit.Request{Policy: p, Key: key, ID: fmt.Sprintf("g%d-%d", g, i)}})
 				if err != nil {
 					t.Error(err)
 					return

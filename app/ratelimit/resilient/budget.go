@@ -8,6 +8,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient/internal/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -17,7 +18,7 @@ import (
 // the local fallback state that continues from it while the store is out.
 type entry struct {
 	// The last store reply, and the key it was for.
-	snap      ratelimit.State
+	snap      contract.State
 	snapValid bool
 	policy    *ratelimit.Policy // shared by the keys of the policy (policyRef)
 	identity  store.Identity
@@ -29,8 +30,8 @@ type entry struct {
 	// request is refused without a round trip. 0: none.
 	refusedUntil int64
 	refusedCost  int64
-	refusedW     ratelimit.Weight
-	// The refusal's resend hint (ratelimit.Decision.ResendID): a request
+	refusedW     contract.Weight
+	// The refusal's resend hint (contract.Decision.ResendID): a request
 	// with this id is a resend the store admits until resendUntil (store
 	// µs), so the refusal does not answer it.
 	resendID    string
@@ -71,11 +72,11 @@ func (s share) of(x float64) float64 { return x * s.factor / s.n }
 // instance's share of what the store last said was left, with refill and
 // ageing that mirror the store's semantics. The caller has started the
 // local state (ensureLocal).
-func (e *entry) decideLocal(p ratelimit.Policy, now, cost int64, sh share) ratelimit.Decision {
+func (e *entry) decideLocal(p ratelimit.Policy, now, cost int64, sh share) contract.Decision {
 	// The fleet size is the one the share started with (after a restart:
 	// the one the journal recorded), not the one assumed since.
 	sh.n = e.n
-	var d ratelimit.Decision
+	var d contract.Decision
 	switch p.Algorithm {
 	case ratelimit.TokenBucket, ratelimit.GCRA:
 		d = e.bucket(p, now, cost, sh)
@@ -181,11 +182,11 @@ func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
 // bucket is the token bucket (and GCRA, its equivalent) share: capacity and
 // rate divided among the instances, starting from the share of the tokens
 // left at the last reply.
-func (e *entry) bucket(p ratelimit.Policy, now, cost int64, sh share) ratelimit.Decision {
+func (e *entry) bucket(p ratelimit.Policy, now, cost int64, sh share) contract.Decision {
 	capacity := sh.of(float64(p.Capacity()))
 	rate := sh.of(float64(p.Limit) / float64(p.WindowMicros())) // units per µs
 	e.level, e.at = fill(e.level, e.at, now, capacity, rate), max(e.at, now)
-	var d ratelimit.Decision
+	var d contract.Decision
 	c := float64(cost)
 	if e.level+1e-9 >= c {
 		d.Allowed = true
@@ -201,7 +202,7 @@ func (e *entry) bucket(p ratelimit.Policy, now, cost int64, sh share) ratelimit.
 // windowLog is the sliding window log share. The grants the last reply knew
 // of age out as its histogram said (each bucket assumed to expire as late as
 // it could); the instance may hold its share of the rest of the window.
-func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) ratelimit.Decision {
+func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) contract.Decision {
 	w := p.WindowMicros()
 	var pre int64
 	if e.snapValid {
@@ -210,7 +211,7 @@ func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) ratelim
 			// is before the others can know this instance is missing, one
 			// of them may have taken the freed place: it stays taken for
 			// a window more.
-			expiry := e.snap.Now + w - int64(i)*w/ratelimit.AgeBuckets
+			expiry := e.snap.Now + w - int64(i)*w/contract.AgeBuckets
 			if expiry > now || expiry <= e.confirmed && expiry+w > now {
 				pre += n
 			}
@@ -218,13 +219,13 @@ func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) ratelim
 	}
 	local := p
 	local.Limit = int64(math.Floor(sh.of(float64(max(0, p.Limit-pre))) + 1e-9))
-	return algorithm.WindowLogDecide(local, &e.log, now, cost, ratelimit.Weight{})
+	return algorithm.WindowLogDecide(local, &e.log, now, cost, contract.Weight{})
 }
 
 // windowCounter is the sliding window counter share: the counts the last
 // reply knew of, shifted into the current windows, plus this instance's
 // local counts weighted by the number of instances.
-func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) ratelimit.Decision {
+func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) contract.Decision {
 	w := p.WindowMicros()
 	start := now - now%w
 	elapsed := now - start
@@ -237,7 +238,7 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) rat
 	known := float64(kp*(w-elapsed) + kc*w)
 	room := sh.of(float64(p.Limit*w) - known) // this instance's part, units × µs
 	used := float64(lp*(w-elapsed) + lc*w)
-	var d ratelimit.Decision
+	var d contract.Decision
 	if used+float64(cost*w) <= room+1e-6 {
 		d.Allowed = true
 		lc += cost

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient/internal/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -29,16 +30,16 @@ func TestChargesLeaveNoMoreThanTheIdeal(t *testing.T) {
 			w := p.WindowMicros()
 			// The store's state when the outage began: the key empty, as
 			// the fleet kept it, and the snapshot every instance took of it.
-			empty := ratelimit.State{Now: t0, TAT: t0 + w}
+			empty := contract.State{Now: t0, TAT: t0 + w}
 			snap := journal.Snapshot{Policy: p, State: empty, Valid: true, N: 4, Confirmed: t0}
 			tb := algorithm.TokenBucketState{Tokens: 0, Last: t0}
 			gcra := algorithm.GCRAState{TAT: t0 + w}
-			decide := func(now, cost int64) ratelimit.Decision {
-				var d ratelimit.Decision
+			decide := func(now, cost int64) contract.Decision {
+				var d contract.Decision
 				if alg == ratelimit.TokenBucket {
-					tb, d = algorithm.TokenBucketDecide(p, tb, now, cost, ratelimit.Weight{})
+					tb, d = algorithm.TokenBucketDecide(p, tb, now, cost, contract.Weight{})
 				} else {
-					gcra, d = algorithm.GCRADecide(p, gcra, now, cost, ratelimit.Weight{})
+					gcra, d = algorithm.GCRADecide(p, gcra, now, cost, contract.Weight{})
 				}
 				return d
 			}
@@ -103,7 +104,7 @@ func TestInterleavedSharesReplayInAnyOrder(t *testing.T) {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "p", Algorithm: alg, Limit: 100, Window: 10 * time.Second}
 			w := p.WindowMicros()
-			snap := journal.Snapshot{Policy: p, State: ratelimit.State{Now: t0, TAT: t0 + w}, Valid: true, N: 4, Confirmed: t0}
+			snap := journal.Snapshot{Policy: p, State: contract.State{Now: t0, TAT: t0 + w}, Valid: true, N: 4, Confirmed: t0}
 			interval := w / p.Limit // one unit refills in this long
 			grants := make([][]store.Grant, 4)
 			for k := int64(1); t0+k*interval <= end; k++ {
@@ -124,11 +125,11 @@ func TestInterleavedSharesReplayInAnyOrder(t *testing.T) {
 						gcra, _ = algorithm.GCRAReplay(p, gcra, end, charge)
 					}
 				}
-				var d ratelimit.Decision
+				var d contract.Decision
 				if alg == ratelimit.TokenBucket {
-					_, d = algorithm.TokenBucketDecide(p, tb, end, 1, ratelimit.Weight{})
+					_, d = algorithm.TokenBucketDecide(p, tb, end, 1, contract.Weight{})
 				} else {
-					_, d = algorithm.GCRADecide(p, gcra, end, 1, ratelimit.Weight{})
+					_, d = algorithm.GCRADecide(p, gcra, end, 1, contract.Weight{})
 				}
 				return d.RetryAfter
 			}
@@ -139,12 +140,12 @@ func TestInterleavedSharesReplayInAnyOrder(t *testing.T) {
 				all = append(all, g...)
 			}
 			algorithm.SortGrants(all)
-			var ideal ratelimit.Decision
+			var ideal contract.Decision
 			for _, g := range append(all, store.Grant{At: end, Cost: 1}) {
 				if alg == ratelimit.TokenBucket {
-					tb, ideal = algorithm.TokenBucketDecide(p, tb, g.At, g.Cost, ratelimit.Weight{})
+					tb, ideal = algorithm.TokenBucketDecide(p, tb, g.At, g.Cost, contract.Weight{})
 				} else {
-					gcra, ideal = algorithm.GCRADecide(p, gcra, g.At, g.Cost, ratelimit.Weight{})
+					gcra, ideal = algorithm.GCRADecide(p, gcra, g.At, g.Cost, contract.Weight{})
 				}
 			}
 			var orders [][]int

@@ -8,15 +8,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
-func init() {
-	contract.Register(func(l ratelimit.Limiter) (any, bool) {
-		r, ok := l.(*Limiter)
-		if !ok {
-			return nil, false
-		}
-		return ext{r}, true
-	})
-}
+func init() { contract.Register(func(l *Limiter) any { return ext{l} }) }
 
 // ext is a Limiter's extension (contract.Extension): what the lease layer
 // needs of it beyond deciding.
@@ -25,9 +17,14 @@ type ext struct{ l *Limiter }
 var (
 	_ contract.Refunder = ext{}
 	_ contract.Leasable = ext{}
+	_ contract.Decider  = ext{}
 )
 
-func (e ext) Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
+func (e ext) DecideWire(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	return e.l.decideWire(ctx, reqs)
+}
+
+func (e ext) Refund(ctx context.Context, req contract.Request, d contract.Decision) (int64, error) {
 	return e.l.refundStore(ctx, req, d)
 }
 

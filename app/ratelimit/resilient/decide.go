@@ -25,9 +25,9 @@ import (
 // request runs without a counted decision (the store call is bounded by
 // Timeout, not by ctx).
 func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
-	c := [1]call{{req: req}}
+	c := [1]call{{req: contract.Request{Request: req}}}
 	l.decide(ctx, c[:])
-	return c[0].d, c[0].err
+	return c[0].d.Decision, c[0].err
 }
 
 // DecideBatch decides several requests as Decide does each, in one round
@@ -36,10 +36,26 @@ func (l *Limiter) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.
 func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]ratelimit.Decision, []error) {
 	cs := make([]call, len(reqs))
 	for i, r := range reqs {
-		cs[i].req = r
+		cs[i].req.Request = r
 	}
 	l.decide(ctx, cs)
 	ds, errs := make([]ratelimit.Decision, len(cs)), make([]error, len(cs))
+	for i := range cs {
+		ds[i], errs[i] = cs[i].d.Decision, cs[i].err
+	}
+	return ds, errs
+}
+
+// decideWire is DecideBatch with the requests' holds (a lease's draw), and
+// the states and weights in the decisions (the extension's DecideWire).
+func (l *Limiter) decideWire(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	cs := make([]call, len(reqs))
+	for i, r := range reqs {
+		cs[i].req = r
+		cs[i].req.Weight = contract.Weight{}
+	}
+	l.decide(ctx, cs)
+	ds, errs := make([]contract.Decision, len(cs)), make([]error, len(cs))
 	for i := range cs {
 		ds[i], errs[i] = cs[i].d, cs[i].err
 	}
@@ -48,11 +64,11 @@ func (l *Limiter) DecideBatch(ctx context.Context, reqs []ratelimit.Request) ([]
 
 // call is one request on its way through decide.
 type call struct {
-	req ratelimit.Request // validated, and given an id before it goes to the store
+	req contract.Request // validated, and given an id before it goes to the store
 	id  store.Identity
 	k   key
-	w   ratelimit.Weight // what the store call holds back for the fleet (weight)
-	d   ratelimit.Decision
+	w   contract.Weight // what the store call holds back for the fleet (weight)
+	d   contract.Decision
 	err error
 	// late (not zero): the call to the store timed out, and the store
 	// still has it; its late answer is awaited until then (decideLocal).
@@ -62,7 +78,7 @@ type call struct {
 }
 
 // sent is the request as the store gets it.
-func (c *call) sent() ratelimit.Request {
+func (c *call) sent() contract.Request {
 	r := c.req
 	r.Weight = c.w
 	return r
@@ -139,26 +155,18 @@ func (l *Limiter) ask(ctx context.Context, cs []call, n int, probe bool, timeout
 	short := timeout < l.cfg.Timeout
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	at := l.clock.now()
-	if n == 1 {
-		for i := range cs {
-			if c := &cs[i]; c.asked {
-				c.d, c.err = l.store.Decide(callCtx, c.sent())
-			}
+	sent := make([]contract.Request, 0, n)
+	for i := range cs {
+		if cs[i].asked {
+			sent = append(sent, cs[i].sent())
 		}
-	} else {
-		sent := make([]ratelimit.Request, 0, n)
-		for i := range cs {
-			if cs[i].asked {
-				sent = append(sent, cs[i].sent())
-			}
-		}
-		ds, errs := ratelimit.DecideAll(callCtx, l.store, sent)
-		j := 0
-		for i := range cs {
-			if c := &cs[i]; c.asked {
-				c.d, c.err = ds[j], errs[j]
-				j++
-			}
+	}
+	ds, errs := l.wire.DecideWire(callCtx, sent)
+	j := 0
+	for i := range cs {
+		if c := &cs[i]; c.asked {
+			c.d, c.err = ds[j], errs[j]
+			j++
 		}
 	}
 	cancel()
@@ -180,7 +188,7 @@ func (l *Limiter) ask(ctx context.Context, cs []call, n int, probe bool, timeout
 			continue
 		}
 		counted = true
-		c.d, c.err = ratelimit.Decision{}, nil
+		c.d, c.err = contract.Decision{}, nil
 		if l.lateReplies && errors.Is(err, contract.ErrPending) {
 			c.late = at.Add(timeout + l.cfg.LateGrace)
 		}
@@ -219,7 +227,7 @@ func distinctIDs(cs []call) {
 // (and the other algorithms answer a resent request once, lua/once.lua). A
 // decision made only locally needs one for the sliding window log alone,
 // whose journal keeps it as the member to replay.
-func (l *Limiter) withID(req ratelimit.Request) ratelimit.Request {
+func (l *Limiter) withID(req contract.Request) contract.Request {
 	if req.ID == "" {
 		req.ID = l.ids.Next()
 	}
@@ -231,7 +239,7 @@ func (l *Limiter) withID(req ratelimit.Request) ratelimit.Request {
 // any other failure counted (against the breaker too when countFailure is
 // set) and reported as local: decide it locally. The failure is returned
 // with it, so the caller can tell a call the store still has (pending).
-func (l *Limiter) settle(k key, req ratelimit.Request, id store.Identity, d ratelimit.Decision, err error, sent time.Time, countFailure bool) (_ ratelimit.Decision, local bool, _ error) {
+func (l *Limiter) settle(k key, req contract.Request, id store.Identity, d contract.Decision, err error, sent time.Time, countFailure bool) (_ contract.Decision, local bool, _ error) {
 	switch {
 	case err == nil:
 		l.br.success()
@@ -239,14 +247,14 @@ func (l *Limiter) settle(k key, req ratelimit.Request, id store.Identity, d rate
 		l.remember(k, req, id, d, sent, l.clock.now())
 		return d, false, nil
 	case errors.Is(err, ratelimit.ErrInvalidRequest) || errors.Is(err, ratelimit.ErrInvalidPolicy):
-		return ratelimit.Decision{}, false, err
+		return contract.Decision{}, false, err
 	}
 	l.stats.failures.Add(1)
 	l.stats.failedDecisions.Add(1)
 	if countFailure && !errors.Is(err, ratelimit.ErrBadReply) { // one odd key is no outage
 		l.br.failure(err.Error(), isTimeout(err))
 	}
-	return ratelimit.Decision{}, true, err
+	return contract.Decision{}, true, err
 }
 
 // remember keeps the store's reply as the key's snapshot and updates the
@@ -254,7 +262,7 @@ func (l *Limiter) settle(k key, req ratelimit.Request, id store.Identity, d rate
 // A reply older than the snapshot held teaches the offset only: the callers
 // of a shared pipeline wake in any order, and a late reply comes after
 // newer ones.
-func (l *Limiter) remember(k key, req ratelimit.Request, id store.Identity, d ratelimit.Decision, sent, recv time.Time) {
+func (l *Limiter) remember(k key, req contract.Request, id store.Identity, d contract.Decision, sent, recv time.Time) {
 	l.learnOffset(d.State.Now, sent, recv)
 	l.keep(k, req, id, d, true)
 }
@@ -262,7 +270,7 @@ func (l *Limiter) remember(k key, req ratelimit.Request, id store.Identity, d ra
 // keep keeps the store's reply d to req as the key's snapshot, unless the
 // one held is newer; a refusal is cached only with cache (not from a late
 // reply, which can come after a reset lifted the key).
-func (l *Limiter) keep(k key, req ratelimit.Request, id store.Identity, d ratelimit.Decision, cache bool) {
+func (l *Limiter) keep(k key, req contract.Request, id store.Identity, d contract.Decision, cache bool) {
 	p := req.Policy
 	sh := l.keys.shard(k)
 	sh.mu.Lock()
@@ -308,7 +316,7 @@ const refusalMargin = 2 * time.Millisecond
 // store call would carry), the retry time not yet reached, and req not a
 // resend of the admission the refusal's hint names (entry.resendID; guarded
 // by TestResendIsNotRefusedFromTheCache).
-func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight) (ratelimit.Decision, bool) {
+func (l *Limiter) cachedRefusal(k key, req contract.Request, w contract.Weight) (contract.Decision, bool) {
 	now := l.storeNow()
 	sh := l.keys.shard(k)
 	sh.mu.Lock()
@@ -316,25 +324,25 @@ func (l *Limiter) cachedRefusal(k key, req ratelimit.Request, w ratelimit.Weight
 	e, ok := sh.lru.Peek(k)
 	if !ok || e.refusedUntil == 0 || e.policy == nil || *e.policy != req.Policy || req.Units() < e.refusedCost ||
 		!atLeastAsStrict(w, e.refusedW) {
-		return ratelimit.Decision{}, false
+		return contract.Decision{}, false
 	}
 	margin := refusalMargin.Microseconds() + l.offsetErr()
 	if e.resendID != "" && (req.ID == e.resendID || reqid.IsShort(req.ID, e.resendID)) && now < e.resendUntil+margin {
-		return ratelimit.Decision{}, false // a resend of an admitted request: the store admits it
+		return contract.Decision{}, false // a resend of an admitted request: the store admits it
 	}
 	left := e.refusedUntil - now - margin
 	if left <= 0 {
-		return ratelimit.Decision{}, false
+		return contract.Decision{}, false
 	}
 	l.stats.cachedRefusals.Add(1)
 	reset := max(time.Duration(left)*time.Microsecond, time.Duration(e.snap.Now-now)*time.Microsecond)
-	return ratelimit.Decision{Limit: req.Policy.Capacity(), RetryAfter: time.Duration(left+margin) * time.Microsecond,
-		ResetAfter: reset, State: e.snap, Mode: ratelimit.ModeRedis}, true
+	return contract.Decision{Decision: ratelimit.Decision{Limit: req.Policy.Capacity(), RetryAfter: time.Duration(left+margin) * time.Microsecond,
+		ResetAfter: reset, Mode: ratelimit.ModeRedis}, State: e.snap}, true
 }
 
 // atLeastAsStrict reports whether weight w holds back at least as much as
 // was (a zero Weight is 1/1).
-func atLeastAsStrict(w, was ratelimit.Weight) bool {
+func atLeastAsStrict(w, was contract.Weight) bool {
 	num, den := max(w.Num, 1), max(w.Den, 1)
 	wnum, wden := max(was.Num, 1), max(was.Den, 1)
 	return num*wden >= wnum*den
@@ -384,30 +392,48 @@ func (l *Limiter) offsetErr() int64 { return l.offset.load().errAt(l.clock.now()
 // refused polite keys until the others closed (TestFleetFaults/redis-kill),
 // so there the rest of a recovering share can be granted twice for the
 // moments of its recovery (docs/GUARANTEES.md).
-func (l *Limiter) weight(alg ratelimit.Algorithm) ratelimit.Weight {
+func (l *Limiter) weight(alg ratelimit.Algorithm) contract.Weight {
 	bucket, window := l.weights()
 	return weightFor(alg, bucket, window)
 }
 
 // weights returns the weight of the token bucket's and GCRA's decisions
 // and that of the window algorithms' (see weight).
-func (l *Limiter) weights() (bucket, window ratelimit.Weight) {
+func (l *Limiter) weights() (bucket, window contract.Weight) {
 	live, suspect, recovering := l.live.Load(), l.heldBack.Load(), l.recovering.Load()
 	if live <= 0 {
-		return ratelimit.Weight{}, ratelimit.Weight{}
+		return contract.Weight{}, contract.Weight{}
 	}
-	of := func(deciders int64) ratelimit.Weight {
+	of := func(deciders int64) contract.Weight {
 		if deciders >= live+suspect {
-			return ratelimit.Weight{}
+			return contract.Weight{}
 		}
-		return ratelimit.Weight{Num: min(live+suspect, 1024), Den: min(max(1, deciders), 1024)}
+		return contract.Weight{Num: min(live+suspect, 1024), Den: min(max(1, deciders), 1024)}
 	}
 	return of(live - recovering), of(live)
 }
 
-func weightFor(alg ratelimit.Algorithm, bucket, window ratelimit.Weight) ratelimit.Weight {
+func weightFor(alg ratelimit.Algorithm, bucket, window contract.Weight) contract.Weight {
 	if alg == ratelimit.TokenBucket || alg == ratelimit.GCRA {
 		return bucket
 	}
 	return window
+}
+
+// plainStore decides in a store without an extension that decides with
+// weights (a store from outside this module): each request without its
+// weight, and the decision without a state.
+type plainStore struct{ s store.Store }
+
+func (p plainStore) DecideWire(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	plain := make([]ratelimit.Request, len(reqs))
+	for i, r := range reqs {
+		plain[i] = r.Request
+	}
+	ds, errs := ratelimit.DecideAll(ctx, p.s, plain)
+	out := make([]contract.Decision, len(ds))
+	for i, d := range ds {
+		out[i].Decision = d
+	}
+	return out, errs
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -19,11 +20,11 @@ func TestSnapshotIsTheNewestReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}
-	req := ratelimit.Request{Policy: p, Key: "k"}
+	req := contract.Request{Request: ratelimit.Request{Policy: p, Key: "k"}}
 	id := store.IdentityOf(req.Key)
 	k := l.keyOfIdentity(p, id)
-	newer := ratelimit.Decision{Allowed: true, State: ratelimit.State{Now: 2_000_000, TAT: 2_500_000}}
-	older := ratelimit.Decision{Allowed: true, State: ratelimit.State{Now: 1_000_000, TAT: 1_100_000}}
+	newer := contract.Decision{Decision: ratelimit.Decision{Allowed: true}, State: contract.State{Now: 2_000_000, TAT: 2_500_000}}
+	older := contract.Decision{Decision: ratelimit.Decision{Allowed: true}, State: contract.State{Now: 1_000_000, TAT: 1_100_000}}
 	now := time.Now()
 	l.remember(k, req, id, newer, now, now)
 	l.remember(k, req, id, older, now, now)
@@ -65,13 +66,13 @@ func TestRecoveringOthersCountsWhoMayGrantLocally(t *testing.T) {
 func TestWeightHoldsBackRecoveringInstances(t *testing.T) {
 	for _, c := range []struct {
 		live, held, recovering int64
-		want                   ratelimit.Weight
+		want                   contract.Weight
 	}{
-		{4, 0, 0, ratelimit.Weight{}},
-		{4, 0, 1, ratelimit.Weight{Num: 4, Den: 3}},
-		{3, 1, 1, ratelimit.Weight{Num: 4, Den: 2}},
-		{4, 0, 3, ratelimit.Weight{Num: 4, Den: 1}},
-		{2, 0, 5, ratelimit.Weight{Num: 2, Den: 1}},
+		{4, 0, 0, contract.Weight{}},
+		{4, 0, 1, contract.Weight{Num: 4, Den: 3}},
+		{3, 1, 1, contract.Weight{Num: 4, Den: 2}},
+		{4, 0, 3, contract.Weight{Num: 4, Den: 1}},
+		{2, 0, 5, contract.Weight{Num: 2, Den: 1}},
 	} {
 		var l Limiter
 		l.live.Store(c.live)
@@ -81,7 +82,7 @@ func TestWeightHoldsBackRecoveringInstances(t *testing.T) {
 			t.Errorf("live %d, held back %d, recovering %d: %+v, want %+v", c.live, c.held, c.recovering, got, c.want)
 		}
 		if c.held == 0 {
-			if got := l.weight(ratelimit.SlidingWindowCounter); got != (ratelimit.Weight{}) {
+			if got := l.weight(ratelimit.SlidingWindowCounter); got != (contract.Weight{}) {
 				t.Errorf("sliding window counter, live %d, recovering %d: %+v, want the whole policy", c.live, c.recovering, got)
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/mocks"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
@@ -29,7 +30,7 @@ type fakeStore struct {
 	slowBeats   atomic.Int64 // heartbeats left that outlive their deadline (a store busy with other instances' replays)
 	slowPings   atomic.Int64 // pings left that outlive their deadline (a Redis starting: its first connection is slow)
 	live, susp  atomic.Int64
-	lastRequest atomic.Pointer[ratelimit.Request]
+	lastRequest atomic.Pointer[contract.Request]
 	// skew is the store's clock minus the local one, µs.
 	skew atomic.Int64
 }
@@ -40,22 +41,24 @@ func newFakeStore() *fakeStore {
 	gen := "gen-1"
 	f.gen.Store(&gen)
 	f.live.Store(4)
-	fail := func(ctx context.Context) error {
-		if f.hang.Load() {
-			<-ctx.Done()
-			return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
-		}
-		return fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable)
-	}
+	fail := f.fail
 	f.Store = &mocks.Store{
 		DecideFunc: func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
-			f.lastRequest.Store(&req)
+			r := contract.Request{Request: req}
+			c, _ := ctx.Value(wireKey{}).(*wireCall)
+			if c != nil {
+				r = c.req
+			}
+			f.lastRequest.Store(&r)
 			if f.down.Load() || f.hang.Load() {
 				return ratelimit.Decision{}, fail(ctx)
 			}
-			d, err := f.twin.Load().Decide(ctx, req)
-			d.Mode = ratelimit.ModeRedis
-			return d, err
+			ds, errs := contract.Extension(f.twin.Load()).(contract.Decider).DecideWire(ctx, []contract.Request{r})
+			ds[0].Mode = ratelimit.ModeRedis
+			if c != nil {
+				c.d = ds[0]
+			}
+			return ds[0].Decision, errs[0]
 		},
 		PingFunc: func(ctx context.Context) error {
 			if f.down.Load() || f.hang.Load() {
@@ -96,11 +99,47 @@ func newFakeStore() *fakeStore {
 				}
 				return make([]store.ReplayResult, len(batches)), errs
 			}
-			return f.twin.Load().Replay(ctx, batches)
+			return contract.Extension(f.twin.Load()).(interface {
+				Replay(context.Context, []store.ReplayBatch) ([]store.ReplayResult, []error)
+			}).Replay(ctx, batches)
 		},
 	}
 	return f
 }
+
+// fail fails a call like a refused connection, or, hanging, at its
+// deadline.
+func (f *fakeStore) fail(ctx context.Context) error {
+	if f.hang.Load() {
+		<-ctx.Done()
+		return fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
+	}
+	return fmt.Errorf("%w: connection refused", ratelimit.ErrUnavailable)
+}
+
+// DecideWire decides as a store of the module does (contract.Decider),
+// with weights and states, each request through the mock's Decide (so that
+// tests count the calls and wrap or replace DecideFunc); the default
+// DecideFunc decides in the twin and hands the state back through ctx.
+func (f *fakeStore) DecideWire(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	ds, errs := make([]contract.Decision, len(reqs)), make([]error, len(reqs))
+	for i, r := range reqs {
+		c := &wireCall{req: r}
+		d, err := f.Store.Decide(context.WithValue(ctx, wireKey{}, c), r.Request)
+		ds[i], errs[i] = c.d, err
+		ds[i].Decision = d
+	}
+	return ds, errs
+}
+
+// wireCall carries a request's weight to the default DecideFunc, and the
+// twin's state back.
+type wireCall struct {
+	req contract.Request
+	d   contract.Decision
+}
+
+type wireKey struct{}
 
 func newLimiter(t *testing.T, s store.Store, cfg resilient.Config) *resilient.Limiter {
 	t.Helper()
@@ -174,12 +213,23 @@ func (s *nullStore) err() error {
 	return nil
 }
 
-func (s *nullStore) Decide(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
-	if err := s.err(); err != nil {
-		return ratelimit.Decision{}, err
+func (s *nullStore) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+	ds, errs := s.DecideWire(ctx, []contract.Request{{Request: req}})
+	return ds[0].Decision, errs[0]
+}
+
+func (s *nullStore) DecideWire(_ context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
+	ds, errs := make([]contract.Decision, len(reqs)), make([]error, len(reqs))
+	for i, req := range reqs {
+		if errs[i] = s.err(); errs[i] != nil {
+			continue
+		}
+		ds[i] = contract.Decision{
+			Decision: ratelimit.Decision{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: time.Second, Mode: ratelimit.ModeRedis},
+			State:    contract.State{Now: time.Now().UnixMicro(), Tokens: 99 * req.Policy.WindowMicros(), Current: 1},
+		}
 	}
-	return ratelimit.Decision{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: time.Second, Mode: ratelimit.ModeRedis,
-		State: ratelimit.State{Now: time.Now().UnixMicro(), Tokens: 99 * req.Policy.WindowMicros(), Current: 1}}, nil
+	return ds, errs
 }
 
 func (s *nullStore) Ping(context.Context) error { return s.err() }

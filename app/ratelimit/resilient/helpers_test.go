@@ -135,7 +135,7 @@ type grantLog map[ratelimit.Algorithm][]store.Grant
 
 func (g grantLog) decide(t *testing.T, l *resilient.Limiter, alg ratelimit.Algorithm, key, id string, mode ratelimit.Mode) {
 	t.Helper()
-	d, err := l.Decide(context.Background(), ratelimit.Request{Policy: longPolicy(alg), Key: key, ID: id})
+	d, err := decideWire(context.Background(), l, ratelimit.Request{Policy: longPolicy(alg), Key: key, ID: id})
 	if err != nil || !d.Allowed || d.Mode != mode {
 		t.Fatalf("%s %s: %+v %v, want allowed in mode %s", alg, id, d, err, mode)
 	}
@@ -183,7 +183,7 @@ func checkExactUsage(t *testing.T, srv *redistest.Server, probe *resilient.Limit
 		default:
 			// One more decision reads the state; an ideal limiter fed the
 			// same grants at their times says what it should be.
-			d, err := probe.Decide(ctx, ratelimit.Request{Policy: p, Key: key, ID: "probe-" + string(alg)})
+			d, err := decideWire(ctx, probe, ratelimit.Request{Policy: p, Key: key, ID: "probe-" + string(alg)})
 			if err != nil || d.Mode != ratelimit.ModeRedis {
 				t.Fatalf("%s probe: %+v %v", alg, d, err)
 			}
@@ -215,4 +215,11 @@ func lostWrites(s *redisstore.Store) uint64 {
 // fleetKey is the Redis key of s's fleet heartbeats.
 func fleetKey(s *redisstore.Store) string {
 	return contract.Extension(s).(interface{ FleetKey() string }).FleetKey()
+}
+
+// decideWire decides req as l.Decide does, through l's extension
+// (contract.Decider), which returns the store's state with the decision.
+func decideWire(ctx context.Context, l *resilient.Limiter, req ratelimit.Request) (contract.Decision, error) {
+	ds, errs := contract.Extension(l).(contract.Decider).DecideWire(ctx, []contract.Request{{Request: req}})
+	return ds[0], errs[0]
 }

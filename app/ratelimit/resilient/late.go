@@ -99,7 +99,7 @@ func (l *Limiter) journalGrant(p ratelimit.Policy, id store.Identity, g store.Gr
 }
 
 // refuse notes a local refusal of req, whose call the store still has.
-func (b *lateBook) refuse(req ratelimit.Request, now int64) {
+func (b *lateBook) refuse(req contract.Request, now int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if e, ok := b.early[req.ID]; ok {
@@ -257,7 +257,7 @@ func (l *Limiter) sendRefunds(ctx context.Context, s contract.Refunder) {
 // awaitLate waits until until (local time) for the late reply to req, and
 // returns the store's decision if it came with one. The store counted what it admitted, as for any of its
 // decisions.
-func (l *Limiter) awaitLate(req ratelimit.Request, until time.Time) (ratelimit.Decision, bool) {
+func (l *Limiter) awaitLate(req contract.Request, until time.Time) (contract.Decision, bool) {
 	b := &l.late
 	b.mu.Lock()
 	if e, ok := b.early[req.ID]; ok {
@@ -268,7 +268,7 @@ func (l *Limiter) awaitLate(req ratelimit.Request, until time.Time) (ratelimit.D
 	wait := until.Sub(l.clock.now())
 	if wait <= 0 || len(b.waiting) >= maxLate {
 		b.mu.Unlock()
-		return ratelimit.Decision{}, false
+		return contract.Decision{}, false
 	}
 	if b.waiting == nil {
 		b.waiting = map[string]chan contract.LateReply{}
@@ -290,14 +290,14 @@ func (l *Limiter) awaitLate(req ratelimit.Request, until time.Time) (ratelimit.D
 	case r := <-ch: // it came as the wait ended
 		return l.lateDecision(r)
 	default:
-		return ratelimit.Decision{}, false
+		return contract.Decision{}, false
 	}
 }
 
 // lateDecision is the decision a late reply carries, if it carries one.
-func (l *Limiter) lateDecision(r contract.LateReply) (ratelimit.Decision, bool) {
+func (l *Limiter) lateDecision(r contract.LateReply) (contract.Decision, bool) {
 	if r.Err != nil {
-		return ratelimit.Decision{}, false
+		return contract.Decision{}, false
 	}
 	// Answered in time to serve: the store is slow, not stalled (a reply
 	// that came later says nothing of the kind: behind 300 ms of latency
@@ -317,7 +317,7 @@ func (l *Limiter) lateDecision(r contract.LateReply) (ratelimit.Decision, bool) 
 // store charged them at (d.Weight), not at the one this instance decides
 // with now: given back at a stricter weight, they would be more than were
 // taken (TestRefundAtTheDrawsWeight).
-func (l *Limiter) refundStore(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error) {
+func (l *Limiter) refundStore(ctx context.Context, req contract.Request, d contract.Decision) (int64, error) {
 	r, ok := l.ext.(contract.Refunder)
 	if !ok || d.Mode != ratelimit.ModeRedis || !l.inStore() {
 		return 0, nil

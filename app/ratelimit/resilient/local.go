@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient/internal/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -23,7 +24,7 @@ import (
 // store that goes on deciding can grant what the store grants too, and
 // refuse what it admitted (and counted). Past that, a grant is a doubt
 // until the store says (late.go).
-func (l *Limiter) decideLocal(k key, id store.Identity, req ratelimit.Request, until time.Time) ratelimit.Decision {
+func (l *Limiter) decideLocal(k key, id store.Identity, req contract.Request, until time.Time) contract.Decision {
 	pending := !until.IsZero()
 	if pending && !req.ReadOnly {
 		if sd, ok := l.awaitLate(req, until); ok {
@@ -36,14 +37,14 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req ratelimit.Request, u
 		req = l.withID(req)
 	}
 	now := l.storeNow()
-	var d ratelimit.Decision
+	var d contract.Decision
 	switch p.EffectiveFailureMode() {
 	case ratelimit.FailOpen:
-		d = ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}
+		d = contract.Decision{Decision: ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}}
 	case ratelimit.FailClosed:
 		// Refused as any local refusal: a store that admitted it late
 		// gets the refund below (TestFailClosedRefundsALateAdmission).
-		d = ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}
+		d = contract.Decision{Decision: ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}}
 	default:
 		part := share{n: float64(l.fleetSize()), factor: p.EffectiveFallbackFactor(), confirmed: l.confirmedAt()}
 		closed := l.br.State() == BreakerClosed
@@ -88,8 +89,8 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req ratelimit.Request, u
 	// a grant the journal cannot hold would never reach the store.
 	g := store.Grant{At: now, Cost: req.Units(), ID: req.ID}
 	if err := l.journalGrant(p, id, g, pending); errors.Is(err, journal.ErrFull) {
-		return ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval,
-			Mode: d.Mode, State: d.State}
+		return contract.Decision{Decision: ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval,
+			Mode: d.Mode}, State: d.State}
 	}
 	return d
 }

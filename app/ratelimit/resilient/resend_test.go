@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
 // TestResendIsNotRefusedFromTheCache: a proxy resends a request whose
@@ -23,11 +25,9 @@ func TestResendIsNotRefusedFromTheCache(t *testing.T) {
 	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.SlidingWindowLog} {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "resend-" + string(alg), Algorithm: alg, Limit: 3, Window: time.Hour}
-			decide := func(l interface {
-				Decide(context.Context, ratelimit.Request) (ratelimit.Decision, error)
-			}, id string) ratelimit.Decision {
+			decide := func(l *resilient.Limiter, id string) contract.Decision {
 				t.Helper()
-				d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: id})
+				d, err := decideWire(ctx, l, ratelimit.Request{Policy: p, Key: "k", ID: id})
 				if err != nil {
 					t.Fatal(err)
 				}

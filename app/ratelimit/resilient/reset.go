@@ -196,7 +196,7 @@ func (l *Limiter) forgetRefusal(p ratelimit.Policy, id store.Identity) {
 	sh := l.keys.shard(k)
 	sh.mu.Lock()
 	if e, ok := sh.lru.Peek(k); ok {
-		e.refusedUntil, e.refusedCost, e.refusedW = 0, 0, ratelimit.Weight{}
+		e.refusedUntil, e.refusedCost, e.refusedW = 0, 0, contract.Weight{}
 		e.resendID, e.resendUntil = "", 0
 	}
 	sh.mu.Unlock()

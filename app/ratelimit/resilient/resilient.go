@@ -14,7 +14,7 @@
 // Every instance heartbeats into the store. An instance whose heartbeat is
 // missing may be cut off from the store but still granting its share
 // locally, for up to LeaseGrace: until then the others hold its share back
-// (see ratelimit.Weight).
+// (see contract.Weight).
 package resilient
 
 import (
@@ -41,7 +41,8 @@ const warmConnections = 8
 // use. Create it with New and stop it with Close.
 type Limiter struct {
 	store   store.Store
-	ext     any // the store's extension (contract.Extension): its optional interfaces
+	ext     any              // the store's extension (contract.Extension): its optional interfaces
+	wire    contract.Decider // the store's decisions with weights and states
 	cfg     Config
 	br      breaker
 	seeds   statekey.Seeds
@@ -132,6 +133,11 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{store: backend, ext: contract.Extension(backend), cfg: cfg, seeds: statekey.NewSeeds(), done: make(chan struct{}), clock: newLocalClock(cfg.Now())}
 	l.ids = reqid.New(cfg.Instance + "-")
+	if d, ok := l.ext.(contract.Decider); ok {
+		l.wire = d
+	} else {
+		l.wire = plainStore{backend}
+	}
 	keys, err := newKeyTable(cfg.KeyCapacity, l.evicted)
 	if err != nil {
 		return nil, fmt.Errorf("resilient: %w", err)

@@ -120,7 +120,7 @@ func (l *Limiter) raise(ctx context.Context, r contract.Raiser, floors []contrac
 }
 
 // restoreGrants turns a snapshot into the grants that rebuild its usage.
-func restoreGrants(p ratelimit.Policy, s ratelimit.State, marker string) []store.Grant {
+func restoreGrants(p ratelimit.Policy, s contract.State, marker string) []store.Grant {
 	w := p.WindowMicros()
 	var g []store.Grant
 	add := func(at, cost int64, id string) {
@@ -131,7 +131,7 @@ func restoreGrants(p ratelimit.Policy, s ratelimit.State, marker string) []store
 	switch p.Algorithm {
 	case ratelimit.SlidingWindowLog:
 		for i, n := range s.Ages {
-			add(s.Now-int64(i)*w/ratelimit.AgeBuckets, n, strconv.Itoa(i))
+			add(s.Now-int64(i)*w/contract.AgeBuckets, n, strconv.Itoa(i))
 		}
 	case ratelimit.SlidingWindowCounter:
 		add(s.WindowStart-w, s.Previous, "p")

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
@@ -116,7 +117,7 @@ func TestSuspectInstancesAreHeldBack(t *testing.T) {
 		if got := admit(t, l, p, "k", 100, ratelimit.ModeRedis); got != 75 {
 			t.Fatalf("with one suspect of four: %d admitted, want 75", got)
 		}
-		if w := f.lastRequest.Load().Weight; w != (ratelimit.Weight{Num: 4, Den: 3}) {
+		if w := f.lastRequest.Load().Weight; w != (contract.Weight{Num: 4, Den: 3}) {
 			t.Fatalf("weight %+v, want 4/3", w)
 		}
 		f.susp.Store(0)
@@ -149,7 +150,7 @@ func TestRecoveringInstancesAreHeldBack(t *testing.T) {
 			if got := admit(t, l, p, "k", 100, ratelimit.ModeRedis); got != 75 {
 				t.Errorf("%s, one of four recovering: %d admitted, want 75", alg, got)
 			}
-			if w := f.lastRequest.Load().Weight; w != (ratelimit.Weight{Num: 4, Den: 3}) {
+			if w := f.lastRequest.Load().Weight; w != (contract.Weight{Num: 4, Den: 3}) {
 				t.Errorf("%s: weight %+v, want 4/3", alg, w)
 			}
 		}
@@ -167,7 +168,7 @@ func TestRecoveringInstancesAreHeldBack(t *testing.T) {
 			if got := admit(t, l, p, "k2", 100, ratelimit.ModeRedis); got != 100 {
 				t.Errorf("%s, every instance closed: %d admitted, want 100", alg, got)
 			}
-			if w := f.lastRequest.Load().Weight; w != (ratelimit.Weight{}) {
+			if w := f.lastRequest.Load().Weight; w != (contract.Weight{}) {
 				t.Errorf("%s, every instance closed: weight %+v, want the whole policy", alg, w)
 			}
 		}
@@ -189,7 +190,7 @@ func TestOneMissedHeartbeatHoldsNothingBack(t *testing.T) {
 		if got := admit(t, l, p, "k", 60, ratelimit.ModeRedis); got != 60 {
 			t.Fatalf("after one heartbeat with three missing: %d of 60 admitted, want all", got)
 		}
-		if w := f.lastRequest.Load().Weight; w != (ratelimit.Weight{}) {
+		if w := f.lastRequest.Load().Weight; w != (contract.Weight{}) {
 			t.Fatalf("weight %+v, want none", w)
 		}
 		settle(100 * time.Millisecond) // the second in a row

@@ -5,7 +5,7 @@
 // Lua twins in redisstore, which compute in float64, agree to the bit. Each
 // function expects a validated policy, 0 <= cost <= p.Capacity() (0: a
 // read-only request, which changes nothing) and a
-// valid weight (see ratelimit.Weight: the decider's share of the policy is
+// valid weight (see contract.Weight: the decider's share of the policy is
 // Den/Num of it). The in-memory store and the resilient limiter's fallback
 // decide with them.
 package algorithm
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 // TokenBucketState is a token bucket's stored state. The zero value is a
@@ -25,13 +26,13 @@ type TokenBucketState struct {
 }
 
 // TokenBucketDecide applies one request at time now (µs) to a token bucket.
-func TokenBucketDecide(p ratelimit.Policy, s TokenBucketState, now, cost int64, wt ratelimit.Weight) (TokenBucketState, ratelimit.Decision) {
+func TokenBucketDecide(p ratelimit.Policy, s TokenBucketState, now, cost int64, wt contract.Weight) (TokenBucketState, contract.Decision) {
 	w, capScaled, rate := p.WindowMicros(), p.Capacity()*p.WindowMicros(), p.Limit
 	tokens := capScaled
 	if s.Last != 0 {
 		tokens = tokenBucketFill(s.Tokens, now-s.Last, capScaled, rate)
 	}
-	d := ratelimit.Decision{Limit: p.Capacity()}
+	d := contract.Decision{Decision: ratelimit.Decision{Limit: p.Capacity()}}
 	if need := scale(wt, cost*w); tokens >= need {
 		d.Allowed = true
 		tokens -= need
@@ -40,7 +41,7 @@ func TokenBucketDecide(p ratelimit.Policy, s TokenBucketState, now, cost int64, 
 	}
 	d.Remaining = units(wt, tokens, w)
 	d.ResetAfter = micros(ceilDiv(capScaled-tokens, rate))
-	d.State = ratelimit.State{Now: now, Tokens: tokens}
+	d.State = contract.State{Now: now, Tokens: tokens}
 	return TokenBucketState{Tokens: tokens, Last: now}, d
 }
 
@@ -65,7 +66,7 @@ type GCRAState struct {
 }
 
 // GCRADecide applies one request at time now (µs) to GCRA.
-func GCRADecide(p ratelimit.Policy, s GCRAState, now, cost int64, wt ratelimit.Weight) (GCRAState, ratelimit.Decision) {
+func GCRADecide(p ratelimit.Policy, s GCRAState, now, cost int64, wt contract.Weight) (GCRAState, contract.Decision) {
 	w, burst, rate := p.WindowMicros(), p.Capacity(), p.Limit
 	tolerance := burst * w // in µs × rate units
 	tat := s
@@ -78,7 +79,7 @@ func GCRADecide(p ratelimit.Policy, s GCRAState, now, cost int64, wt ratelimit.W
 		next.TAT++
 		next.Rem -= rate
 	}
-	d := ratelimit.Decision{Limit: burst}
+	d := contract.Decision{Decision: ratelimit.Decision{Limit: burst}}
 	if ahead := (next.TAT-now)*rate + next.Rem; ahead <= tolerance {
 		d.Allowed = true
 		tat = next
@@ -88,7 +89,7 @@ func GCRADecide(p ratelimit.Policy, s GCRAState, now, cost int64, wt ratelimit.W
 	ahead := (tat.TAT-now)*rate + tat.Rem
 	d.Remaining = units(wt, tolerance-ahead, w)
 	d.ResetAfter = micros(ceilDiv(ahead, rate))
-	d.State = ratelimit.State{Now: now, TAT: tat.TAT, TATRem: tat.Rem}
+	d.State = contract.State{Now: now, TAT: tat.TAT, TATRem: tat.Rem}
 	return tat, d
 }
 
@@ -102,13 +103,13 @@ type WindowCounterState struct {
 // WindowCounterDecide applies one request at time now (µs) to a sliding
 // window counter. The previous window's count is weighted by the part of it
 // that the sliding window still covers.
-func WindowCounterDecide(p ratelimit.Policy, s WindowCounterState, now, cost int64, wt ratelimit.Weight) (WindowCounterState, ratelimit.Decision) {
+func WindowCounterDecide(p ratelimit.Policy, s WindowCounterState, now, cost int64, wt contract.Weight) (WindowCounterState, contract.Decision) {
 	w, limit := p.WindowMicros(), limitOf(wt, p.Limit)
 	start := now - now%w
 	cur, prev := s.Shift(start, w)
 	elapsed := now - start
 	used := prev*(w-elapsed) + cur*w // in units × µs
-	d := ratelimit.Decision{Limit: p.Limit}
+	d := contract.Decision{Decision: ratelimit.Decision{Limit: p.Limit}}
 	if used+cost*w <= limit*w {
 		d.Allowed = true
 		cur += cost
@@ -123,7 +124,7 @@ func WindowCounterDecide(p ratelimit.Policy, s WindowCounterState, now, cost int
 	case prev > 0:
 		d.ResetAfter = micros(w - elapsed)
 	}
-	d.State = ratelimit.State{Now: now, WindowStart: start, Current: cur, Previous: prev}
+	d.State = contract.State{Now: now, WindowStart: start, Current: cur, Previous: prev}
 	return WindowCounterState{WindowStart: start, Current: cur, Previous: prev}, d
 }
 
@@ -170,7 +171,7 @@ func (l *WindowLog) Len() int { return len(l.times) }
 
 // WindowLogDecide applies one request at time now (µs) to a sliding window
 // log, admitting it if at most Limit units fall in (now-Window, now].
-func WindowLogDecide(p ratelimit.Policy, l *WindowLog, now, cost int64, wt ratelimit.Weight) ratelimit.Decision {
+func WindowLogDecide(p ratelimit.Policy, l *WindowLog, now, cost int64, wt contract.Weight) contract.Decision {
 	w, limit := p.WindowMicros(), limitOf(wt, p.Limit)
 	// Drop grants at or before now-w.
 	drop := sort.Search(len(l.times), func(i int) bool { return l.times[i] > now-w })
@@ -181,7 +182,7 @@ func WindowLogDecide(p ratelimit.Policy, l *WindowLog, now, cost int64, wt ratel
 		l.times = append(make([]int64, 0, len(l.times)+int(cost)), l.times...)
 	}
 	count := int64(len(l.times))
-	d := ratelimit.Decision{Limit: p.Limit}
+	d := contract.Decision{Decision: ratelimit.Decision{Limit: p.Limit}}
 	if count+cost <= limit {
 		d.Allowed = true
 		for range cost {
@@ -199,18 +200,18 @@ func WindowLogDecide(p ratelimit.Policy, l *WindowLog, now, cost int64, wt ratel
 	if count > 0 {
 		d.ResetAfter = micros(max(0, l.times[count-1]+w-now))
 	}
-	d.State = ratelimit.State{Now: now, Ages: l.ages(now, w)}
+	d.State = contract.State{Now: now, Ages: l.ages(now, w)}
 	return d
 }
 
 // ages buckets the grants by age in eighths of the window. Bucket i holds the
 // grants with times in (now - bound(i+1), now - bound(i)], bound(i) = i*w/8.
-func (l *WindowLog) ages(now, w int64) [ratelimit.AgeBuckets]int64 {
-	var h [ratelimit.AgeBuckets]int64
+func (l *WindowLog) ages(now, w int64) [contract.AgeBuckets]int64 {
+	var h [contract.AgeBuckets]int64
 	upper := len(l.times)
-	for i := range ratelimit.AgeBuckets {
-		lo := now - int64(i+1)*w/ratelimit.AgeBuckets
-		if i == ratelimit.AgeBuckets-1 {
+	for i := range contract.AgeBuckets {
+		lo := now - int64(i+1)*w/contract.AgeBuckets
+		if i == contract.AgeBuckets-1 {
 			lo = now - w
 		}
 		j := sort.Search(upper, func(k int) bool { return l.times[k] > lo })
@@ -227,7 +228,7 @@ func last(s []int64) int64 {
 	return s[len(s)-1]
 }
 
-func norm(w ratelimit.Weight) (int64, int64) {
+func norm(w contract.Weight) (int64, int64) {
 	if w.Num == 0 {
 		return 1, 1
 	}
@@ -235,20 +236,20 @@ func norm(w ratelimit.Weight) (int64, int64) {
 }
 
 // scale returns ⌈x × Num/Den⌉.
-func scale(w ratelimit.Weight, x int64) int64 {
+func scale(w contract.Weight, x int64) int64 {
 	n, d := norm(w)
 	return ceilDiv(x*n, d)
 }
 
 // limitOf returns ⌊limit × Den/Num⌋.
-func limitOf(w ratelimit.Weight, limit int64) int64 {
+func limitOf(w contract.Weight, limit int64) int64 {
 	n, d := norm(w)
 	return limit * d / n
 }
 
 // units returns how many unit requests (each scale(w, unit) long) fit in
 // room.
-func units(w ratelimit.Weight, room, unit int64) int64 {
+func units(w contract.Weight, room, unit int64) int64 {
 	if room <= 0 {
 		return 0
 	}

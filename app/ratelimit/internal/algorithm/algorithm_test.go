@@ -5,6 +5,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/vectors"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -19,8 +20,8 @@ type twin struct {
 	log algorithm.WindowLog
 }
 
-func (w *twin) decide(s vectors.Step) ratelimit.Decision {
-	var d ratelimit.Decision
+func (w *twin) decide(s vectors.Step) contract.Decision {
+	var d contract.Decision
 	now := vectors.T0 + s.At
 	switch w.p.Algorithm {
 	case ratelimit.TokenBucket:

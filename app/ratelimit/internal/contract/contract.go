@@ -12,6 +12,7 @@ package contract
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -24,13 +25,19 @@ var (
 	extensions []func(ratelimit.Limiter) (any, bool)
 )
 
-// Register adds a finder of extensions: a store package registers, in its
-// init, a function that returns the value carrying its optional
+// Register makes ext(l) the extension of every limiter l of type T: a
+// store package registers, in its init, what carries its optional
 // interfaces for a store of its own type.
-func Register(find func(ratelimit.Limiter) (any, bool)) {
+func Register[T ratelimit.Limiter](ext func(T) any) {
 	mu.Lock()
 	defer mu.Unlock()
-	extensions = append(extensions, find)
+	extensions = append(extensions, func(l ratelimit.Limiter) (any, bool) {
+		t, ok := l.(T)
+		if !ok {
+			return nil, false
+		}
+		return ext(t), true
+	})
 }
 
 // Extension returns what carries l's optional interfaces: the value a
@@ -83,7 +90,7 @@ type LateReporter interface {
 // callers had been refused locally, so that a slow store does not charge
 // clients for requests they were refused.
 type Refunder interface {
-	Refund(ctx context.Context, req ratelimit.Request, d ratelimit.Decision) (int64, error)
+	Refund(ctx context.Context, req Request, d Decision) (int64, error)
 }
 
 // Sharded is a Store whose keys live on several nodes that fail
@@ -148,7 +155,7 @@ var ErrFenced = errors.New("store: the key was reset after the resets the replay
 type Floor struct {
 	Policy   ratelimit.Policy
 	Identity store.Identity
-	State    ratelimit.State
+	State    State
 }
 
 // Loss says what a change of a store's data generation lost of one key.
@@ -172,10 +179,10 @@ const (
 // once it has it, so that a decision the store made, and counted, is never
 // lost between the store and its caller.
 type LateReply struct {
-	Request ratelimit.Request
+	Request Request
 	// Decision is the store's answer when Err is nil: the store decided
 	// the request, and counted it if it was allowed.
-	Decision ratelimit.Decision
+	Decision Decision
 	// Err says why there is no answer. With NotSent the call never reached
 	// the store, which did not count it; otherwise the store may or may not
 	// have (the reply was lost, or did not come within the store's window).
@@ -190,4 +197,119 @@ type LateReply struct {
 type Leasable interface {
 	InStore() bool
 	OnForget(f func(ratelimit.Policy, store.Identity))
+}
+
+// Weight scales what a request takes, so that a decider can hold back part
+// of a policy for instances that may be deciding elsewhere (a partitioned
+// instance spending its fallback share). With Weight{Num: n, Den: d} the
+// decider admits as if it had d/n of the policy: the token bucket and GCRA
+// charge cost × n/d (so both the burst and the rate shrink), the window
+// algorithms admit up to ⌊limit × d/n⌋. The zero value is {1, 1}: the whole
+// policy.
+type Weight struct {
+	Num, Den int64
+}
+
+// Valid reports whether w is the zero value or 1 <= Den <= Num <= 1024.
+func (w Weight) Valid() bool {
+	return w == Weight{} || w.Den >= 1 && w.Den <= w.Num && w.Num <= 1024
+}
+
+// State is an algorithm's state after a decision, as a store reports it.
+// Only the fields of the policy's algorithm are set.
+type State struct {
+	// Now is the deciding store's time, µs since the Unix epoch (Redis
+	// TIME for the Redis store).
+	Now int64
+	// Tokens is the token bucket's level, scaled by the window in µs
+	// (tokens × Window µs), so refills stay integral.
+	Tokens int64
+	// TAT is GCRA's theoretical arrival time: TAT µs since the epoch plus
+	// TATRem/Limit µs.
+	TAT, TATRem int64
+	// WindowStart, Current and Previous are the sliding window counter's
+	// aligned window (µs since the epoch) and the counts of it and the one
+	// before.
+	WindowStart, Current, Previous int64
+	// Ages is the sliding window log's histogram: Ages[i] grants are between
+	// i and i+1 eighths of a window old.
+	Ages [AgeBuckets]int64
+}
+
+// AgeBuckets is the resolution of the sliding window log's age histogram.
+const AgeBuckets = 8
+
+// Request is a request as the layers pass it to a store of this module.
+type Request struct {
+	ratelimit.Request
+	// Weight holds back part of the policy for instances deciding
+	// elsewhere; the zero value decides with the whole policy.
+	Weight Weight
+	// Hold asks for units that will be used at any time within Hold of
+	// the decision (a lease, package lease), and so are counted as used at
+	// its end: GCRA's theoretical arrival time moves to at least the
+	// decision's time plus Hold before the cost is added. Admitted so, no
+	// use of the units within Hold can exceed what GCRA admits over any
+	// interval. The Redis store honours it (GCRA only); other stores do not
+	// get it, and the lease layer takes no lease from them. At most the
+	// window or the time the policy takes to refill its capacity,
+	// whichever is longer (a lease, at most Policy.LeaseMax, may outlive
+	// the window when the burst exceeds the limit); 0 for other
+	// algorithms.
+	Hold time.Duration
+}
+
+// Validate checks the request as ratelimit.Request.Validate does, and its
+// hold and weight.
+func (r Request) Validate() error {
+	if err := r.Request.Validate(); err != nil {
+		return err
+	}
+	p := r.Policy
+	if most := max(p.Window, 4*p.LeaseMax()); r.Hold < 0 || r.Hold > 0 && (r.Hold > most || p.Algorithm != ratelimit.GCRA || r.ReadOnly) {
+		return fmt.Errorf("%w: hold %v: at most %v (the window or the capacity's refill time), and only for a gcra request that counts", ratelimit.ErrInvalidRequest, r.Hold, most)
+	}
+	if !r.Weight.Valid() {
+		return fmt.Errorf("%w: invalid weight %d/%d", ratelimit.ErrInvalidRequest, r.Weight.Num, r.Weight.Den)
+	}
+	return nil
+}
+
+// Decision is a store's decision with what the layers above it need.
+type Decision struct {
+	ratelimit.Decision
+	// State is the algorithm state after the decision, in the deciding
+	// store's clock, for a fallback to continue from.
+	State State
+	// ResendID is set on a refusal by a store that takes a request with
+	// the id of one it admitted moments before for a resend of it (and
+	// admits it without counting it again): the id of the key's last
+	// admission, which it would admit so until ResendUntil (µs since the
+	// epoch, the store's clock). A cache of this refusal must not answer
+	// a request with that id before then. Empty: no such admission. A
+	// store may keep ids in a short form (redisstore keeps those of 11
+	// bytes or more as an 11-byte hash): the id is in that form.
+	ResendID    string
+	ResendUntil int64
+	// Weight is the weight a resilient limiter's store decision charged
+	// the request at (the zero value: 1/1); a refund of the admission
+	// gives back at this weight, whatever the weight is when it is made.
+	Weight Weight
+}
+
+// Decider decides requests with their weights and holds, and returns the
+// states: a Store's extension (redisstore) and a resilient.Limiter's (the
+// lease layer draws through it). DecideWire returns one decision and one
+// error per request, as ratelimit.BatchLimiter's DecideBatch does.
+type Decider interface {
+	DecideWire(ctx context.Context, reqs []Request) ([]Decision, []error)
+}
+
+// Plain returns the decisions without what the layers add.
+func Plain(ds []Decision) []ratelimit.Decision {
+	out := make([]ratelimit.Decision, len(ds))
+	for i := range ds {
+		out[i] = ds[i].Decision
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -23,7 +24,7 @@ type Step struct {
 	At       int64
 	Cost     int64
 	ReadOnly bool
-	Weight   ratelimit.Weight
+	Weight   contract.Weight
 	Want     Want
 }
 
@@ -35,7 +36,7 @@ type Want struct {
 	Tokens                int64
 	TAT, TATRem           int64
 	WindowStart, Cur, Prv int64
-	Ages                  [ratelimit.AgeBuckets]int64
+	Ages                  [contract.AgeBuckets]int64
 }
 
 // Case is a sequence of requests on one fresh key.
@@ -47,15 +48,15 @@ type Case struct {
 
 // Decision returns the full decision a backend must return for step s of
 // case c (Mode aside).
-func (c Case) Decision(s Step) ratelimit.Decision { return decision(c.Policy, s) }
+func (c Case) Decision(s Step) contract.Decision { return decision(c.Policy, s) }
 
 // Decision returns the full decision a backend must return for step s of
 // case c (Mode aside).
-func (c ReplayCase) Decision(s Step) ratelimit.Decision { return decision(c.Policy, s) }
+func (c ReplayCase) Decision(s Step) contract.Decision { return decision(c.Policy, s) }
 
-func decision(p ratelimit.Policy, s Step) ratelimit.Decision {
+func decision(p ratelimit.Policy, s Step) contract.Decision {
 	w := s.Want
-	st := ratelimit.State{Now: T0 + s.At, Tokens: w.Tokens, TATRem: w.TATRem, Current: w.Cur, Previous: w.Prv, Ages: w.Ages}
+	st := contract.State{Now: T0 + s.At, Tokens: w.Tokens, TATRem: w.TATRem, Current: w.Cur, Previous: w.Prv, Ages: w.Ages}
 	if p.Algorithm == ratelimit.GCRA {
 		st.TAT = T0 + w.TAT
 	}
@@ -63,13 +64,15 @@ func decision(p ratelimit.Policy, s Step) ratelimit.Decision {
 		st.WindowStart = T0 + w.WindowStart
 	}
 	c := struct{ Policy ratelimit.Policy }{p}
-	return ratelimit.Decision{
-		Allowed:    w.Allowed,
-		Limit:      c.Policy.Capacity(),
-		Remaining:  w.Remaining,
-		ResetAfter: time.Duration(w.Reset) * time.Microsecond,
-		RetryAfter: time.Duration(w.Retry) * time.Microsecond,
-		State:      st,
+	return contract.Decision{
+		Decision: ratelimit.Decision{
+			Allowed:    w.Allowed,
+			Limit:      c.Policy.Capacity(),
+			Remaining:  w.Remaining,
+			ResetAfter: time.Duration(w.Reset) * time.Microsecond,
+			RetryAfter: time.Duration(w.Retry) * time.Microsecond,
+		},
+		State: st,
 	}
 }
 
@@ -173,9 +176,9 @@ var Cases = []Case{
 		Name:   "token bucket: weighted",
 		Policy: ratelimit.Policy{Name: "tbw", Algorithm: ratelimit.TokenBucket, Limit: 3, Window: 3 * time.Second},
 		Steps: []Step{
-			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 1, Reset: 1333334, Tokens: 5e6}},
-			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 0, Reset: 2666667, Tokens: 1e6}},
-			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Remaining: 0, Reset: 2666667, Retry: 1 * sec, Tokens: 1e6}},
+			{At: 0, Cost: 1, Weight: contract.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 1, Reset: 1333334, Tokens: 5e6}},
+			{At: 0, Cost: 1, Weight: contract.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 0, Reset: 2666667, Tokens: 1e6}},
+			{At: 0, Cost: 1, Weight: contract.Weight{Num: 4, Den: 3}, Want: Want{Remaining: 0, Reset: 2666667, Retry: 1 * sec, Tokens: 1e6}},
 			{At: 0, Cost: 1, Want: Want{Remaining: 0, Reset: 2666667, Retry: 666667, Tokens: 1e6}},
 		},
 	},
@@ -184,9 +187,9 @@ var Cases = []Case{
 		Name:   "gcra: weighted",
 		Policy: ratelimit.Policy{Name: "gcw", Algorithm: ratelimit.GCRA, Limit: 3, Window: 3 * time.Second},
 		Steps: []Step{
-			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 1, Reset: 1333334, TAT: 1333333, TATRem: 1}},
-			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 0, Reset: 2666667, TAT: 2666666, TATRem: 2}},
-			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Remaining: 0, Reset: 2666667, Retry: 1 * sec, TAT: 2666666, TATRem: 2}},
+			{At: 0, Cost: 1, Weight: contract.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 1, Reset: 1333334, TAT: 1333333, TATRem: 1}},
+			{At: 0, Cost: 1, Weight: contract.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 0, Reset: 2666667, TAT: 2666666, TATRem: 2}},
+			{At: 0, Cost: 1, Weight: contract.Weight{Num: 4, Den: 3}, Want: Want{Remaining: 0, Reset: 2666667, Retry: 1 * sec, TAT: 2666666, TATRem: 2}},
 		},
 	},
 	{
@@ -194,12 +197,12 @@ var Cases = []Case{
 		Name:   "sliding window counter: weighted",
 		Policy: ratelimit.Policy{Name: "swcw", Algorithm: ratelimit.SlidingWindowCounter, Limit: 4, Window: 10 * time.Second},
 		Steps: []Step{
-			{At: 0, Cost: 3, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 0, Reset: 20 * sec, Cur: 3}},
+			{At: 0, Cost: 3, Weight: contract.Weight{Num: 4, Den: 3}, Want: Want{Allowed: true, Remaining: 0, Reset: 20 * sec, Cur: 3}},
 			// Next window: 3 × (W - e) <= 2 × W once e >= W/3.
-			{At: 0, Cost: 1, Weight: ratelimit.Weight{Num: 4, Den: 3}, Want: Want{Remaining: 0, Reset: 20 * sec, Retry: 13333334, Cur: 3}},
+			{At: 0, Cost: 1, Weight: contract.Weight{Num: 4, Den: 3}, Want: Want{Remaining: 0, Reset: 20 * sec, Retry: 13333334, Cur: 3}},
 			{At: 0, Cost: 1, Want: Want{Allowed: true, Remaining: 0, Reset: 20 * sec, Cur: 4}},
 			// At weight 4/1 the limit is 1: a cost of 2 never fits.
-			{At: sec, Cost: 2, Weight: ratelimit.Weight{Num: 4, Den: 1}, Want: Want{Remaining: 0, Reset: 19 * sec, Retry: 10 * sec, Cur: 4}},
+			{At: sec, Cost: 2, Weight: contract.Weight{Num: 4, Den: 1}, Want: Want{Remaining: 0, Reset: 19 * sec, Retry: 10 * sec, Cur: 4}},
 		},
 	},
 	{
@@ -207,10 +210,10 @@ var Cases = []Case{
 		Name:   "sliding window log: weighted",
 		Policy: ratelimit.Policy{Name: "swlw", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: 10 * time.Second},
 		Steps: []Step{
-			{At: 0, Cost: 2, Weight: ratelimit.Weight{Num: 3, Den: 2}, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{2}}},
-			{At: sec, Cost: 1, Weight: ratelimit.Weight{Num: 3, Den: 2}, Want: Want{Remaining: 0, Reset: 9 * sec, Retry: 9 * sec, Ages: [8]int64{2}}},
+			{At: 0, Cost: 2, Weight: contract.Weight{Num: 3, Den: 2}, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{2}}},
+			{At: sec, Cost: 1, Weight: contract.Weight{Num: 3, Den: 2}, Want: Want{Remaining: 0, Reset: 9 * sec, Retry: 9 * sec, Ages: [8]int64{2}}},
 			{At: sec, Cost: 1, Want: Want{Allowed: true, Remaining: 0, Reset: 10 * sec, Ages: [8]int64{3}}},
-			{At: sec, Cost: 3, Weight: ratelimit.Weight{Num: 3, Den: 2}, Want: Want{Remaining: 0, Reset: 10 * sec, Retry: 10 * sec, Ages: [8]int64{3}}},
+			{At: sec, Cost: 3, Weight: contract.Weight{Num: 3, Den: 2}, Want: Want{Remaining: 0, Reset: 10 * sec, Retry: 10 * sec, Ages: [8]int64{3}}},
 		},
 	},
 }

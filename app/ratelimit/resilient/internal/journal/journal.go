@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/statekey"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -153,7 +154,7 @@ type keyEntry struct {
 // snapEntry is a Snapshot as the journal holds it.
 type snapEntry struct {
 	policy    *policyRef
-	state     ratelimit.State
+	state     contract.State
 	valid     bool
 	n         float64
 	confirmed int64
@@ -166,7 +167,7 @@ type snapEntry struct {
 type Snapshot struct {
 	Policy    ratelimit.Policy
 	Identity  store.Identity
-	State     ratelimit.State
+	State     contract.State
 	Valid     bool // State holds a store reply
 	N         float64
 	Confirmed int64

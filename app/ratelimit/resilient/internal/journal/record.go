@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -30,7 +31,7 @@ type record struct {
 	valid     bool
 	n         float64
 	confirmed int64
-	state     ratelimit.State
+	state     contract.State
 }
 
 // Record field counts, without the checksum.
@@ -40,7 +41,7 @@ const (
 	resolveFields  = 4
 	ackFields      = 5
 	dropFields     = 6
-	snapshotFields = 8 + 3 + 7 + ratelimit.AgeBuckets
+	snapshotFields = 8 + 3 + 7 + contract.AgeBuckets
 )
 
 // crcLen is the length of a record's checksum: a tab and eight hex digits
@@ -215,7 +216,7 @@ func parseBody(line string) (record, error) {
 			return record{}, errRecord
 		}
 		r.confirmed = v[0]
-		r.state = ratelimit.State{Now: v[1], Tokens: v[2], TAT: v[3], TATRem: v[4], WindowStart: v[5], Current: v[6], Previous: v[7]}
+		r.state = contract.State{Now: v[1], Tokens: v[2], TAT: v[3], TATRem: v[4], WindowStart: v[5], Current: v[6], Previous: v[7]}
 		copy(r.state.Ages[:], v[8:])
 	default:
 		return record{}, fmt.Errorf("%w: kind %q", errRecord, f[0])

@@ -10,13 +10,14 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
 func sampleRecords() []record {
 	p := ratelimit.Policy{Name: "gcra", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second, Burst: 20}
 	id := store.IdentityOf("k:alice")
-	st := ratelimit.State{Now: 1_700_000_000_000_000, Tokens: 5, TAT: 1_700_000_001_000_000, TATRem: 3, WindowStart: 9, Current: 2, Previous: 1}
+	st := contract.State{Now: 1_700_000_000_000_000, Tokens: 5, TAT: 1_700_000_001_000_000, TATRem: 3, WindowStart: 9, Current: 2, Previous: 1}
 	st.Ages[3] = 4
 	return []record{
 		{kind: 'E', epoch: 42},
