@@ -3,10 +3,7 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
-
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/shortname"
 )
 
 // Algorithm names a rate-limiting algorithm.
@@ -30,9 +27,6 @@ const (
 	// number.
 	GCRA Algorithm = "gcra"
 )
-
-// Algorithms lists every supported algorithm.
-var Algorithms = []Algorithm{TokenBucket, SlidingWindowLog, SlidingWindowCounter, GCRA}
 
 // ParseAlgorithm returns the Algorithm named s. It accepts the canonical
 // names and their hyphenated forms ("token-bucket").
@@ -130,9 +124,6 @@ func (p Policy) Capacity() int64 {
 	return p.Limit
 }
 
-// WindowMicros is the window in microseconds.
-func (p Policy) WindowMicros() int64 { return p.Window.Microseconds() }
-
 // EffectiveFailureMode is FailureMode, with the default (FailFallback)
 // filled in.
 func (p Policy) EffectiveFailureMode() FailureMode {
@@ -193,7 +184,7 @@ func (p Policy) Validate() error {
 	if p.Burst > 0 && p.Algorithm != TokenBucket && p.Algorithm != GCRA {
 		return bad("burst", "applies only to token_bucket and gcra")
 	}
-	w := p.WindowMicros()
+	w := p.Window.Microseconds()
 	if p.Capacity() > maxScaled/w || p.Limit > maxScaled/w {
 		return bad("window", "limit × window is too large (at most 2^50 request-microseconds)")
 	}
@@ -214,18 +205,6 @@ func (p Policy) Validate() error {
 		}
 	}
 	return nil
-}
-
-// Fingerprint names the stored state of the policy: seven base64url
-// characters (42 bits) of the FNV-1a hash of its name, algorithm and
-// window. It is part of every store key: a policy reloaded with another
-// algorithm or window starts every key afresh, and one reloaded with
-// another limit or burst keeps each key's usage (the token bucket its
-// tokens, clamped to the new capacity; GCRA its theoretical arrival time,
-// the time until the key is full again; the window algorithms their grants
-// and counts, judged against the new limit).
-func (p Policy) Fingerprint() string {
-	return shortname.Of(7, p.Name, string(p.Algorithm), strconv.FormatInt(p.WindowMicros(), 10))
 }
 
 // FieldError is a policy field that failed validation.

@@ -156,8 +156,8 @@ func New(limiter ratelimit.Limiter, cfg *Config, opts ...Option) *Service {
 // started with (ShouldRateLimit reads it once). A descriptor configured
 // alike in both keeps its policy name, so its counts carry over; so does
 // one whose rate changed but not its unit, algorithm or unit_multiplier
-// (the store keys state by ratelimit.Policy.Fingerprint, which leaves the
-// limit out); one whose unit or algorithm changed starts afresh. Safe for
+// (the store keys state by the policy's name, algorithm and window, which
+// leave the limit out); one whose unit or algorithm changed starts afresh. Safe for
 // concurrent use.
 func (s *Service) SetConfig(cfg *Config) {
 	if cfg == nil {

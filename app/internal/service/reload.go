@@ -10,7 +10,7 @@
 // store: a request is served entirely by the old policies or entirely by
 // the new ones. The limiter itself is shared: it takes the policy with each
 // request, and every store keys state by the policy's fingerprint
-// (ratelimit.Policy.Fingerprint in Redis keys and the journal,
+// (its name, algorithm and window in Redis keys and the journal,
 // internal/statekey in memory), so a policy whose window or algorithm
 // changed starts from fresh state and never meets the old one, and one
 // whose limit or burst changed keeps each key's usage, judged against the

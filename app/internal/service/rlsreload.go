@@ -10,8 +10,9 @@
 // store: a call is decided entirely by the old files or entirely by the new
 // ones. A descriptor's policy is named after its path in the files, so one
 // left alone keeps its counts, and so does one whose rate changed but not
-// its unit, unit_multiplier or algorithm (the store keys state by
-// ratelimit.Policy.Fingerprint; its usage is judged against the new rate),
+// its unit, unit_multiplier or algorithm (the store keys state by the
+// policy's name, algorithm and window; its usage is judged against the
+// new rate),
 // as a policy of the policy file does. TestRLSReloadCarriesCounts guards both.
 
 package service

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 // Run runs the suite against the limiters newLimiter returns, whose decisions
@@ -39,7 +40,7 @@ func Run(t *testing.T, mode ratelimit.Mode, newLimiter func(t *testing.T) rateli
 	key := func(t *testing.T) string {
 		return fmt.Sprintf("%s-%d-%d", t.Name(), time.Now().UnixNano(), seq.Add(1))
 	}
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "conf-" + strings.ReplaceAll(string(alg), "_", "-"), Algorithm: alg, Limit: 10, Window: time.Hour}
 		t.Run(string(alg), func(t *testing.T) {
 			t.Run("admits capacity then refuses", func(t *testing.T) {

@@ -66,7 +66,7 @@ func TestCapacityEvictsLeastRecentlyUsed(t *testing.T) {
 }
 
 func BenchmarkDecide(b *testing.B) {
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		b.Run(string(alg), func(b *testing.B) {
 			l := memstore.New()
 			p := ratelimit.Policy{Name: "bench", Algorithm: alg, Limit: 1000, Window: time.Second}

@@ -123,7 +123,7 @@ func (l *Store) scriptCalls(reqs []contract.Request, which []int, now int64) []*
 				r := reqs[i]
 				p := r.Policy
 				c.keys = append(c.keys, keys[i])
-				c.args = append(c.args, batchCodes[p.Algorithm], p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), scriptID(r), r.Weight.Num, r.Weight.Den, r.Hold.Microseconds())
+				c.args = append(c.args, batchCodes[p.Algorithm], p.Limit, p.Window.Microseconds(), p.Capacity(), r.Units(), scriptID(r), r.Weight.Num, r.Weight.Den, r.Hold.Microseconds())
 			}
 			calls = append(calls, c)
 		}

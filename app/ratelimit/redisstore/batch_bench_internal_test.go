@@ -88,7 +88,7 @@ func BenchmarkScriptCPU(b *testing.B) {
 	srv := redistest.StartServer(b, redistest.ServerOptions{})
 	admin := srv.Client()
 	const depth = 16
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		for _, mode := range []string{"single", "batch"} {
 			b.Run(fmt.Sprint(alg, "/calls=", mode), func(b *testing.B) {
 				c := redis.NewClient(srv.Options())
@@ -118,7 +118,7 @@ func BenchmarkScriptCPU(b *testing.B) {
 					pipe := c.Pipeline()
 					for _, r := range reqs {
 						scripts[alg].EvalSha(ctx, pipe, []string{l.Key(p, r.Key)},
-							0, p.Limit, p.WindowMicros(), p.Capacity(), r.Units(), r.ID, 1, 1, l.resend)
+							0, p.Limit, p.Window.Microseconds(), p.Capacity(), r.Units(), r.ID, 1, 1, l.resend)
 					}
 					if _, err := pipe.Exec(ctx); err != nil {
 						b.Fatal(err)
@@ -168,7 +168,7 @@ func BenchmarkScriptParts(b *testing.B) {
 		{"empty", "return 1"},
 		{"prelude", arithLua + stateLua + decideLua + onceLua + argsLua + "return 1"},
 	}
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		parts = append(parts, struct{ name, src string }{string(alg), decideSrc[alg]})
 	}
 	const depth = 16
@@ -186,7 +186,7 @@ func BenchmarkScriptParts(b *testing.B) {
 				b.Fatal(err)
 			}
 			p := ratelimit.Policy{Name: "parts", Algorithm: ratelimit.GCRA, Limit: 1_000_000, Window: time.Second}
-			if a := ratelimit.Algorithm(part.name); slices.Contains(ratelimit.Algorithms, a) {
+			if a := ratelimit.Algorithm(part.name); slices.Contains(contract.Algorithms, a) {
 				p.Algorithm = a
 			}
 			b.ResetTimer()
@@ -195,7 +195,7 @@ func BenchmarkScriptParts(b *testing.B) {
 				for i := range depth {
 					key := "k" + strconv.Itoa((n+i)%10_000)
 					script.EvalSha(ctx, pipe, []string{l.Key(p, key)},
-						0, p.Limit, p.WindowMicros(), p.Capacity(), 1, "r"+strconv.Itoa(n+i), 1, 1, l.resend)
+						0, p.Limit, p.Window.Microseconds(), p.Capacity(), 1, "r"+strconv.Itoa(n+i), 1, 1, l.resend)
 				}
 				if _, err := pipe.Exec(ctx); err != nil {
 					b.Fatal(err)

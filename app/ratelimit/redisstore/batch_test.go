@@ -23,7 +23,7 @@ import (
 // this round or the one before), at limits small enough to refuse.
 func mixedRound(round int) []contract.Request {
 	var reqs []contract.Request
-	for i, alg := range ratelimit.Algorithms {
+	for i, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "mix-" + string(alg), Algorithm: alg, Limit: 6, Window: time.Minute, Burst: 2}
 		if alg == ratelimit.SlidingWindowLog || alg == ratelimit.SlidingWindowCounter {
 			p.Burst = 0
@@ -170,7 +170,7 @@ func TestBatchCorruptKeyFailsAlone(t *testing.T) {
 	l := redisstore.New(c)
 	ctx := context.Background()
 	var reqs []contract.Request
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "odd", Algorithm: alg, Limit: 5, Window: time.Minute}
 		reqs = append(reqs, contract.Request{Request: ratelimit.Request{Policy: p, Key: "corrupt"}}, contract.Request{Request: ratelimit.Request{Policy: p, Key: "fine"}})
 		if err := c.RPush(ctx, l.Key(p, "corrupt"), "x").Err(); err != nil {

@@ -44,7 +44,7 @@ func TestCoalescedConformance(t *testing.T) {
 // instances share only Redis.
 func TestCoalescing(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "co", Algorithm: alg, Limit: 500, Window: time.Hour}
 			var rt roundTrips
@@ -186,7 +186,7 @@ func TestPingLoadsScripts(t *testing.T) {
 	for _, f := range libs[0].Functions {
 		have[f.Name] = true
 	}
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		if _, fn := redisstore.Library(alg); !have[fn] {
 			t.Fatalf("%s: function %s not loaded after Ping (%v)", alg, fn, have)
 		}

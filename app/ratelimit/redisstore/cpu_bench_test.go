@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 )
@@ -31,7 +32,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 	srv := redistest.StartServer(b, redistest.ServerOptions{})
 	admin := srv.Client()
 	defer admin.Close()
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		b.Run(string(alg), func(b *testing.B) {
 			o := srv.Options()
 			o.PoolSize = 128

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 // libraryVersion names this release's function library: the first 8 hex
@@ -73,19 +74,19 @@ func libraryCode() string {
 	// Decisions, single and batch.
 	b.WriteString("do\nlocal KEYS, ARGV\n")
 	b.WriteString(arithLua + fillLua + counterLua + stateLua + decideLua + onceLua)
-	for _, a := range ratelimit.Algorithms {
+	for _, a := range contract.Algorithms {
 		fmt.Fprintf(&b, "local function decide_%d()\n%s\nend\n", batchCodes[a], algorithmLua[a])
 	}
 	b.WriteString("local now_redis = now_us\n")
 	b.WriteString("local function begin(k, a) KEYS, ARGV, now_us = k, a, now_redis end\n")
 	fmt.Fprintf(&b, "local function batch()\n%s\nend\n", batchLua)
-	for _, a := range ratelimit.Algorithms {
+	for _, a := range contract.Algorithms {
 		reg("decide_"+fnBase[a], fmt.Sprintf("begin(k, a) args(k[1], a) return decide_%d()", batchCodes[a]))
 	}
 	reg("decide_batch", "begin(k, a) return batch()")
 	b.WriteString("end\n")
 	// Replays: each algorithm's fold is a function named fold.
-	for _, a := range ratelimit.Algorithms {
+	for _, a := range contract.Algorithms {
 		b.WriteString("do\nlocal KEYS, ARGV\n" + helpersLua + replayFoldLua[a])
 		fmt.Fprintf(&b, "local function body()\n%s\nend\n", replayLua)
 		reg("replay_"+fnBase[a], "KEYS, ARGV = k, a return body()")
@@ -123,7 +124,7 @@ func init() {
 	libraryVersion = hex.EncodeToString(sum[:4])
 	libraryName = "fleetlimit_" + libraryVersion
 	librarySrc = "#!lua name=" + libraryName + "\n" + strings.ReplaceAll(code, "@V@", libraryVersion)
-	for _, a := range ratelimit.Algorithms {
+	for _, a := range contract.Algorithms {
 		fnDecide[a] = fnName("decide_" + fnBase[a])
 		fnReplay[a] = fnName("replay_" + fnBase[a])
 	}

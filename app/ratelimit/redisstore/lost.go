@@ -213,7 +213,7 @@ func (l *Store) raise(ctx context.Context, floors []contract.Floor) ([]int64, []
 			continue
 		}
 		p, s := f.Policy, f.State
-		args := []any{now, "", p.Limit, p.WindowMicros(), p.Capacity()}
+		args := []any{now, "", p.Limit, p.Window.Microseconds(), p.Capacity()}
 		switch p.Algorithm {
 		case ratelimit.TokenBucket:
 			args[1] = "tb"

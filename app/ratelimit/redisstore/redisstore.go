@@ -21,6 +21,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -223,9 +224,9 @@ func New(client redis.ScriptingFunctionsCmdable, opts ...Option) *Store {
 //     from the identity's hash, so that an identity's keys under every
 //     policy share a Cluster slot (one script resets them all) and a
 //     pipeline's keys fall into few slots (one batch call each);
-//   - policy id: the policy's fingerprint (ratelimit.Policy.Fingerprint,
-//     seven characters), so that a policy whose algorithm or window
-//     changes starts afresh;
+//   - policy id: the policy's fingerprint (fingerprint, seven
+//     characters), so that a policy whose algorithm or window changes
+//     starts afresh;
 //   - identity: 14 base64url characters (84 bits) of its hash.
 const (
 	policyIDLen = 7
@@ -250,7 +251,19 @@ func (l *Store) Key(p ratelimit.Policy, identity string) string {
 }
 
 func (l *Store) keyOf(p ratelimit.Policy, id store.Identity) string {
-	return l.keyWith(p.Fingerprint(), id)
+	return l.keyWith(fingerprint(p), id)
+}
+
+// fingerprint names the stored state of policy p: seven base64url
+// characters (42 bits) of the FNV-1a hash of its name, algorithm and
+// window. It is part of every key: a policy reloaded with another
+// algorithm or window starts every key afresh, and one reloaded with
+// another limit or burst keeps each key's usage (the token bucket its
+// tokens, clamped to the new capacity; GCRA its theoretical arrival time,
+// the time until the key is full again; the window algorithms their grants
+// and counts, judged against the new limit).
+func fingerprint(p ratelimit.Policy) string {
+	return shortname.Of(policyIDLen, p.Name, string(p.Algorithm), strconv.FormatInt(p.Window.Microseconds(), 10))
 }
 
 // keyWith is keyOf with the policy's fingerprint computed.
@@ -325,7 +338,7 @@ func (l *Store) decideOne(ctx context.Context, req contract.Request) (contract.D
 // hold only when there is one.
 func (l *Store) scriptArgs(req contract.Request, now int64) []any {
 	p := req.Policy
-	args := []any{now, p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, l.resend}
+	args := []any{now, p.Limit, p.Window.Microseconds(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, l.resend}
 	if req.Hold > 0 {
 		args = append(args, req.Hold.Microseconds())
 	}

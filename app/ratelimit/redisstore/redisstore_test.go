@@ -132,7 +132,7 @@ func TestUnexpectedStateIsAnErrorNotAPanic(t *testing.T) {
 	c := newClient(t, srv.Addr())
 	l := redisstore.New(c)
 	ctx := context.Background()
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "odd", Algorithm: alg, Limit: 5, Window: time.Minute}
 		for name, corrupt := range map[string]func(key string) error{
 			"wrong type": func(key string) error {
@@ -179,7 +179,7 @@ func TestEveryKeyHasATTL(t *testing.T) {
 	c := newClient(t, srv.Addr())
 	l := redisstore.New(c)
 	ctx := context.Background()
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "ttl", Algorithm: alg, Limit: 5, Window: 10 * time.Second}
 		if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k"}); err != nil {
 			t.Fatal(err)
@@ -252,7 +252,7 @@ func TestUnavailable(t *testing.T) {
 func TestWriteRefusalIsUnavailable(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithTimeout(time.Second))
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "oom-" + string(alg), Algorithm: alg, Limit: 5, Window: time.Minute}
 		if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
 			t.Fatal(err)
@@ -270,7 +270,7 @@ func TestWriteRefusalIsUnavailable(t *testing.T) {
 	// Redis checks maxmemory at a script's first write command: a script
 	// that starts by trimming (the sliding window log) is let through.
 	refused := 0
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "oom-" + string(alg), Algorithm: alg, Limit: 5, Window: time.Minute}
 		_, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "new-key"})
 		if err == nil {
@@ -300,7 +300,7 @@ func TestWindowLogLargeCost(t *testing.T) {
 
 func BenchmarkDecide(b *testing.B) {
 	srv := redistest.StartServer(b, redistest.ServerOptions{})
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		b.Run(string(alg), func(b *testing.B) {
 			l := redisstore.New(newClient(b, srv.Addr()))
 			p := ratelimit.Policy{Name: "bench", Algorithm: alg, Limit: 1_000_000, Window: time.Second}
@@ -394,7 +394,7 @@ func TestResentRequestCountsOnce(t *testing.T) {
 	c := newClient(t, srv.Addr())
 	l := redisstore.New(c)
 	ctx := context.Background()
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "once", Algorithm: alg, Limit: 10, Window: time.Hour}
 			key := "k:resent-" + string(alg)

@@ -42,7 +42,7 @@ func (l *Store) refund(ctx context.Context, req contract.Request, d contract.Dec
 	}
 	defer cancel()
 	n, err := fcall(callCtx, l.client, fnRefund, []string{l.Key(p, req.Key)}, now, algorithmArg[p.Algorithm],
-		p.Limit, p.WindowMicros(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, d.State.Now).Int64()
+		p.Limit, p.Window.Microseconds(), p.Capacity(), req.Units(), scriptID(req), req.Weight.Num, req.Weight.Den, d.State.Now).Int64()
 	if err != nil {
 		return 0, classify(ctx, err)
 	}

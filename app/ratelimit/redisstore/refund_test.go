@@ -21,7 +21,7 @@ func TestRefundUndoesAnAdmission(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	ctx := context.Background()
 	for _, w := range []contract.Weight{{}, {Num: 4, Den: 3}} {
-		for _, alg := range ratelimit.Algorithms {
+		for _, alg := range contract.Algorithms {
 			t.Run(fmt.Sprintf("%s/%d-%d", alg, w.Num, w.Den), func(t *testing.T) {
 				now := time.Unix(1_700_000_000, 0)
 				l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return now }))

@@ -146,7 +146,7 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 		}
 		pid, ok := pids[b.Policy]
 		if !ok {
-			pid = b.Policy.Fingerprint()
+			pid = fingerprint(b.Policy)
 			pids[b.Policy] = pid
 		}
 		state := l.keyWith(pid, b.Identity)
@@ -184,7 +184,7 @@ func (l *Store) Replay(ctx context.Context, batches []store.ReplayBatch) (result
 		for _, p := range c.parts {
 			keys = append(keys, p.state, p.mark, fenceKey(p.state))
 			field, token := markerField(p.marker)
-			args = append(args, p.policy.Limit, p.policy.WindowMicros(), p.policy.Capacity(), field, token,
+			args = append(args, p.policy.Limit, p.policy.Window.Microseconds(), p.policy.Capacity(), field, token,
 				batches[p.batch].ResetsRead, len(p.grants))
 			for _, g := range p.grants {
 				args = append(args, g.At, g.Cost, reqid.Short(g.ID))

@@ -75,7 +75,7 @@ func (l *Store) Reset(ctx context.Context, identity string, policies ...ratelimi
 		}
 		keys[i] = l.keyOf(p, id)
 		keys[len(policies)+i] = fenceKey(keys[i])
-		args = append(args, p.Name, string(p.Algorithm), p.Limit, p.WindowMicros(), p.Capacity())
+		args = append(args, p.Name, string(p.Algorithm), p.Limit, p.Window.Microseconds(), p.Capacity())
 	}
 	callCtx, cancel := l.callContext(ctx)
 	defer cancel()

@@ -125,7 +125,7 @@ func TestReplayAfterAResetIsFenced(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	l := redisstore.New(newClient(t, srv.Addr()))
 	ctx := context.Background()
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "fence-" + string(alg), Algorithm: alg, Limit: 10, Window: time.Hour}
 		_, before, err := l.ReadResets(ctx, "", func(ratelimit.Policy, store.Identity, int64) {})
 		if err != nil {
@@ -165,7 +165,7 @@ func TestUsageCarriesOverAPolicyChange(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	l := redisstore.New(newClient(t, srv.Addr()))
 	ctx := context.Background()
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "carry-" + string(alg), Algorithm: alg, Limit: 10, Window: time.Hour}
 		for n := range 10 {
 			if d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ID: fmt.Sprint(n)}); err != nil || !d.Allowed {

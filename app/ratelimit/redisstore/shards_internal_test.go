@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"testing"
+	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
@@ -69,5 +70,21 @@ func TestLoss(t *testing.T) {
 		if got := New(nil).loss(c.old, c.new)(ratelimit.Policy{}, [32]byte{}); got != c.want {
 			t.Errorf("single Redis, %s -> %s: loss %v, want %v", c.old, c.new, got, c.want)
 		}
+	}
+}
+
+// TestFingerprint: a policy's stored state is named by its name, algorithm
+// and window; a change of limit, burst or lease keeps the name, so the
+// keys keep their usage.
+func TestFingerprint(t *testing.T) {
+	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 10, Window: 5 * time.Second}
+	same, other := p, p
+	same.Limit, same.Burst, same.Lease = 20, 30, time.Second
+	other.Window = time.Second
+	if fingerprint(same) != fingerprint(p) || len(fingerprint(p)) != policyIDLen {
+		t.Errorf("limit, burst and lease changed the fingerprint %q -> %q", fingerprint(p), fingerprint(same))
+	}
+	if fingerprint(other) == fingerprint(p) {
+		t.Error("a new window kept the fingerprint")
 	}
 }

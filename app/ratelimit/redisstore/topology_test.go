@@ -56,7 +56,7 @@ func hammer(t *testing.T, limiters []*redisstore.Store, p ratelimit.Policy, key 
 // checkAdmissions asserts the policy's bound over the grant times (µs).
 func checkAdmissions(t *testing.T, p ratelimit.Policy, grants []int64) {
 	t.Helper()
-	w := p.WindowMicros()
+	w := p.Window.Microseconds()
 	switch p.Algorithm {
 	case ratelimit.SlidingWindowLog:
 		for i, j := 0, 0; j < len(grants); j++ {
@@ -97,7 +97,7 @@ func checkAdmissions(t *testing.T, p ratelimit.Policy, grants []int64) {
 // against one Redis and checks the fleet-wide bound from Redis' times.
 func TestInstancesShareOnlyRedis(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "fleet", Algorithm: alg, Limit: 20, Window: 500 * time.Millisecond}
 			var ls []*redisstore.Store
@@ -119,7 +119,7 @@ func TestCluster(t *testing.T) {
 	if !l.Sharded() || redisstore.New(one).Sharded() {
 		t.Fatalf("Sharded: %v on the Cluster, %v on one of its nodes; want true, false", l.Sharded(), redisstore.New(one).Sharded())
 	}
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "cl", Algorithm: alg, Limit: 20, Window: 500 * time.Millisecond}
 			var ls []*redisstore.Store

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
@@ -45,7 +46,7 @@ func BenchmarkLocalDecision(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer l.Close(context.Background())
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		b.Run(string(alg), func(b *testing.B) {
 			req := ratelimit.Request{Policy: ratelimit.Policy{Name: "bench", Algorithm: alg, Limit: 1000, Window: time.Second}, Key: "client-1"}
 			ctx := context.Background()
@@ -73,7 +74,7 @@ func BenchmarkFootprint(b *testing.B) {
 		runtime.ReadMemStats(&m)
 		return m.HeapAlloc
 	}
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		b.Run(string(alg), func(b *testing.B) {
 			p := ratelimit.Policy{Name: "bench", Algorithm: alg, Limit: 100, Window: 10 * time.Second}
 			ctx := context.Background()

@@ -160,7 +160,7 @@ func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
 	e.confirmed, e.n, e.journaled = sh.confirmed, sh.n, false
 	e.log = algorithm.WindowLog{}
 	e.wc = algorithm.WindowCounterState{}
-	w := float64(p.WindowMicros())
+	w := float64(p.Window.Microseconds())
 	// Refill from the snapshot on (without one: a full share, from now),
 	// but not before the others can know: with the breaker closed never
 	// (confirmed is then the end of time), since the store goes on
@@ -184,7 +184,7 @@ func (e *entry) initLocal(p ratelimit.Policy, now int64, sh share) {
 // left at the last reply.
 func (e *entry) bucket(p ratelimit.Policy, now, cost int64, sh share) contract.Decision {
 	capacity := sh.of(float64(p.Capacity()))
-	rate := sh.of(float64(p.Limit) / float64(p.WindowMicros())) // units per µs
+	rate := sh.of(float64(p.Limit) / float64(p.Window.Microseconds())) // units per µs
 	e.level, e.at = fill(e.level, e.at, now, capacity, rate), max(e.at, now)
 	var d contract.Decision
 	c := float64(cost)
@@ -203,7 +203,7 @@ func (e *entry) bucket(p ratelimit.Policy, now, cost int64, sh share) contract.D
 // of age out as its histogram said (each bucket assumed to expire as late as
 // it could); the instance may hold its share of the rest of the window.
 func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) contract.Decision {
-	w := p.WindowMicros()
+	w := p.Window.Microseconds()
 	var pre int64
 	if e.snapValid {
 		for i, n := range e.snap.Ages {
@@ -226,7 +226,7 @@ func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) contrac
 // reply knew of, shifted into the current windows, plus this instance's
 // local counts weighted by the number of instances.
 func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) contract.Decision {
-	w := p.WindowMicros()
+	w := p.Window.Microseconds()
 	start := now - now%w
 	elapsed := now - start
 	var kc, kp int64
@@ -298,7 +298,7 @@ func netOfRefill(p ratelimit.Policy, s journal.Snapshot, grants []store.Grant, n
 	e.initLocal(p, sorted[0].At, sh)
 	e.level = min(0, e.level)
 	capacity := sh.of(float64(p.Capacity()))
-	rate := sh.of(float64(p.Limit) / float64(p.WindowMicros()))
+	rate := sh.of(float64(p.Limit) / float64(p.Window.Microseconds()))
 	at = max(now, sorted[len(sorted)-1].At)
 	unused := fill(e.level, e.at, at, capacity, rate)
 	level, t := e.level, e.at

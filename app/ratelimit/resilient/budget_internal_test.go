@@ -27,7 +27,7 @@ func TestChargesLeaveNoMoreThanTheIdeal(t *testing.T) {
 	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "p", Algorithm: alg, Limit: 100, Window: 10 * time.Second}
-			w := p.WindowMicros()
+			w := p.Window.Microseconds()
 			// The store's state when the outage began: the key empty, as
 			// the fleet kept it, and the snapshot every instance took of it.
 			empty := contract.State{Now: t0, TAT: t0 + w}
@@ -103,7 +103,7 @@ func TestInterleavedSharesReplayInAnyOrder(t *testing.T) {
 	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
 		t.Run(string(alg), func(t *testing.T) {
 			p := ratelimit.Policy{Name: "p", Algorithm: alg, Limit: 100, Window: 10 * time.Second}
-			w := p.WindowMicros()
+			w := p.Window.Microseconds()
 			snap := journal.Snapshot{Policy: p, State: contract.State{Now: t0, TAT: t0 + w}, Valid: true, N: 4, Confirmed: t0}
 			interval := w / p.Limit // one unit refills in this long
 			grants := make([][]store.Grant, 4)

@@ -226,7 +226,7 @@ func (s *nullStore) DecideWire(_ context.Context, reqs []contract.Request) ([]co
 		}
 		ds[i] = contract.Decision{
 			Decision: ratelimit.Decision{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: time.Second, Mode: ratelimit.ModeRedis},
-			State:    contract.State{Now: time.Now().UnixMicro(), Tokens: 99 * req.Policy.WindowMicros(), Current: 1},
+			State:    contract.State{Now: time.Now().UnixMicro(), Tokens: 99 * req.Policy.Window.Microseconds(), Current: 1},
 		}
 	}
 	return ds, errs

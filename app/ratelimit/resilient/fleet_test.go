@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
@@ -143,7 +144,7 @@ func (f *fleet) run(t *testing.T, faultFor time.Duration, inject, heal func()) (
 			time.Sleep(every/2 + time.Duration(rng.Int64N(int64(every))))
 		}
 	}
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		wg.Add(2)
 		// Polite at 40% of the quota, abusive at twice it.
 		go client(alg, "polite-"+string(alg), false, fleetWindow*10/(4*fleetLimit))
@@ -189,7 +190,7 @@ func overAdmission(p ratelimit.Policy, recs []record, bounds [phases + 1]int64) 
 	}
 	slices.SortFunc(adm, func(a, b record) int { return int(a.send - b.send) })
 	var worst [phases]float64
-	w, limit := p.WindowMicros(), float64(p.Limit)
+	w, limit := p.Window.Microseconds(), float64(p.Limit)
 	note := func(lastRecv int64, ratio float64) {
 		if ph := phaseOf(bounds, lastRecv); ratio > worst[ph] {
 			worst[ph] = ratio
@@ -259,7 +260,7 @@ func goodput(p ratelimit.Policy, recs []record, bounds [phases + 1]int64) [phase
 // check asserts the invariants for the judged phases.
 func check(t *testing.T, recs []record, bounds [phases + 1]int64, judged []phase) {
 	t.Helper()
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := fleetPolicy(alg)
 		var polite, abusive []record
 		for _, r := range recs {
@@ -421,7 +422,7 @@ func reconcile(t *testing.T, f *fleet) {
 func timeline(t *testing.T, recs []record, bounds [phases + 1]int64) {
 	t.Helper()
 	const slot = 500_000
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		type cell struct{ redis, local, refused int }
 		cells := map[int64]*cell{}
 		for _, r := range recs {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
@@ -21,7 +22,7 @@ import (
 // every fresh share grants again what the one before it granted. The local
 // grants stay within the first share: a quarter of the limit.
 func TestGrayFailureKeepsTheShare(t *testing.T) {
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFakeStore()
@@ -67,7 +68,7 @@ func TestGrayFailureKeepsTheShare(t *testing.T) {
 // that the store had spent before the outage (refused locally, granted
 // nothing).
 func TestFloodDoesNotResetAHotKey(t *testing.T) {
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFakeStore()
@@ -130,7 +131,7 @@ func TestCallerGoneIsStillCounted(t *testing.T) {
 // rate time really passes: the jump refills nothing and ages nothing out,
 // and the step back locks nothing.
 func TestWallClockStepDoesNotMoveTheFallback(t *testing.T) {
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var step atomic.Int64

@@ -113,7 +113,7 @@ func grantThroughOutage(t *testing.T, srv *redistest.Server, ls []*resilient.Lim
 	grants := grantLog{}
 	for j := range 5 {
 		for i, l := range ls {
-			for _, alg := range ratelimit.Algorithms {
+			for _, alg := range contract.Algorithms {
 				grants.decide(t, l, alg, "client", fmt.Sprintf("redis-%d-%d", i, j), ratelimit.ModeRedis)
 			}
 		}
@@ -121,7 +121,7 @@ func grantThroughOutage(t *testing.T, srv *redistest.Server, ls []*resilient.Lim
 	srv.Kill()
 	waitFor(t, "every breaker open", 5*time.Second, allIn(ls, resilient.BreakerOpen))
 	for i, l := range ls {
-		for _, alg := range ratelimit.Algorithms {
+		for _, alg := range contract.Algorithms {
 			for j := range 10 {
 				grants.decide(t, l, alg, "client", fmt.Sprintf("local-%d-%d", i, j), ratelimit.ModeLocal)
 			}
@@ -147,7 +147,7 @@ func checkExactUsage(t *testing.T, srv *redistest.Server, probe *resilient.Limit
 	t.Helper()
 	ctx := context.Background()
 	rs := redisstore.New(srv.Client())
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := longPolicy(alg)
 		g := grants[alg]
 		switch alg {

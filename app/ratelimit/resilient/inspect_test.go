@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
@@ -16,7 +17,7 @@ import (
 // again it takes nothing, adds no key and leaves the next decision as it
 // would have been.
 func TestInspectCountsNothing(t *testing.T) {
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFakeStore()

@@ -296,7 +296,7 @@ func TestBatchOfOneIDSettlesEachPolicy(t *testing.T) {
 		return st.Late.Present+st.Late.Counted >= 1 && st.Journal.Pending == 0 && st.Journal.Doubts == 0
 	})
 	time.Sleep(300 * time.Millisecond) // the replay of a grant the second reply settled
-	w := p.WindowMicros()
+	w := p.Window.Microseconds()
 	tokens := func(k string) float64 {
 		t.Helper()
 		a, _, err := redistest.PairState(ctx, srv.Client(), other.Key(p, k))

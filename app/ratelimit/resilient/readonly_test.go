@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -17,7 +18,7 @@ import (
 // store and from the local share, and takes nothing: no unit of the key, no
 // local grant, nothing journaled to replay.
 func TestReadOnlyTakesNothing(t *testing.T) {
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFakeStore()

@@ -83,7 +83,7 @@ func TestInterruptedReplayCountsOnce(t *testing.T) {
 	grants := grantLog{}
 	srv.Kill()
 	waitFor(t, "the breaker open", 5*time.Second, allIn([]*resilient.Limiter{l}, resilient.BreakerOpen))
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		for j := range 20 {
 			grants.decide(t, l, alg, "client", fmt.Sprintf("local-%d", j), ratelimit.ModeLocal)
 		}
@@ -148,7 +148,7 @@ func TestReplayIsNetOfRefill(t *testing.T) {
 			waitFor(t, "every breaker closed with an empty journal", 10*time.Second, allIn(ls, resilient.BreakerClosed))
 
 			// A unit per instance of rounding, and the probe's own.
-			emission := time.Duration(p.WindowMicros()/p.Limit) * time.Microsecond
+			emission := time.Duration(p.Window.Microseconds()/p.Limit) * time.Microsecond
 			for _, key := range []string{"abusive", "polite"} {
 				d, err := decideWire(context.Background(), ls[0], ratelimit.Request{Policy: p, Key: key})
 				if err != nil || d.Mode != ratelimit.ModeRedis {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
@@ -170,7 +171,7 @@ func TestResetHoldsAcrossAHeal(t *testing.T) {
 	})
 	ctx := context.Background()
 	var pols []ratelimit.Policy
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		pols = append(pols, ratelimit.Policy{Name: "heal-" + string(alg), Algorithm: alg, Limit: 400, Window: time.Hour})
 	}
 	grant := func(l *resilient.Limiter, p ratelimit.Policy, n int, mode ratelimit.Mode, tag string) {

@@ -47,7 +47,7 @@ func (l *Limiter) restore(ctx context.Context, old, gen string) (raised bool, er
 	var batches []store.ReplayBatch
 	var floors []contract.Floor
 	l.keys.each(func(e *entry) {
-		if !e.snapValid || e.policy == nil || e.snap.Now < now-2*e.policy.WindowMicros() {
+		if !e.snapValid || e.policy == nil || e.snap.Now < now-2*e.policy.Window.Microseconds() {
 			return
 		}
 		switch loss(*e.policy, e.identity) {
@@ -121,7 +121,7 @@ func (l *Limiter) raise(ctx context.Context, r contract.Raiser, floors []contrac
 
 // restoreGrants turns a snapshot into the grants that rebuild its usage.
 func restoreGrants(p ratelimit.Policy, s contract.State, marker string) []store.Grant {
-	w := p.WindowMicros()
+	w := p.Window.Microseconds()
 	var g []store.Grant
 	add := func(at, cost int64, id string) {
 		if cost > 0 {

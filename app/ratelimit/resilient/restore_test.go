@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
@@ -30,7 +31,7 @@ func TestWipeRestoresUsage(t *testing.T) {
 		t.Errorf("%d restores, want one per instance", restores)
 	}
 	ctx := context.Background()
-	for _, alg := range ratelimit.Algorithms {
+	for _, alg := range contract.Algorithms {
 		p := longPolicy(alg)
 		d, err := ls[0].Decide(ctx, ratelimit.Request{Policy: p, Key: "client", ID: "probe-" + string(alg)})
 		if err != nil || d.Mode != ratelimit.ModeRedis {

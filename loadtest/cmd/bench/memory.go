@@ -120,7 +120,7 @@ func memoryRows(ctx context.Context, addr string, client redis.UniversalClient, 
 			name: "memory/ours/" + string(alg) + "-no-id", key: key,
 			decide: func(ctx context.Context, i int) error {
 				return redisstore.Script(alg).Run(ctx, client, []string{key(i)},
-					0, p.Limit, p.WindowMicros(), p.Capacity(), 1, "", 1, 1).Err()
+					0, p.Limit, p.Window.Microseconds(), p.Capacity(), 1, "", 1, 1).Err()
 			},
 		})
 	}

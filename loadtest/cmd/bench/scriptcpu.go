@@ -108,7 +108,7 @@ func scriptCPUCommands(ctx context.Context, addr string, client redis.UniversalC
 	key := redisstore.New(nil).Key(p, "x")
 	ours := scriptCPUCmd{name: "ours-gcra", command: "fcall", args: []string{"FCALL", fn, "1",
 		key[:len(key)-12] + "__rand_int__", // 28 bytes, as every key
-		"0", strconv.Itoa(limit), strconv.FormatInt(p.WindowMicros(), 10), strconv.FormatInt(p.Capacity(), 10), "1",
+		"0", strconv.Itoa(limit), strconv.FormatInt(p.Window.Microseconds(), 10), strconv.FormatInt(p.Capacity(), 10), "1",
 		// A fresh id per call (12 digits; Redis keeps 11 bytes of a longer
 		// one): one id for every call would make the second call of a key
 		// within the resend window a resend, answered without a write.

@@ -27,7 +27,7 @@ type TokenBucketState struct {
 
 // TokenBucketDecide applies one request at time now (µs) to a token bucket.
 func TokenBucketDecide(p ratelimit.Policy, s TokenBucketState, now, cost int64, wt contract.Weight) (TokenBucketState, contract.Decision) {
-	w, capScaled, rate := p.WindowMicros(), p.Capacity()*p.WindowMicros(), p.Limit
+	w, capScaled, rate := p.Window.Microseconds(), p.Capacity()*p.Window.Microseconds(), p.Limit
 	tokens := capScaled
 	if s.Last != 0 {
 		tokens = tokenBucketFill(s.Tokens, now-s.Last, capScaled, rate)
@@ -67,7 +67,7 @@ type GCRAState struct {
 
 // GCRADecide applies one request at time now (µs) to GCRA.
 func GCRADecide(p ratelimit.Policy, s GCRAState, now, cost int64, wt contract.Weight) (GCRAState, contract.Decision) {
-	w, burst, rate := p.WindowMicros(), p.Capacity(), p.Limit
+	w, burst, rate := p.Window.Microseconds(), p.Capacity(), p.Limit
 	tolerance := burst * w // in µs × rate units
 	tat := s
 	if tat.TAT < now || tat.TAT == now && tat.Rem == 0 {
@@ -104,7 +104,7 @@ type WindowCounterState struct {
 // window counter. The previous window's count is weighted by the part of it
 // that the sliding window still covers.
 func WindowCounterDecide(p ratelimit.Policy, s WindowCounterState, now, cost int64, wt contract.Weight) (WindowCounterState, contract.Decision) {
-	w, limit := p.WindowMicros(), limitOf(wt, p.Limit)
+	w, limit := p.Window.Microseconds(), limitOf(wt, p.Limit)
 	start := now - now%w
 	cur, prev := s.Shift(start, w)
 	elapsed := now - start
@@ -172,7 +172,7 @@ func (l *WindowLog) Len() int { return len(l.times) }
 // WindowLogDecide applies one request at time now (µs) to a sliding window
 // log, admitting it if at most Limit units fall in (now-Window, now].
 func WindowLogDecide(p ratelimit.Policy, l *WindowLog, now, cost int64, wt contract.Weight) contract.Decision {
-	w, limit := p.WindowMicros(), limitOf(wt, p.Limit)
+	w, limit := p.Window.Microseconds(), limitOf(wt, p.Limit)
 	// Drop grants at or before now-w.
 	drop := sort.Search(len(l.times), func(i int) bool { return l.times[i] > now-w })
 	l.times = l.times[drop:]

@@ -41,7 +41,7 @@ func SortGrants(g []store.Grant) {
 
 // TokenBucketReplay folds grants into a token bucket state.
 func TokenBucketReplay(p ratelimit.Policy, s TokenBucketState, now int64, grants []store.Grant) (TokenBucketState, store.ReplayResult) {
-	w, rate := p.WindowMicros(), p.Limit
+	w, rate := p.Window.Microseconds(), p.Limit
 	capScaled := p.Capacity() * w
 	var r store.ReplayResult
 	for _, g := range grants {
@@ -61,7 +61,7 @@ func TokenBucketReplay(p ratelimit.Policy, s TokenBucketState, now int64, grants
 
 // GCRAReplay folds grants into a GCRA state.
 func GCRAReplay(p ratelimit.Policy, s GCRAState, now int64, grants []store.Grant) (GCRAState, store.ReplayResult) {
-	w, rate := p.WindowMicros(), p.Limit
+	w, rate := p.Window.Microseconds(), p.Limit
 	var r store.ReplayResult
 	for _, g := range grants {
 		g = clampGrant(g, now)
@@ -84,7 +84,7 @@ func GCRAReplay(p ratelimit.Policy, s GCRAState, now int64, grants []store.Grant
 // current one (or a later one, for a clock slightly ahead) or the one before;
 // older grants are dropped.
 func WindowCounterReplay(p ratelimit.Policy, s WindowCounterState, now int64, grants []store.Grant) (WindowCounterState, store.ReplayResult) {
-	w := p.WindowMicros()
+	w := p.Window.Microseconds()
 	start := now - now%w
 	cur, prev := s.Shift(start, w)
 	var r store.ReplayResult
@@ -109,7 +109,7 @@ func WindowCounterReplay(p ratelimit.Policy, s WindowCounterState, now int64, gr
 // can, and counts those as Present). Grants at or before now-Window are
 // dropped.
 func WindowLogReplay(p ratelimit.Policy, l *WindowLog, now int64, grants []store.Grant) store.ReplayResult {
-	w := p.WindowMicros()
+	w := p.Window.Microseconds()
 	var r store.ReplayResult
 	for _, g := range grants {
 		g = clampGrant(g, now)

@@ -20,6 +20,9 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
+// Algorithms lists every algorithm the module implements.
+var Algorithms = []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter, ratelimit.GCRA}
+
 var (
 	mu         sync.RWMutex
 	extensions []func(ratelimit.Limiter) (any, bool)

@@ -14,8 +14,8 @@ import (
 )
 
 // Key keys an identity's state under one policy in process memory: a
-// 128-bit hash of the policy's name, algorithm and window (what
-// ratelimit.Policy.Fingerprint covers) and of the identity, so memory per
+// 128-bit hash of the policy's name, algorithm and window (what the Redis
+// store's policy fingerprint covers) and of the identity, so memory per
 // key is fixed whatever the client sent.
 type Key [2]uint64
 
@@ -35,8 +35,8 @@ func (s *Seeds) Key(p ratelimit.Policy, id store.Identity) Key {
 	b = append(b, 0)
 	b = append(b, p.Algorithm...)
 	// Not the limit nor the capacity: a key keeps its usage across a
-	// reload that changes them (ratelimit.Policy.Fingerprint).
-	b = binary.LittleEndian.AppendUint64(b, uint64(p.WindowMicros()))
+	// reload that changes them (as in the Redis store's keys).
+	b = binary.LittleEndian.AppendUint64(b, uint64(p.Window.Microseconds()))
 	b = append(b, id[:]...)
 	return Key{maphash.Bytes(s[0], b), maphash.Bytes(s[1], b)}
 }
@@ -44,12 +44,12 @@ func (s *Seeds) Key(p ratelimit.Policy, id store.Identity) Key {
 // Params is a short hash of every parameter of p that its decisions depend
 // on (algorithm, limit, window, capacity): it tells the grants of a policy
 // reloaded with other parameters from the old one's (journal batches, replay
-// markers). Stored state is keyed by ratelimit.Policy.Fingerprint, which
-// leaves out the limit and the capacity, so that usage carries over such a
-// reload.
+// markers). Stored state is keyed by the policy's name, algorithm and
+// window, which leave out the limit and the capacity, so that usage
+// carries over such a reload.
 func Params(p ratelimit.Policy) string {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(string(p.Algorithm) + "|" + strconv.FormatInt(p.Limit, 10) + "|" +
-		strconv.FormatInt(p.WindowMicros(), 10) + "|" + strconv.FormatInt(p.Capacity(), 10)))
+		strconv.FormatInt(p.Window.Microseconds(), 10) + "|" + strconv.FormatInt(p.Capacity(), 10)))
 	return fmt.Sprintf("%08x", h.Sum32())
 }

@@ -82,7 +82,7 @@ func appendRecord(b []byte, r record) []byte {
 		b = append(append(append(b, '\t'), p.Name...), '\t')
 		b = append(append(b, p.Algorithm...), '\t')
 		b = append(strconv.AppendInt(b, p.Limit, 10), '\t')
-		b = append(strconv.AppendInt(b, p.WindowMicros(), 10), '\t')
+		b = append(strconv.AppendInt(b, p.Window.Microseconds(), 10), '\t')
 		b = append(strconv.AppendInt(b, p.Burst, 10), '\t')
 		b = hex.AppendEncode(b, r.identity[:])
 		if r.kind != 'S' {
@@ -164,7 +164,7 @@ func parseBody(line string) (record, error) {
 			return false
 		}
 		r.policy = ratelimit.Policy{Name: f[2], Algorithm: ratelimit.Algorithm(f[3]), Limit: n[0], Window: time.Duration(n[1]) * time.Microsecond, Burst: n[2]}
-		return r.policy.Validate() == nil && r.policy.WindowMicros() == n[1]
+		return r.policy.Validate() == nil && r.policy.Window.Microseconds() == n[1]
 	}
 	switch r.kind {
 	case 'E':
