@@ -142,7 +142,7 @@ YAML
         LOCAL_RLS_CONFIG_DIR=$dir/rls
     stack_up=1
     scripts/local-up.sh >"$dir/stack-up.log" 2>&1 || { cat "$dir/stack-up.log" >&2; exit 1; }
-    # The stack's Redis asks for REDIS_PASSWORD, by default redis/redis.conf's (scripts/lib/local-stack.sh).
+    # The stack's Redis asks for REDIS_PASSWORD, by default redis/redis.conf's (bin/localstack help).
     STACK_REDIS_PASSWORD=${REDIS_PASSWORD:-$(awk '$1 == "requirepass" { print $2; exit }' redis/redis.conf)}
     STACK_REDIS_PASSWORD=${STACK_REDIS_PASSWORD%\"}
     STACK_REDIS_PASSWORD=${STACK_REDIS_PASSWORD#\"}

@@ -2,7 +2,7 @@
 # `make deps`: the system programs the tests and the native stack need.
 #   redis-server, redis-cli  (Debian: redis-server)
 #   nginx                    (Debian: nginx-light)
-#   curl                     (native stack: readiness probes, toxiproxy's API)
+#   curl                     (make reload, make top, the stack test)
 #   gcc + libc headers       (go test -race needs cgo)
 #   promtool                 (Debian: prometheus; make test checks prometheus/rules.yml with
 #                            it; the native stack also runs its prometheus when present)

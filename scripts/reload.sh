@@ -17,8 +17,6 @@
 # behind a bind mount, or an operator who wants the result now.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# shellcheck source=scripts/lib/local-stack.sh
-source scripts/lib/local-stack.sh
 # shellcheck source=scripts/lib/running-stack.sh
 source scripts/lib/running-stack.sh
 
@@ -46,11 +44,11 @@ print("\x1f".join(str(d.get(k) or "").replace("\x1f", " ").replace("\n", " ")
 }
 
 # ---- which stack ----------------------------------------------------------------------
-CURL=$(ls_find_bin curl) || die "curl not found (apt-get install curl)"
+CURL=$(find_bin curl) || die "curl not found (apt-get install curl)"
 rs_pick_stack RELOAD_STACK "${RELOAD_STACK:-}"
 
-# admin URLs, one per app
-declare -A admin
+# admin URLs (and the native stack's pids), one per app
+declare -A admin pid
 rs_admin_urls
 
 # ---- signal -----------------------------------------------------------------------------
@@ -68,8 +66,8 @@ echo "reload: SIGHUP to every instance of the $stack stack"
 case $stack in
 native)
     for a in "${APPS[@]}"; do
-        if pid=$(ls_service_pid "$a"); then
-            kill -HUP "$pid"
+        if [[ ${pid[$a]:-0} != 0 ]]; then
+            kill -HUP "${pid[$a]}"
         else
             echo "reload: $a is not running" >&2
         fi

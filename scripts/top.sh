@@ -18,8 +18,6 @@
 # the others answered is still printed), 2 when no stack runs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-# shellcheck source=scripts/lib/local-stack.sh
-source scripts/lib/local-stack.sh
 # shellcheck source=scripts/lib/running-stack.sh
 source scripts/lib/running-stack.sh
 
@@ -34,14 +32,15 @@ rows=${TOP_ROWS:-16}
 [[ -z $policy || $policy =~ ^[A-Za-z0-9_.-]{1,64}$ ]] || die "POLICY=$policy: not a policy name"
 
 # ---- which stack ----------------------------------------------------------------------
-CURL=$(ls_find_bin curl) || die "curl not found (apt-get install curl)"
+CURL=$(find_bin curl) || die "curl not found (apt-get install curl)"
 rs_pick_stack TOP_STACK "${TOP_STACK:-}"
 
 # admin URLs, one per app, and the token
-declare -A admin
+# shellcheck disable=SC2034 # (pid: the native apps' pids, not needed here)
+declare -A admin pid
 rs_admin_urls
 if [[ $stack == native ]]; then
-    token=$RL_ADMIN_TOKEN
+    token=$(rs_native_setting RL_ADMIN_TOKEN)
 else
     token=${RL_ADMIN_TOKEN:-}
     if [[ -z $token && -f .env ]]; then

@@ -10,18 +10,18 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/chaos/native"
 )
 
-// Local is the native stack of `make local-up`.
-//
-// Processes are restarted with scripts/local-service.sh, which starts a
-// service with the settings local-up.sh used and keeps .run/pids/ and
-// .run/stack.json current, so `make local-down` still stops everything.
+// Local is the native stack of `make local-up`, driven through package
+// native: Up starts it as `make local-up` would (with the suite's settings
+// on top of the environment's), and a restarted process is started with
+// the settings Up used, keeping <run>/pids/ and <run>/stack.json current,
+// so that `make local-down` still stops everything.
 //
 // Local is not safe for concurrent use.
 type Local struct {
@@ -29,6 +29,10 @@ type Local struct {
 	r     runner
 	built bool
 	info  Info
+	// runDir is the stack's run directory (.run, or LOCAL_RUN_DIR).
+	runDir string
+	// native is the stack Up started, with its settings; nil before.
+	native *native.Stack
 	// reniced: the stack's processes were given stackNice (prioritize).
 	reniced bool
 	// direct: the apps dial Redis itself, not their fault proxies (Up).
@@ -49,10 +53,10 @@ type Local struct {
 // NewLocal returns the native stack of the repository at root; command
 // output goes to log.
 func NewLocal(root string, log io.Writer) *Local {
-	tokens, _ := AdminTokens()
 	return &Local{
 		httpAPI: newHTTPAPI(),
-		r:       runner{root: root, log: log, env: []string{"RL_ADMIN_TOKEN=" + tokens}},
+		r:       runner{root: root, log: log},
+		runDir:  native.RunDir(root, os.Getenv),
 	}
 }
 
@@ -63,82 +67,76 @@ func (l *Local) Name() string { return "local" }
 // runs every topology.
 func (l *Local) Unsupported(string) string { return "" }
 
-func (l *Local) stackJSON() string { return filepath.Join(l.r.root, ".run", "stack.json") }
+func (l *Local) stackJSON() string { return filepath.Join(l.runDir, "stack.json") }
 
-func (l *Local) serviceScript() string { return filepath.Join(l.r.root, "scripts", "local-service.sh") }
-
-// Up implements Stack: make local-down, then make local-up (the binaries are
-// built by the first Up only), then reads .run/stack.json. needs
-// NeedsSentinel or NeedsCluster starts that topology (LOCAL_TOPOLOGY).
+// Up implements Stack: the running stack is stopped (make local-down),
+// then started (make local-up) with the environment's settings and the
+// suite's (the binaries are built by the first Up only); needs
+// NeedsSentinel or NeedsCluster starts that topology.
 func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
-	if err := l.r.run(ctx, "make", "--no-print-directory", "local-down"); err != nil {
+	if err := l.Down(ctx); err != nil {
 		return Info{}, err
 	}
 	l.logsAt = map[string]int64{}
-	if logs, err := filepath.Glob(filepath.Join(l.r.root, ".run", "*.log")); err == nil {
+	if logs, err := filepath.Glob(filepath.Join(l.runDir, "*.log")); err == nil {
 		for _, f := range logs {
 			if fi, err := os.Stat(f); err == nil {
 				l.logsAt[f] = fi.Size()
 			}
 		}
 	}
-	r := l.r
-	r.env = slices.Clone(r.env)
-	if l.built {
-		r.env = append(r.env, "LOCAL_SKIP_BUILD=1")
+	s, err := native.Load(l.r.root, os.Getenv)
+	if err != nil {
+		return Info{}, err
 	}
-	topology := "single"
+	l.runDir = s.RunDir
+	s.SkipBuild = s.SkipBuild || l.built
+	s.Topology = native.Single
 	if needs == NeedsSentinel || needs == NeedsCluster {
-		topology = needs
+		s.Topology = native.Topology(needs)
 	}
-	r.env = append(r.env, "LOCAL_TOPOLOGY="+topology)
 	if os.Getenv("LOCAL_LOG_LEVEL") == "" {
 		// nginx's access log and requests.jsonl hold every request id; a
 		// line per request in each app's log (local-up's default) cost
 		// the apps a tenth of their CPU.
-		r.env = append(r.env, "LOCAL_LOG_LEVEL=info")
+		s.LogLevel = "info"
 	}
 	if os.Getenv("LOCAL_PROMETHEUS") == "" {
 		// Not part of what a scenario measures: its scrapes and its own
 		// start would take CPU the stack under test needs.
-		r.env = append(r.env, "LOCAL_PROMETHEUS=0")
+		s.Prometheus = false
 	}
 	if os.Getenv("LOCAL_POLICY_FILE") == "" {
 		// The load comes from one address: a per-address ceiling sized
 		// for it (the demo's would refuse most of it).
-		r.env = append(r.env, "LOCAL_POLICY_FILE="+filepath.Join(l.r.root, PolicyFile))
+		s.PolicyFile = filepath.Join(l.r.root, PolicyFile)
 	}
 	l.policyDir, l.rlsDir = "", ""
 	if needs == NeedsReload {
-		dir, err := l.newRunDir("chaos-policies")
-		if err != nil {
+		if l.policyDir, err = l.newRunDir("chaos-policies"); err != nil {
 			return Info{}, err
 		}
-		l.policyDir = dir
-		r.env = append(r.env, "LOCAL_POLICY_DIR="+dir)
-		if dir, err = l.newRunDir("chaos-rls"); err != nil {
+		if l.rlsDir, err = l.newRunDir("chaos-rls"); err != nil {
 			return Info{}, err
 		}
-		l.rlsDir = dir
-		r.env = append(r.env, "LOCAL_RLS_CONFIG_PER_APP_DIR="+dir)
 	}
+	s.PolicyDir, s.RLSConfigPerAppDir = l.policyDir, l.rlsDir
 	if os.Getenv("LOCAL_RLS_CONFIG_DIR") == "" {
-		r.env = append(r.env, "LOCAL_RLS_CONFIG_DIR="+filepath.Join(l.r.root, RLSConfigDir))
+		s.RLSConfigDir = filepath.Join(l.r.root, RLSConfigDir)
 	}
 	// clock-step moves an instance's wall clock through its admin port.
-	r.env = append(r.env, "RL_DEBUG_CLOCK=true")
+	s.DebugClock = true
 	// The apps reach Redis through their fault proxies only when the fault
 	// needs them: elsewhere the proxy's hop is not the deployment's (the
 	// compose stack has none), and it took a sixth of a CPU under the load.
 	l.direct = needs != NeedsLatency && needs != NeedsPartition && needs != NeedsResetPartition
-	if l.direct {
-		r.env = append(r.env, "LOCAL_REDIS_DIRECT=1")
-	} else {
-		r.env = append(r.env, "LOCAL_REDIS_DIRECT=0")
+	s.RedisDirect = l.direct
+	st := native.New(l.r.root, s, l.logWriter())
+	st.OnStart = l.started
+	if err := st.Up(ctx); err != nil {
+		return Info{}, fmt.Errorf("native stack: %w", err)
 	}
-	if err := r.run(ctx, "make", "--no-print-directory", "local-up"); err != nil {
-		return Info{}, err
-	}
+	l.native = st
 	l.built = true
 	info, err := l.readInfo()
 	if err != nil {
@@ -147,30 +145,33 @@ func (l *Local) Up(ctx context.Context, needs string) (Info, error) {
 	if info.ProxyAPI == "" || len(info.Apps) == 0 || info.RedisPID <= 0 || len(info.RedisNodes) == 0 {
 		return Info{}, fmt.Errorf("%s: incomplete: %+v", l.stackJSON(), info)
 	}
-	if info.Topology != topology {
-		return Info{}, fmt.Errorf("%s: topology %q, want %q", l.stackJSON(), info.Topology, topology)
+	if info.Topology != string(s.Topology) {
+		return Info{}, fmt.Errorf("%s: topology %q, want %q", l.stackJSON(), info.Topology, s.Topology)
 	}
 	l.prioritize()
 	return info, nil
 }
 
-// prioritize gives the native stack's processes (those of .run/pids/ and
+// logWriter is where the native stack's progress goes: the log, if any.
+func (l *Local) logWriter() io.Writer {
+	if l.r.log == nil {
+		return io.Discard
+	}
+	return l.r.log
+}
+
+// prioritize gives the native stack's processes (those of <run>/pids/ and
 // their children: nginx's workers) and this process, which generates the
 // load and times it, stackNice, as the compose stack's (Compose.prioritize).
-// A restart by local-service.sh (a shell, its subshells, redis-cli probes,
-// stack.json rewritten) takes CPU at the moment the apps reconnect and
-// replay; at the stack's priority nginx and the load generator would wait
-// for it (nginx's access log against requests.jsonl shows where the time
-// goes). Needs root
-// (CAP_SYS_NICE); without it the run goes on at the default priority and
-// says so once.
+// Needs root (CAP_SYS_NICE); without it the run goes on at the default
+// priority and says so once.
 func (l *Local) prioritize() {
-	pids := stackProcesses(filepath.Join(l.r.root, ".run", "pids"))
+	pids := stackProcesses(filepath.Join(l.runDir, "pids"))
 	pids = append(pids, os.Getpid())
 	for _, pid := range pids {
 		if err := renice(pid, stackNice); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			if !l.reniced {
-				l.r.logf("local: cannot raise the stack's priority (%v): the fault injection's shell work competes with the requests", err)
+				l.r.logf("local: cannot raise the stack's priority (%v): the fault injection's work competes with the requests", err)
 			}
 			return
 		}
@@ -181,52 +182,55 @@ func (l *Local) prioritize() {
 	l.reniced = true
 }
 
-// runService runs local-service.sh args at scriptNice, and gives the
-// process it starts for service (its pid file changes) stackNice as soon
-// as it appears, before it answers: Redis restarted at the script's
-// priority would serve the apps' first decisions from behind everything
-// else.
-func (l *Local) runService(ctx context.Context, service string, args ...string) error {
-	if !l.reniced {
-		return l.r.run(ctx, l.serviceScript(), args...)
+// started is the native stack's OnStart: a process started once the stack
+// runs at stackNice gets it at once, before it answers (Redis restarted at
+// a lower priority would serve the apps' first decisions from behind
+// everything else).
+func (l *Local) started(_ string, pid int) {
+	if l.reniced {
+		_ = renice(pid, stackNice)
 	}
-	pidFile := filepath.Join(l.r.root, ".run", "pids", service+".pid")
-	old, _ := os.ReadFile(pidFile)
-	done := make(chan struct{})
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		tick := time.NewTicker(2 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-			}
-			b, err := os.ReadFile(pidFile)
-			if err != nil || bytes.Equal(b, old) {
-				continue
-			}
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
-				_ = renice(pid, stackNice)
-				return
-			}
-		}
-	}()
-	nice := scriptNice
-	err := l.r.runAt(ctx, &nice, l.serviceScript(), args...)
-	close(done)
-	<-watched
+}
+
+// stack returns the native stack Up started, or, when this Local did not
+// start it, the running one with the settings its up saved.
+func (l *Local) stack() (*native.Stack, error) {
+	if l.native != nil {
+		return l.native, nil
+	}
+	s, err := native.LoadSaved(l.r.root, os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	st := native.New(l.r.root, s, l.logWriter())
+	st.OnStart = l.started
+	l.native = st
+	return st, nil
+}
+
+// startService starts one service of the running stack (wipe: a data node
+// without its data), waits until it is ready, and rereads stack.json.
+func (l *Local) startService(ctx context.Context, service string, wipe bool) error {
+	st, err := l.stack()
+	if err != nil {
+		return err
+	}
+	err = st.Start(ctx, service, wipe)
 	// Threads and children started since (Redis' background threads are
 	// created by the main thread, after its renice, but nginx's workers
 	// are not the pid file's process).
-	l.prioritize()
+	if l.reniced {
+		l.prioritize()
+	}
+	if err != nil {
+		return fmt.Errorf("start %s: %w", service, err)
+	}
+	_, err = l.readInfo()
 	return err
 }
 
-// readInfo reads .run/stack.json (local-service.sh rewrites it after each
-// restart, with the new pids).
+// readInfo reads <run>/stack.json (a start rewrites it, with the new
+// pids).
 func (l *Local) readInfo() (Info, error) {
 	info, err := ReadInfo(l.stackJSON())
 	if err != nil {
@@ -238,11 +242,20 @@ func (l *Local) readInfo() (Info, error) {
 }
 
 // Down implements Stack: make local-down. Safe to call twice.
-func (l *Local) Down(ctx context.Context) error {
-	// Not ctx: the stack must stop even when the run was interrupted.
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-	defer cancel()
-	return l.r.run(stopCtx, "make", "--no-print-directory", "local-down")
+func (l *Local) Down(context.Context) error {
+	// Not ctx's: the stack must stop even when the run was interrupted.
+	// Down needs the run directory and the stop timeout only.
+	s, err := native.Load(l.r.root, func(k string) string {
+		if k == "LOCAL_RUN_DIR" || k == "LOCAL_STOP_TIMEOUT" {
+			return os.Getenv(k)
+		}
+		return ""
+	})
+	if err != nil {
+		return err
+	}
+	l.native = nil
+	return native.Down(s.RunDir, s.StopTimeout, l.logWriter())
 }
 
 // pidOf returns the current pid of a service ("redis" or an app) from
@@ -328,19 +341,16 @@ func (l *Local) KillApp(_ context.Context, app string) error {
 	return nil
 }
 
-// StartRedis implements Stack: scripts/local-service.sh start redis
-// (--wipe: without its data).
+// StartRedis implements Stack: redis started again (wipe: without its
+// data), as scripts/local-service.sh start redis [--wipe] does.
 func (l *Local) StartRedis(ctx context.Context, wipe bool) error {
 	return l.StartNode(ctx, "redis", wipe)
 }
 
-// StartApp implements Stack: scripts/local-service.sh start <app>.
+// StartApp implements Stack: the app started again, as
+// scripts/local-service.sh start <app> does.
 func (l *Local) StartApp(ctx context.Context, app string) error {
-	if err := l.runService(ctx, app, "start", app); err != nil {
-		return err
-	}
-	_, err := l.readInfo()
-	return err
+	return l.startService(ctx, app, false)
 }
 
 // Partition implements Stack: disables (on) or enables the app's toxiproxy
@@ -409,7 +419,7 @@ func waitFor(ctx context.Context, d time.Duration, check func(context.Context) e
 // and outlive the next scenario's stack, which appends to the same files.
 // Call it after Down: the processes have flushed their logs.
 func (l *Local) KeepLogs(dir string) error {
-	logs, err := filepath.Glob(filepath.Join(l.r.root, ".run", "*.log"))
+	logs, err := filepath.Glob(filepath.Join(l.runDir, "*.log"))
 	if err != nil || len(logs) == 0 {
 		return err
 	}

@@ -88,18 +88,11 @@ func (l *Local) KillNode(_ context.Context, name string) error {
 	return fmt.Errorf("%s: no such data node in stack.json", name)
 }
 
-// StartNode implements Topology: scripts/local-service.sh start <node>
-// (--wipe: without its data).
+// StartNode implements Topology: the data node started again (wipe:
+// without its data), as scripts/local-service.sh start <node> [--wipe]
+// does.
 func (l *Local) StartNode(ctx context.Context, name string, wipe bool) error {
-	args := []string{"start", name}
-	if wipe {
-		args = append(args, "--wipe")
-	}
-	if err := l.runService(ctx, name, args...); err != nil {
-		return err
-	}
-	_, err := l.readInfo()
-	return err
+	return l.startService(ctx, name, wipe)
 }
 
 // CutReplication implements Topology. On: the toxiproxy proxy

@@ -22,11 +22,11 @@ import (
 // reload.
 const reloadWait = 10 * time.Second
 
-// newRunDir empties .run/<name>, the directory of the apps' own policy
+// newRunDir empties <run>/<name>, the directory of the apps' own policy
 // files or rate limit service configurations (an earlier run's changed
 // files must not be the next stack's start), for Up with NeedsReload.
 func (l *Local) newRunDir(name string) (string, error) {
-	dir := filepath.Join(l.r.root, ".run", name)
+	dir := filepath.Join(l.runDir, name)
 	if err := os.RemoveAll(dir); err != nil {
 		return "", err
 	}

@@ -45,7 +45,7 @@ func (l *Local) SetRLSConfig(ctx context.Context, app, srcDir string) (string, e
 }
 
 // swapConfigMap replaces the files of dir, a directory laid out as a
-// ConfigMap volume (scripts/lib/local-stack.sh makes it), with srcDir's
+// ConfigMap volume (package native makes it), with srcDir's
 // configuration files (.yaml, .yml, not hidden) as kubelet's atomic writer
 // does: they are copied into a new ..<timestamp>/, a new ..data symlink to
 // it is renamed over the old one (the one atomic step), a symlink through

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// TestSwapConfigMap: a ConfigMap-like directory (as local-stack.sh lays it
+// TestSwapConfigMap: a ConfigMap-like directory (as package native lays it
 // out) takes another directory's files as kubelet updates a volume: a new
 // ..<timestamp>/, ..data renamed to it, links made for new names and
 // removed for names gone, the old directory removed; what the app reads

@@ -1,6 +1,7 @@
 // Package stack drives the two demo stacks for the chaos suite: the native
-// one (make local-up / local-down, .run/stack.json, processes and the
-// toxiproxy API) and the compose one (make up / down, the compose CLI).
+// one (package native, which make local-up / local-down run; .run/stack.json,
+// processes and the toxiproxy API) and the compose one (make up / down, the
+// compose CLI).
 // Each fault the scenarios need is one method; a stack that cannot inject a
 // fault returns an *UnsupportedError saying why.
 package stack
@@ -18,24 +19,16 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/chaos/native"
 )
 
-// App is one rate-limiter instance.
-type App struct {
-	Name     string `json:"name"`
-	URL      string `json:"url"`
-	AdminURL string `json:"admin_url"`
-	PID      int    `json:"pid"`
-	RedisVia string `json:"redis_via"`
-	Proxy    string `json:"proxy"`
-}
+// App is one rate-limiter instance, as the native stack's stack.json
+// describes it.
+type App = native.App
 
 // Node is a Redis process of the native stack: a data node or a Sentinel.
-type Node struct {
-	Name string `json:"name"`
-	Addr string `json:"addr"`
-	PID  int    `json:"pid"`
-}
+type Node = native.Node
 
 // Info is what the suite needs to know about a running stack; for the
 // native stack it is .run/stack.json.
@@ -82,8 +75,8 @@ func AdminTokens() (all, first string) {
 	return all, strings.TrimSpace(first)
 }
 
-// ReadInfo reads a stack file (.run/stack.json, as scripts/local-up.sh
-// writes it).
+// ReadInfo reads a stack file (.run/stack.json, as package native writes
+// it).
 func ReadInfo(path string) (Info, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -202,9 +195,8 @@ type runner struct {
 	env  []string
 	// nice, when set, is the nice value commands run at from their start
 	// (what they start inherits it): once the stack's processes have
-	// stackNice, the commands that inject faults (a shell script, the
-	// docker CLI) get scriptNice, so their CPU comes from what the stack
-	// leaves.
+	// stackNice, the commands that inject faults (the docker CLI) get
+	// scriptNice, so their CPU comes from what the stack leaves.
 	nice *int
 }
 

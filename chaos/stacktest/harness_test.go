@@ -36,8 +36,8 @@ const installHint = "apt-get install redis-server nginx-light curl (or, from the
 
 const (
 	// scriptTimeout bounds one call of local-up.sh, local-down.sh or
-	// local-service.sh (local-up.sh builds two binaries, then waits up to
-	// LOCAL_READY_TIMEOUT, 30 s).
+	// local-service.sh (each builds bin/localstack, local-up.sh two more
+	// binaries, then waits up to LOCAL_READY_TIMEOUT, 30 s).
 	scriptTimeout = 2 * time.Minute
 	// pollInterval is the pause between two probes while waiting for a
 	// state change.
@@ -116,8 +116,8 @@ func requireTools(t *testing.T) {
 	t.Skip(msg)
 }
 
-// findBin looks bin up as scripts/lib/local-stack.sh does: PATH, then the
-// directories an ordinary user's PATH may lack.
+// findBin looks bin up as the native stack does (native.FindBin): PATH,
+// then the directories an ordinary user's PATH may lack.
 func findBin(bin string) string {
 	if p, err := exec.LookPath(bin); err == nil {
 		return p
@@ -212,11 +212,12 @@ func stackEnv(runDir string, base int, password string) []string {
 	)
 }
 
-// startStack runs scripts/local-up.sh (which builds bin/ratelimiter and
-// bin/toxiproxy-server from the checkout) with LOCAL_RUN_DIR in a temp dir
-// and a free block of ports, and reads stack.json. t.Cleanup stops the stack
-// with scripts/local-down.sh, prints the logs' tails if the test failed, and
-// checks that no process of the stack is left.
+// startStack runs scripts/local-up.sh (which builds bin/localstack,
+// bin/ratelimiter and bin/toxiproxy-server from the checkout) with
+// LOCAL_RUN_DIR in a temp dir and a free block of ports, and reads
+// stack.json. t.Cleanup stops the stack with scripts/local-down.sh, prints
+// the logs' tails if the test failed, and checks that no process of the
+// stack is left.
 func startStack(t *testing.T) *stack {
 	t.Helper()
 	requireTools(t)

@@ -164,7 +164,7 @@ var All = []Scenario{
 		Affected: allApps,
 		Inject: func(ctx context.Context, e *Env) error {
 			// Kills at 0, 1/4, 1/2 and 3/4 of the span; each restart takes
-			// what local-service.sh needs (about a second), so the fourth
+			// what a start needs (well under a second), so the fourth
 			// is up well within the span. A restart that overran the next
 			// slot still leaves Redis up for half a second before the kill.
 			cycle := e.Flap / 4
