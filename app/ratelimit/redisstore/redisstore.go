@@ -67,7 +67,7 @@ var (
 // helpersLua is every helper, for the replay and repair functions.
 // decideSrc is the decision of each algorithm as an EVAL script, and
 // scripts the same as go-redis scripts: the store calls the library, and
-// these serve only tools (Script) and the benchmarks that compare the two
+// these serve only the benchmarks that compare the two
 // (BenchmarkScriptParts). A decision script holds only the helpers its
 // algorithm calls: Redis runs the whole script on every call, and each
 // helper defined is a closure made and collected per decision. The
@@ -162,19 +162,19 @@ func WithReplayClient(c redis.ScriptingFunctionsCmdable) Option {
 	return func(l *Store) { l.replayClient = c }
 }
 
-// DefaultResendWindow is the resend window of WithResendWindow when none is
+// defaultResendWindow is the resend window of WithResendWindow when none is
 // given. A proxy resends a request only within a bounded time of its first
 // attempt: nginx, within proxy_next_upstream_timeout of the start of that
 // attempt (2 s in nginx/nginx.conf.template). The first attempt's admission
 // came after that start, and the resend's decision takes at most the
 // resend's connect and one decision's timeout (well under a second), so 3 s
 // covers every resend nginx makes, and an id repeated later counts again.
-const DefaultResendWindow = 3 * time.Second
+const defaultResendWindow = 3 * time.Second
 
 // WithResendWindow sets how long after a request was admitted a request
-// with the same contract.Request.ID is taken for a resend of it (a proxy
+// with the same ratelimit.Request.ID is taken for a resend of it (a proxy
 // trying another instance after the first failed, possibly after deciding
-// it): admitted without being counted again (default DefaultResendWindow;
+// it): admitted without being counted again (default 3 s;
 // d <= 0 keeps the default). For the token bucket, GCRA and the window
 // counter only the key's last admission is recognised (lua/once.lua); for
 // the sliding window log, any admission of the id within the window. Set it
@@ -200,7 +200,7 @@ func WithClock(now func() time.Time) Option { return func(l *Store) { l.now = no
 // New returns a Store using client, which may be a *redis.Client,
 // *redis.ClusterClient, *redis.Ring or any redis.UniversalClient.
 func New(client redis.ScriptingFunctionsCmdable, opts ...Option) *Store {
-	l := &Store{client: client, prefix: "rl", ids: reqid.New(""), resend: DefaultResendWindow.Microseconds()}
+	l := &Store{client: client, prefix: "rl", ids: reqid.New(""), resend: defaultResendWindow.Microseconds()}
 	for _, o := range opts {
 		o(l)
 	}
@@ -415,10 +415,3 @@ func (l *Store) decideBatch(ctx context.Context, reqs []contract.Request) ([]con
 	}
 	return ds, errs
 }
-
-// Script returns the decision script of algorithm a (nil for an unknown
-// one), the same Lua as its function in the library (Library) as an
-// EVAL script, for tools that drive Redis directly: the benchmark's
-// ceiling runs it with redis-benchmark. Its arguments are described in
-// lua/decide.lua. The store itself calls the library's functions.
-func Script(a ratelimit.Algorithm) *redis.Script { return scripts[a] }

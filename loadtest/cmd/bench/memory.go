@@ -99,6 +99,11 @@ func memoryRows(ctx context.Context, addr string, client redis.UniversalClient, 
 	} else if size != 0 {
 		return nil, fmt.Errorf("memory: the Redis holds %d keys; the memory rows flush it, so they need a fresh Redis (-mem-keys 0 leaves them out)", size)
 	}
+	// The -no-id rows call the library's functions directly.
+	code, _ := redisstore.Library(ratelimit.GCRA)
+	if err := client.FunctionLoadReplace(ctx, code).Err(); err != nil {
+		return nil, fmt.Errorf("memory: FUNCTION LOAD: %w", err)
+	}
 	var variants []memVariant
 	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter, ratelimit.GCRA} {
 		p := ratelimit.Policy{Name: memPolicyName, Algorithm: alg, Limit: memLimit, Window: memWindow}
@@ -119,7 +124,8 @@ func memoryRows(ctx context.Context, addr string, client redis.UniversalClient, 
 			// up for a request without one): it shows what the id costs.
 			name: "memory/ours/" + string(alg) + "-no-id", key: key,
 			decide: func(ctx context.Context, i int) error {
-				return redisstore.Script(alg).Run(ctx, client, []string{key(i)},
+				_, fn := redisstore.Library(alg)
+				return client.FCall(ctx, fn, []string{key(i)},
 					0, p.Limit, p.Window.Microseconds(), p.Capacity(), 1, "", 1, 1).Err()
 			},
 		})

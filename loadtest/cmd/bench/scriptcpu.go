@@ -95,6 +95,10 @@ func scriptCPURows(ctx context.Context, addr string, client redis.UniversalClien
 	return rows, nil
 }
 
+// resendWindow is redisstore's default resend window
+// (redisstore.WithResendWindow).
+const resendWindow = 3 * time.Second
+
 // scriptCPUCommands returns the two calls: our GCRA decision function,
 // with the arguments redisstore sends for a request of cost 1 with an id
 // (the short form Redis keeps), and redis_rate's script call, as its
@@ -112,7 +116,7 @@ func scriptCPUCommands(ctx context.Context, addr string, client redis.UniversalC
 		// A fresh id per call (12 digits; Redis keeps 11 bytes of a longer
 		// one): one id for every call would make the second call of a key
 		// within the resend window a resend, answered without a write.
-		"__rand_int__", "1", "1", strconv.FormatInt(redisstore.DefaultResendWindow.Microseconds(), 10)}}
+		"__rand_int__", "1", "1", strconv.FormatInt(resendWindow.Microseconds(), 10)}}
 
 	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
 	defer c.Close()
