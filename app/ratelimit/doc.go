@@ -6,9 +6,8 @@
 // per decision, time taken from Redis), memstore (the same algorithms in
 // process memory) and resilient (a Limiter that wraps Redis with a circuit
 // breaker and a local fallback budget). The contract between resilient and
-// a shared store (replayed grants, heartbeats, the optional interfaces) is
-// package store: a user of the limiter does not need it. httplimit is the
-// HTTP middleware;
+// a shared store (replayed grants, heartbeats) is package store: a user of
+// the limiter does not need it. httplimit is the HTTP middleware;
 // conformance is the behavioural test suite any Limiter can run. The four
 // algorithms are written once in Go, as pure state transitions (an internal
 // package), as twins of the Lua scripts in redisstore; one table of test

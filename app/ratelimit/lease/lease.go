@@ -433,7 +433,7 @@ func (l *Limiter) end(e *entry) {
 }
 
 // forget drops what this instance holds of the key of identity id under
-// policy p: an operator reset it (resilient.Limiter.OnForget). Its lease's
+// policy p: an operator reset it (contract.Leasable's OnForget). Its lease's
 // units were counted before the reset, which lifted them: they are
 // neither served nor given back (given back, they would free units of the
 // fresh key's usage), and a draw out installs nothing.

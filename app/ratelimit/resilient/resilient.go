@@ -9,12 +9,13 @@
 // being an error or a call that outlived Timeout. While open no request
 // touches the store; a prober pings it every ProbeInterval and, once it
 // answers, the breaker moves to BreakerRecovering (the journal of local
-// grants is replayed) and then BreakerClosed.
+// grants is replayed, each batch once) and then BreakerClosed. The
+// recovery step by step: docs/REPLAY.md.
 //
 // Every instance heartbeats into the store. An instance whose heartbeat is
 // missing may be cut off from the store but still granting its share
 // locally, for up to LeaseGrace: until then the others hold its share back
-// (see contract.Weight).
+// (docs/GUARANTEES.md, "One instance cut off").
 package resilient
 
 import (

@@ -8,7 +8,10 @@
 // Store. A new backend implements Store. The stores of this module also
 // take part in more of the recovery (suspending an instance, refunding late
 // admissions, raising keys a failover lost, fleet-wide resets) through
-// interfaces internal to the module.
+// interfaces internal to the module; a store from outside it is decided
+// with the whole policy (no share held back for an instance cut off), its
+// decisions carry no algorithm state for the fallback to continue from,
+// and the lease layer takes no lease from it.
 package store
 
 import (
