@@ -14,8 +14,8 @@
 //   - The lease size follows the key's demand at this instance: the units
 //     asked in the last lifetime, at most an eighth of the capacity and a
 //     quarter of what the store last said was left. A key asked fewer than
-//     four units (minUnits) in a lifetime is cold: it gets no lease and is decided
-//     in the store as without lease mode.
+//     four units (minUnits) in a lifetime is cold: it gets no lease and is
+//     decided in the store as without lease mode.
 //
 // Wrap the limiter the service decides with (resilient.Limiter): a lease
 // is taken only from a decision the store made (ratelimit.ModeRedis)
