@@ -34,9 +34,6 @@ type backend struct {
 	// inspect reads identity's state under policies, counting nothing
 	// (GET /admin/keys, keys.go).
 	inspect func(ctx context.Context, identity string, policies []ratelimit.Policy) []keyPolicy
-	// lostWrites counts the times Redis was found to have lost
-	// acknowledged writes (nil without Redis).
-	lostWrites func() uint64
 }
 
 // newBackend is the one place that picks the limiter implementation.
@@ -195,7 +192,6 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, 
 		reset: func(ctx context.Context, identity string, policies []ratelimit.Policy) (string, error) {
 			return "fleet", rl.Reset(ctx, identity, policies...)
 		},
-		inspect:    inspectRedis(store, rl, leased, cfg.RedisTimeout),
-		lostWrites: func() uint64 { return rl.Status().LostWrites },
+		inspect: inspectRedis(store, rl, leased, cfg.RedisTimeout),
 	}, nil
 }

@@ -56,8 +56,7 @@ var (
 // and the store's lost-writes count, at scrape time; nothing without a
 // resilient limiter.
 type recoveryCollector struct {
-	status     func() Status
-	lostWrites func() uint64 // nil: not a Redis store
+	status func() Status
 }
 
 func (c *recoveryCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -70,8 +69,6 @@ func (c *recoveryCollector) Collect(ch chan<- prometheus.Metric) {
 	if r := c.status().Limiter; r != nil {
 		ch <- prometheus.MustNewConstMetric(restoresDesc, prometheus.CounterValue, float64(r.Restores))
 		ch <- prometheus.MustNewConstMetric(raisesDesc, prometheus.CounterValue, float64(r.Raises))
-	}
-	if c.lostWrites != nil {
-		ch <- prometheus.MustNewConstMetric(lostWritesDesc, prometheus.CounterValue, float64(c.lostWrites()))
+		ch <- prometheus.MustNewConstMetric(lostWritesDesc, prometheus.CounterValue, float64(r.LostWrites))
 	}
 }

@@ -3,6 +3,7 @@ package service
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -11,6 +12,9 @@ import (
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 )
@@ -328,5 +332,35 @@ func TestDashboardTopTable(t *testing.T) {
 	}
 	if found != 1 {
 		t.Fatalf("%d panels read GET /admin/top, want 1", found)
+	}
+}
+
+// TestRecoveryCollectorReadsTheStatus: the restores, raises and lost
+// writes come from the resilient limiter's status at scrape time; without
+// one (memory mode), none is exported.
+func TestRecoveryCollectorReadsTheStatus(t *testing.T) {
+	collect := func(st Status) map[string]float64 {
+		c := &recoveryCollector{status: func() Status { return st }}
+		ch := make(chan prometheus.Metric, 8)
+		c.Collect(ch)
+		close(ch)
+		out := map[string]float64{}
+		for m := range ch {
+			var pb dto.Metric
+			if err := m.Write(&pb); err != nil {
+				t.Fatal(err)
+			}
+			name := regexp.MustCompile(`fqName: "([^"]+)"`).FindStringSubmatch(m.Desc().String())[1]
+			out[name] = pb.GetCounter().GetValue()
+		}
+		return out
+	}
+	got := collect(Status{Limiter: &resilient.Status{Restores: 1, Raises: 2, LostWrites: 3}})
+	want := map[string]float64{"ratelimit_restores_total": 1, "ratelimit_raises_total": 2, "ratelimit_lost_writes_total": 3}
+	if !maps.Equal(got, want) {
+		t.Errorf("with a resilient limiter: %v, want %v", got, want)
+	}
+	if got := collect(Status{}); len(got) != 0 {
+		t.Errorf("without one: %v, want nothing", got)
 	}
 }

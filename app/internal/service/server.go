@@ -113,7 +113,7 @@ func Start(ctx context.Context, getenv func(string) string, stdout, stderr io.Wr
 	}
 	s.metrics.watchStatus(s.backend.status)
 	s.startGuards()
-	s.metrics.reg.MustRegister(&recoveryCollector{status: s.backend.status, lostWrites: s.backend.lostWrites})
+	s.metrics.reg.MustRegister(&recoveryCollector{status: s.backend.status})
 
 	if cfg.APIKeys == nil {
 		logger.Warn("RL_API_KEY_SECRET is not set: every X-API-Key is refused (401), clients are limited per address")

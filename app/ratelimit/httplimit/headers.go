@@ -33,22 +33,23 @@ type Problem struct {
 	RequestID string `json:"request_id,omitempty"`
 }
 
-// Canonical forms of the header names, computed once: http.Header.Set and
-// Get canonicalise on every call, which allocates for names such as
-// "RateLimit" whose canonical form ("Ratelimit") differs.
+// The header names the middleware reads or writes, in canonical form,
+// computed once: http.Header.Set and Get canonicalise on every call, which
+// allocates for names such as "RateLimit" whose canonical form
+// ("Ratelimit") differs.
 var (
-	keyAPIKey          = http.CanonicalHeaderKey(headerAPIKey)
-	keyRequestID       = http.CanonicalHeaderKey(headerRequestID)
-	keyRealIP          = http.CanonicalHeaderKey(headerRealIP)
-	keyForwardedFor    = http.CanonicalHeaderKey(headerForwardedFor)
-	keyRateLimit       = http.CanonicalHeaderKey(headerRateLimit)
-	keyRateLimitPolicy = http.CanonicalHeaderKey(headerRateLimitPolicy)
-	keyXLimit          = http.CanonicalHeaderKey(headerXRateLimitLimit)
-	keyXRemaining      = http.CanonicalHeaderKey(headerXRateLimitRemaining)
-	keyXReset          = http.CanonicalHeaderKey(headerXRateLimitReset)
-	keyRetryAfter      = http.CanonicalHeaderKey(headerRetryAfter)
-	keyServedBy        = http.CanonicalHeaderKey(headerServedBy)
-	keyMode            = http.CanonicalHeaderKey(headerRateLimitMode)
+	keyAPIKey          = http.CanonicalHeaderKey("X-API-Key")
+	keyRequestID       = http.CanonicalHeaderKey("X-Request-Id")
+	keyRealIP          = http.CanonicalHeaderKey("X-Real-IP")
+	keyForwardedFor    = http.CanonicalHeaderKey("X-Forwarded-For")
+	keyRateLimit       = http.CanonicalHeaderKey("RateLimit")
+	keyRateLimitPolicy = http.CanonicalHeaderKey("RateLimit-Policy")
+	keyXLimit          = http.CanonicalHeaderKey("X-RateLimit-Limit")
+	keyXRemaining      = http.CanonicalHeaderKey("X-RateLimit-Remaining")
+	keyXReset          = http.CanonicalHeaderKey("X-RateLimit-Reset")
+	keyRetryAfter      = http.CanonicalHeaderKey("Retry-After")
+	keyServedBy        = http.CanonicalHeaderKey("X-Served-By")
+	keyMode            = http.CanonicalHeaderKey("X-RateLimit-Mode")
 )
 
 // setHeader is h.Set for a key already in canonical form.

@@ -74,21 +74,7 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 )
 
-// Header names read or written by the middleware.
 const (
-	headerAPIKey              = "X-API-Key"
-	headerRequestID           = "X-Request-Id"
-	headerRealIP              = "X-Real-IP"
-	headerForwardedFor        = "X-Forwarded-For"
-	headerRateLimit           = "RateLimit"
-	headerRateLimitPolicy     = "RateLimit-Policy"
-	headerXRateLimitLimit     = "X-RateLimit-Limit"
-	headerXRateLimitRemaining = "X-RateLimit-Remaining"
-	headerXRateLimitReset     = "X-RateLimit-Reset"
-	headerRetryAfter          = "Retry-After"
-	headerServedBy            = "X-Served-By"
-	headerRateLimitMode       = "X-RateLimit-Mode"
-
 	contentTypeProblem = "application/problem+json"
 	maxRequestIDBytes  = 128
 )

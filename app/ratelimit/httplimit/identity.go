@@ -27,12 +27,12 @@ func (m *Middleware) identities(r *http.Request, peer netip.Addr, peerTrusted bo
 		return addr, addr, nil
 	}
 	if len(vals) > 1 {
-		return "", addr, fmt.Errorf("%w: more than one %s header", ratelimit.ErrInvalidRequest, headerAPIKey)
+		return "", addr, fmt.Errorf("%w: more than one X-API-Key header", ratelimit.ErrInvalidRequest)
 	}
 	raw := vals[0]
 	if raw == "" || ratelimit.ValidateKey(APIKeyPrefix+raw) != nil {
-		return "", addr, fmt.Errorf("%w: %s must be 1 to %d bytes without control characters",
-			ratelimit.ErrInvalidRequest, headerAPIKey, ratelimit.MaxKeyBytes-len(APIKeyPrefix))
+		return "", addr, fmt.Errorf("%w: X-API-Key must be 1 to %d bytes without control characters",
+			ratelimit.ErrInvalidRequest, ratelimit.MaxKeyBytes-len(APIKeyPrefix))
 	}
 	if m.check == nil {
 		return APIKeyPrefix + raw, addr, nil

@@ -94,7 +94,7 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 		now = vectors.T0 + int64(round)*7_000_000
 		reqs := mixedRound(round)
 		before := scriptCalls(t, c)
-		bds, berrs := batched.DecideBatchWire(context.Background(), reqs)
+		bds, berrs := batched.Ext().DecideWire(context.Background(), reqs)
 		if calls := scriptCalls(t, c) - before; calls != 1 {
 			t.Errorf("round %d: %d script calls for a batch of %d, want 1", round, calls, len(reqs))
 		}
@@ -151,7 +151,7 @@ func TestBatchDecidesAsOneByOneOnCluster(t *testing.T) {
 			slots[s] = true
 		}
 		before := calls()
-		bds, berrs := batched.DecideBatchWire(context.Background(), reqs)
+		bds, berrs := batched.Ext().DecideWire(context.Background(), reqs)
 		if n := calls() - before; n != int64(len(slots)) {
 			t.Errorf("round %d: %d script calls for %d requests in %d slots, want one per slot", round, n, len(reqs), len(slots))
 		}
@@ -177,7 +177,7 @@ func TestBatchCorruptKeyFailsAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ds, errs := l.DecideBatchWire(ctx, reqs)
+	ds, errs := l.Ext().DecideWire(ctx, reqs)
 	for i, r := range reqs {
 		if r.Key == "corrupt" {
 			if !errors.Is(errs[i], ratelimit.ErrBadReply) {
@@ -201,7 +201,7 @@ func TestBatchCorruptKeyFailsAlone(t *testing.T) {
 		p := ratelimit.Policy{Name: "oom", Algorithm: alg, Limit: 5, Window: time.Minute}
 		fresh = append(fresh, contract.Request{Request: ratelimit.Request{Policy: p, Key: "a"}}, contract.Request{Request: ratelimit.Request{Policy: p, Key: "b"}})
 	}
-	_, errs = l.DecideBatchWire(ctx, fresh)
+	_, errs = l.Ext().DecideWire(ctx, fresh)
 	for i, err := range errs {
 		if !errors.Is(err, ratelimit.ErrUnavailable) || errors.Is(err, ratelimit.ErrBadReply) {
 			t.Errorf("request %d under OOM: %v, want ErrUnavailable", i, err)
@@ -226,7 +226,7 @@ func TestVectorsInBatches(t *testing.T) {
 			}
 			for j, s := range vc.Steps {
 				now = vectors.T0 + s.At
-				ds, errs := l.DecideBatchWire(context.Background(), []contract.Request{
+				ds, errs := l.Ext().DecideWire(context.Background(), []contract.Request{
 					{Request: ratelimit.Request{Policy: other, Key: key, ID: fmt.Sprintf("other-%d", j)}},
 					{Request: ratelimit.Request{Policy: vc.Policy, Key: key, Cost: s.Cost, ReadOnly: s.ReadOnly, ID: fmt.Sprintf("req-%d", j)}, Weight: s.Weight},
 				})
@@ -276,7 +276,7 @@ func TestBatchOnOneClusterNode(t *testing.T) {
 		for i := range reqs {
 			reqs[i].ID = fmt.Sprint("r", round, "-", i)
 		}
-		ds, errs := l.DecideBatchWire(context.Background(), reqs)
+		ds, errs := l.Ext().DecideWire(context.Background(), reqs)
 		for i := range reqs {
 			if errs[i] != nil || ds[i].Allowed != want {
 				t.Fatalf("round %d, request %d: %+v %v, want allowed %v", round, i, ds[i], errs[i], want)

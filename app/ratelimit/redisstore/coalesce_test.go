@@ -288,7 +288,7 @@ func TestLateRepliesAccountForEveryDecision(t *testing.T) {
 		late        = map[string]int{}
 		lateAllowed int
 	)
-	if !l.OnLate(5*time.Second, func(r contract.LateReply) {
+	if !l.Ext().OnLate(5*time.Second, func(r contract.LateReply) {
 		mu.Lock()
 		defer mu.Unlock()
 		late[r.Request.ID]++

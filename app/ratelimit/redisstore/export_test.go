@@ -2,11 +2,9 @@ package redisstore
 
 import (
 	"context"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
@@ -47,31 +45,12 @@ func LibraryVersion() string { return libraryVersion }
 // ResetLogKey is the fleet's reset log (resetLogKey).
 func (l *Store) ResetLogKey() string { return l.resetLogKey() }
 
-// The store's part of the recovery contract (ext), for the external tests.
-func (l *Store) OnLate(window time.Duration, fn func(contract.LateReply)) bool {
-	return l.onLate(window, fn)
-}
-func (l *Store) FleetKey() string   { return l.fleetKey() }
-func (l *Store) LostWrites() uint64 { return l.lostWrites() }
-func (l *Store) Sharded() bool      { return l.sharded() }
-func (l *Store) Suspend(ctx context.Context, instance string, ttl, grace time.Duration) error {
-	return l.suspend(ctx, instance, ttl, grace)
-}
-func (l *Store) Raise(ctx context.Context, floors []contract.Floor) ([]int64, []error) {
-	return l.raise(ctx, floors)
-}
-func (l *Store) ReadResets(ctx context.Context, after string, apply func(ratelimit.Policy, store.Identity, int64)) (string, int64, error) {
-	return l.readResets(ctx, after, apply)
-}
-func (l *Store) Refund(ctx context.Context, req contract.Request, d contract.Decision) (int64, error) {
-	return l.refund(ctx, req, d)
-}
+// Ext is the store's extension (contract.Extension), for the external
+// tests.
+func (l *Store) Ext() ext { return ext{l} }
 
-// DecideWire and DecideBatchWire decide as the extension does (decide,
-// decideBatch): with weights and holds, and with the states.
+// DecideWire decides one request as the extension does (decide): with its
+// weight and hold, and with the state.
 func (l *Store) DecideWire(ctx context.Context, req contract.Request) (contract.Decision, error) {
 	return l.decide(ctx, req)
-}
-func (l *Store) DecideBatchWire(ctx context.Context, reqs []contract.Request) ([]contract.Decision, []error) {
-	return l.decideBatch(ctx, reqs)
 }

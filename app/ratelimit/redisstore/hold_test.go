@@ -43,7 +43,7 @@ func TestHoldCountsUnitsFromTheEndOfTheHold(t *testing.T) {
 			key = "batch"
 			// Beside a request of another key, so that the batch script decides it.
 			decide = func(r contract.Request) (contract.Decision, error) {
-				ds, errs := l.DecideBatchWire(ctx, []contract.Request{r, {Request: ratelimit.Request{Policy: p, Key: "other", ID: r.ID + "-other"}}})
+				ds, errs := l.Ext().DecideWire(ctx, []contract.Request{r, {Request: ratelimit.Request{Policy: p, Key: "other", ID: r.ID + "-other"}}})
 				return ds[0], errs[0]
 			}
 		}

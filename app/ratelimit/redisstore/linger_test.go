@@ -25,7 +25,7 @@ func slowStore(t *testing.T) (*redisstore.Store, *redistest.Server, *redistest.P
 	}
 	t.Cleanup(func() { _ = client.Close() })
 	l := redisstore.New(client, redisstore.WithTimeout(timeout), redisstore.WithCoalescing(2))
-	if !l.OnLate(2*time.Second, func(contract.LateReply) {}) {
+	if !l.Ext().OnLate(2*time.Second, func(contract.LateReply) {}) {
 		t.Fatal("OnLate refused with coalescing on")
 	}
 	if err := l.Ping(context.Background()); err != nil {
@@ -98,7 +98,7 @@ func TestRefundTakesItsCallersDeadline(t *testing.T) {
 	px.Latency(60 * time.Millisecond)
 	callCtx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	n, err := l.Refund(callCtx, contract.Request{Request: ratelimit.Request{Policy: p, Key: "k", ID: "r1"}}, contract.Decision{Decision: d})
+	n, err := l.Ext().Refund(callCtx, contract.Request{Request: ratelimit.Request{Policy: p, Key: "k", ID: "r1"}}, contract.Decision{Decision: d})
 	if err != nil || n != 1 {
 		t.Fatalf("refund through a 60 ms proxy with a second to spare: %d back, %v; want 1", n, err)
 	}

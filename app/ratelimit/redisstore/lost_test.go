@@ -34,7 +34,7 @@ func TestOverlappingFleetCallsAreNotLostWrites(t *testing.T) {
 	wg.Go(func() { _, beatErr = l.Heartbeat(ctx, "app1", time.Second, 10*time.Second) })
 	time.Sleep(100 * time.Millisecond) // its reply waits in the proxy
 	px.Latency(0)
-	if err := l.Suspend(ctx, "app1", time.Second, 10*time.Second); err != nil {
+	if err := l.Ext().Suspend(ctx, "app1", time.Second, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
@@ -45,7 +45,7 @@ func TestOverlappingFleetCallsAreNotLostWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.LostWrites() != 0 || gen != f.Generation {
-		t.Fatalf("%d lost writes seen, generation %q (was %q): replies out of order read as lost writes", l.LostWrites(), gen, f.Generation)
+	if l.Ext().LostWrites() != 0 || gen != f.Generation {
+		t.Fatalf("%d lost writes seen, generation %q (was %q): replies out of order read as lost writes", l.Ext().LostWrites(), gen, f.Generation)
 	}
 }

@@ -53,7 +53,7 @@ func TestRaiseIsAMaxMerge(t *testing.T) {
 				{[]contract.Floor{f8}, []int64{3}},
 				{[]contract.Floor{f8, f5}, []int64{0, 0}}, // again, and an older floor
 			} {
-				got, errs := l.Raise(ctx, c.floors)
+				got, errs := l.Ext().Raise(ctx, c.floors)
 				for j := range got {
 					if errs[j] != nil || got[j] != c.want[j] {
 						t.Fatalf("raise %d, floor %d: %d units put back (%v), want %d", i, j, got[j], errs[j], c.want[j])
@@ -82,14 +82,14 @@ func TestSuspendMarksSuspectAtOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := l.Suspend(ctx, "b", ttl, grace); err != nil {
+	if err := l.Ext().Suspend(ctx, "b", ttl, grace); err != nil {
 		t.Fatal(err)
 	}
 	f, err := l.Heartbeat(ctx, "a", ttl, grace)
 	if err != nil || f.Live != 1 || f.Suspect != 1 {
 		t.Fatalf("after b suspended: %+v %v, want 1 live and 1 suspect", f, err)
 	}
-	if err := l.Suspend(ctx, "unknown", ttl, grace); err != nil {
+	if err := l.Ext().Suspend(ctx, "unknown", ttl, grace); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := l.Heartbeat(ctx, "b", ttl, grace); err != nil {

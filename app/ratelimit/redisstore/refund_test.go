@@ -43,7 +43,7 @@ func TestRefundUndoesAnAdmission(t *testing.T) {
 						decide(ref, fmt.Sprint("b", i))
 					}
 				}
-				got, err := l.Refund(ctx, contract.Request{Request: ratelimit.Request{Policy: p, Key: key, ID: "a4"}, Weight: w}, last)
+				got, err := l.Ext().Refund(ctx, contract.Request{Request: ratelimit.Request{Policy: p, Key: key, ID: "a4"}, Weight: w}, last)
 				if err != nil || got != 1 {
 					t.Fatalf("refund: %d units back, %v; want 1", got, err)
 				}

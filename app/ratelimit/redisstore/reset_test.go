@@ -51,7 +51,7 @@ func TestReset(t *testing.T) {
 		t.Helper()
 		var got []logged
 		var prev int64
-		last, at, err := l.ReadResets(ctx, after, func(p ratelimit.Policy, id store.Identity, at int64) {
+		last, at, err := l.Ext().ReadResets(ctx, after, func(p ratelimit.Policy, id store.Identity, at int64) {
 			if at < prev || at <= 0 {
 				t.Errorf("reset of %s at %d, after one at %d", p.Name, at, prev)
 			}
@@ -127,7 +127,7 @@ func TestReplayAfterAResetIsFenced(t *testing.T) {
 	ctx := context.Background()
 	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "fence-" + string(alg), Algorithm: alg, Limit: 10, Window: time.Hour}
-		_, before, err := l.ReadResets(ctx, "", func(ratelimit.Policy, store.Identity, int64) {})
+		_, before, err := l.Ext().ReadResets(ctx, "", func(ratelimit.Policy, store.Identity, int64) {})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,7 +144,7 @@ func TestReplayAfterAResetIsFenced(t *testing.T) {
 		if err != nil || d.Remaining != 10 {
 			t.Fatalf("%s after the fenced replay: %+v %v, want 10 left", alg, d, err)
 		}
-		_, batch.ResetsRead, err = l.ReadResets(ctx, "", func(ratelimit.Policy, store.Identity, int64) {})
+		_, batch.ResetsRead, err = l.Ext().ReadResets(ctx, "", func(ratelimit.Policy, store.Identity, int64) {})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -116,8 +116,8 @@ func TestCluster(t *testing.T) {
 	// refusing a call for the store being down.
 	one := redis.NewClient(&redis.Options{Addr: cl.MasterFor("x").Addr()})
 	t.Cleanup(func() { _ = one.Close() })
-	if !l.Sharded() || redisstore.New(one).Sharded() {
-		t.Fatalf("Sharded: %v on the Cluster, %v on one of its nodes; want true, false", l.Sharded(), redisstore.New(one).Sharded())
+	if !l.Ext().Sharded() || redisstore.New(one).Ext().Sharded() {
+		t.Fatalf("Sharded: %v on the Cluster, %v on one of its nodes; want true, false", l.Ext().Sharded(), redisstore.New(one).Ext().Sharded())
 	}
 	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
@@ -263,7 +263,7 @@ func TestClusterDeadMasterFailsAtOnce(t *testing.T) {
 	l := redisstore.New(c)
 	ctx := context.Background()
 	p := ratelimit.Policy{Name: "dead", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: time.Minute}
-	fleetMaster := cl.MasterFor(l.FleetKey())
+	fleetMaster := cl.MasterFor(l.Ext().FleetKey())
 	var key string
 	for i := 0; key == ""; i++ {
 		if k := fmt.Sprint("client-", i); cl.MasterFor(l.Key(p, k)) != fleetMaster {
