@@ -87,7 +87,11 @@ func SignKey(secret, id string) (string, error) {
 	if secret == "" {
 		return id, nil
 	}
-	k, err := apikey.Sign(secret, id)
+	v, err := apikey.NewVerifier(secret)
+	if err != nil {
+		return "", fmt.Errorf("loadtest: key %q: %w", id, err)
+	}
+	k, err := v.Sign(id)
 	if err != nil {
 		return "", fmt.Errorf("loadtest: key %q: %w", id, err)
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/keycheck"
 )
 
 // Sentinel errors. Backends wrap them; test with errors.Is.
@@ -74,7 +76,7 @@ func (r Request) Validate() error {
 	if err := r.Policy.Validate(); err != nil {
 		return err
 	}
-	if err := ValidateKey(r.Key); err != nil {
+	if err := validateKey(r.Key); err != nil {
 		return err
 	}
 	if r.ReadOnly && r.Cost != 0 {
@@ -88,7 +90,7 @@ func (r Request) Validate() error {
 		return fmt.Errorf("%w: cost %d exceeds the capacity %d of policy %q", ErrInvalidRequest, c, r.Policy.Capacity(), r.Policy.Name)
 	}
 	if r.ID != "" {
-		if err := ValidateKey(r.ID); err != nil {
+		if err := validateKey(r.ID); err != nil {
 			return fmt.Errorf("request id: %w", err)
 		}
 		if strings.ContainsAny(r.ID, " #") {
@@ -98,19 +100,11 @@ func (r Request) Validate() error {
 	return nil
 }
 
-// ValidateKey reports whether key is usable as a client identity: 1 to
+// validateKey reports whether key is usable as a client identity: 1 to
 // MaxKeyBytes bytes, no ASCII control characters.
-func ValidateKey(key string) error {
-	if key == "" {
-		return fmt.Errorf("%w: empty key", ErrInvalidRequest)
-	}
-	if len(key) > MaxKeyBytes {
-		return fmt.Errorf("%w: key longer than %d bytes", ErrInvalidRequest, MaxKeyBytes)
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] < 0x20 || key[i] == 0x7f {
-			return fmt.Errorf("%w: key holds a control character", ErrInvalidRequest)
-		}
+func validateKey(key string) error {
+	if err := keycheck.Check(key, MaxKeyBytes); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
 	}
 	return nil
 }

@@ -100,15 +100,15 @@ type Policy struct {
 	// instance takes a hot key's units from the store several at a time
 	// and answers from them for at most Lease. 0: every request is decided
 	// in the store. At most a quarter of the time the policy takes to
-	// refill its capacity (LeaseMax).
+	// refill its capacity.
 	Lease time.Duration
 }
 
-// LeaseMax is the longest lease the policy allows: a quarter of the time
+// leaseMax is the longest lease the policy allows: a quarter of the time
 // it takes to refill its capacity (Capacity × Window / Limit). A lease of
 // L units held for d costs the key up to L units plus d of refill (package
 // lease), so d must stay well short of that time.
-func (p Policy) LeaseMax() time.Duration {
+func (p Policy) leaseMax() time.Duration {
 	if p.Limit <= 0 {
 		return 0
 	}
@@ -122,24 +122,6 @@ func (p Policy) Capacity() int64 {
 		return p.Burst
 	}
 	return p.Limit
-}
-
-// EffectiveFailureMode is FailureMode, with the default (FailFallback)
-// filled in.
-func (p Policy) EffectiveFailureMode() FailureMode {
-	if p.FailureMode == "" {
-		return FailFallback
-	}
-	return p.FailureMode
-}
-
-// EffectiveFallbackFactor is FallbackFactor, with the default (1) filled
-// in.
-func (p Policy) EffectiveFallbackFactor() float64 {
-	if p.FallbackFactor == 0 {
-		return 1
-	}
-	return p.FallbackFactor
 }
 
 // ValidateName reports whether s can name a policy (or an instance): 1 to 64
@@ -200,8 +182,8 @@ func (p Policy) Validate() error {
 		switch {
 		case p.Algorithm != GCRA:
 			return bad("lease", "applies only to gcra")
-		case p.Lease < time.Millisecond || p.Lease > p.LeaseMax():
-			return bad("lease", "must be between 1ms and a quarter of the time the capacity takes to refill (%v), got %v", p.LeaseMax(), p.Lease)
+		case p.Lease < time.Millisecond || p.Lease > p.leaseMax():
+			return bad("lease", "must be between 1ms and a quarter of the time the capacity takes to refill (%v), got %v", p.leaseMax(), p.Lease)
 		}
 	}
 	return nil

@@ -20,12 +20,12 @@ func TestPolicyRejectsNaN(t *testing.T) {
 }
 
 // TestLeaseBounds: a lease is for GCRA only, from 1 ms to a quarter of the
-// time the capacity takes to refill (LeaseMax), and shapes no stored state
+// time the capacity takes to refill (leaseMax), and shapes no stored state
 // (the fingerprint ignores it).
 func TestLeaseBounds(t *testing.T) {
 	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second, Burst: 50}
-	if got := p.LeaseMax(); got != 1250*time.Millisecond {
-		t.Fatalf("LeaseMax %v, want 1.25s (50 units at 10/s, a quarter)", got)
+	if got := ratelimit.LeaseMax(p); got != 1250*time.Millisecond {
+		t.Fatalf("leaseMax %v, want 1.25s (50 units at 10/s, a quarter)", got)
 	}
 	for _, c := range []struct {
 		alg   ratelimit.Algorithm

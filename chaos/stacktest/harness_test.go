@@ -428,7 +428,8 @@ const stackSecret = "stacktest-secret-" + "0123456789"
 const stackAdminToken = "stacktest-admin-token-" + "0123456789abcdef"
 
 // withKey returns headers carrying a valid API key whose identity is id
-// (characters an id cannot hold become '-'; at most apikey.MaxIDBytes).
+// (characters an id cannot hold become '-'; at most the 64 bytes of an
+// apikey id).
 func withKey(id string) http.Header {
 	b := []byte(id)
 	for i, c := range b {
@@ -436,8 +437,8 @@ func withKey(id string) http.Header {
 			b[i] = '-'
 		}
 	}
-	if len(b) > apikey.MaxIDBytes {
-		b = b[:apikey.MaxIDBytes]
+	if len(b) > 64 {
+		b = b[:64]
 	}
 	return rawKey(mustSign(stackSecret, string(b)))
 }
@@ -446,7 +447,11 @@ func withKey(id string) http.Header {
 func rawKey(v string) http.Header { return http.Header{"X-Api-Key": {v}} }
 
 func mustSign(secret, id string) string {
-	k, err := apikey.Sign(secret, id)
+	v, err := apikey.NewVerifier(secret)
+	if err != nil {
+		panic(err)
+	}
+	k, err := v.Sign(id)
 	if err != nil {
 		panic(err)
 	}

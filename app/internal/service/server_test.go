@@ -77,7 +77,11 @@ const testSecret = "service-test-secret-0123456789"
 // signed returns the API key for id under testSecret.
 func signed(t *testing.T, id string) string {
 	t.Helper()
-	k, err := apikey.Sign(testSecret, id)
+	v, err := apikey.NewVerifier(testSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := v.Sign(id)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 // Package apikey makes and checks signed API keys, so a rate limiter can
 // trust a key's identity without a registry of issued keys.
 //
-// A key is "<id>.<mac>": id is 1 to MaxIDBytes bytes of [A-Za-z0-9_-], and
+// A key is "<id>.<mac>": id is 1 to maxIDBytes bytes of [A-Za-z0-9_-], and
 // mac is the first 18 bytes of HMAC-SHA256(secret, "fleetlimit/api-key/v1:"
 // + id) in unpadded URL-safe base64 (24 characters). Rate limiting should
 // count under the id that Check returns, never under the raw key.
@@ -21,8 +21,8 @@ import (
 	"strings"
 )
 
-// MaxIDBytes is the greatest length of a key's id, in bytes.
-const MaxIDBytes = 64
+// maxIDBytes is the greatest length of a key's id, in bytes.
+const maxIDBytes = 64
 
 // MinSecretBytes is the least length of a signing secret, in bytes.
 const MinSecretBytes = 16
@@ -34,7 +34,7 @@ const (
 	// unpadded base64 characters, so every valid MAC has one encoding.
 	macChars = 24
 	// maxKeyBytes is the length of the longest well-formed key.
-	maxKeyBytes = MaxIDBytes + 1 + macChars
+	maxKeyBytes = maxIDBytes + 1 + macChars
 	// domain separates these MACs from any other use of the same secret.
 	domain = "fleetlimit/api-key/v1:"
 )
@@ -59,14 +59,14 @@ var (
 // errNoSecret is returned by a Verifier that was not made by NewVerifier.
 var errNoSecret = errors.New("apikey: verifier has no secret")
 
-// ValidID reports whether id can be a key's id: 1 to MaxIDBytes bytes, each
+// ValidID reports whether id can be a key's id: 1 to maxIDBytes bytes, each
 // one of [A-Za-z0-9_-]. The error does not quote the id.
 func ValidID(id string) error {
 	switch {
 	case id == "":
 		return errors.New("apikey: empty id")
-	case len(id) > MaxIDBytes:
-		return fmt.Errorf("apikey: id longer than %d bytes", MaxIDBytes)
+	case len(id) > maxIDBytes:
+		return fmt.Errorf("apikey: id longer than %d bytes", maxIDBytes)
 	}
 	for i := 0; i < len(id); i++ {
 		if !idByte(id[i]) {
@@ -96,17 +96,6 @@ func NewID() string {
 	// the system's randomness fails.
 	_, _ = rand.Read(b[:])
 	return base64.RawURLEncoding.EncodeToString(b[:])
-}
-
-// Sign returns the key for id signed with secret, after checking both.
-func Sign(secret, id string) (string, error) {
-	if err := validSecret(secret); err != nil {
-		return "", fmt.Errorf("apikey: sign: %w", err)
-	}
-	if err := ValidID(id); err != nil {
-		return "", fmt.Errorf("apikey: sign: %w", err)
-	}
-	return sign([]byte(secret), id), nil
 }
 
 // Verifier checks keys against a current secret and any older secrets still
@@ -203,7 +192,7 @@ func idByte(c byte) bool {
 
 // sum returns HMAC-SHA256(secret, domain+id).
 func sum(secret []byte, id string) [sha256.Size]byte {
-	var msg [len(domain) + MaxIDBytes]byte
+	var msg [len(domain) + maxIDBytes]byte
 	m := append(append(msg[:0], domain...), id...)
 	h := hmac.New(sha256.New, secret)
 	_, _ = h.Write(m)

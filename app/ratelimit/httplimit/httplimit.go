@@ -72,6 +72,7 @@ import (
 	"net/netip"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 const (
@@ -92,8 +93,9 @@ var ErrInvalidAPIKey = errors.New("invalid API key")
 
 // KeyFunc returns the identity under which policy p counts request r. An
 // error wrapping ErrInvalidAPIKey gets a 401 problem; any other error a 400
-// problem (the key function reads client input). The returned key must pass
-// ratelimit.ValidateKey, or the request gets a 400. Taking the policy lets
+// problem (the key function reads client input). The returned key must be
+// 1 to ratelimit.MaxKeyBytes bytes with no control character, or the
+// request gets a 400. Taking the policy lets
 // one route count per API key under one policy and per IP under another;
 // ClientIP and IPKey are the building blocks.
 type KeyFunc func(r *http.Request, p ratelimit.Policy) (string, error)
@@ -332,7 +334,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case m.keyFunc != nil:
 			var err error
 			if k, err = m.keyFunc(r, cp.policy); err == nil {
-				err = ratelimit.ValidateKey(k)
+				err = contract.ValidateKey(k)
 			}
 			if err != nil {
 				m.rejectKey(w, r, id, err)

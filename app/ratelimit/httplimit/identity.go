@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/reqid"
 )
 
@@ -30,7 +31,7 @@ func (m *Middleware) identities(r *http.Request, peer netip.Addr, peerTrusted bo
 		return "", addr, fmt.Errorf("%w: more than one X-API-Key header", ratelimit.ErrInvalidRequest)
 	}
 	raw := vals[0]
-	if raw == "" || ratelimit.ValidateKey(APIKeyPrefix+raw) != nil {
+	if raw == "" || contract.ValidateKey(APIKeyPrefix+raw) != nil {
 		return "", addr, fmt.Errorf("%w: X-API-Key must be 1 to %d bytes without control characters",
 			ratelimit.ErrInvalidRequest, ratelimit.MaxKeyBytes-len(APIKeyPrefix))
 	}
@@ -41,7 +42,7 @@ func (m *Middleware) identities(r *http.Request, peer netip.Addr, peerTrusted bo
 	if err != nil {
 		return "", addr, fmt.Errorf("%w: %w", ErrInvalidAPIKey, err)
 	}
-	if id == "" || ratelimit.ValidateKey(APIKeyPrefix+id) != nil {
+	if id == "" || contract.ValidateKey(APIKeyPrefix+id) != nil {
 		return "", addr, fmt.Errorf("%w: the key check returned an unusable identity", ErrInvalidAPIKey)
 	}
 	return APIKeyPrefix + id, addr, nil

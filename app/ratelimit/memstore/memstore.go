@@ -189,7 +189,7 @@ func (l *Store) replay(_ context.Context, batches []store.ReplayBatch) ([]store.
 // as if never seen (in place: a reset is not an eviction). An invalid
 // identity or policy is an error, and nothing is reset.
 func (l *Store) Reset(_ context.Context, identity string, policies ...ratelimit.Policy) error {
-	if err := ratelimit.ValidateKey(identity); err != nil {
+	if err := contract.ValidateKey(identity); err != nil {
 		return err
 	}
 	for _, p := range policies {

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -157,7 +158,7 @@ func (l *Store) suspend(ctx context.Context, instance string, ttl, grace time.Du
 func (l *Store) syncKey() string { return "{" + l.prefix + ":fleet}:sync" }
 
 func (l *Store) fleet(ctx context.Context, instance, op string, ttl, grace time.Duration, stage string) (store.Fleet, error) {
-	if err := ratelimit.ValidateKey(instance); err != nil {
+	if err := contract.ValidateKey(instance); err != nil {
 		return store.Fleet{}, err
 	}
 	callCtx, cancel := l.callContext(ctx)

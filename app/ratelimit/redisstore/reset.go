@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -60,7 +61,7 @@ func (l *Store) resetLogKey() string { return "{" + l.prefix + ":fleet}:resets" 
 // the reset lifted never comes back. An error after the log says that the
 // state may not be deleted: send the reset again.
 func (l *Store) Reset(ctx context.Context, identity string, policies ...ratelimit.Policy) error {
-	if err := ratelimit.ValidateKey(identity); err != nil {
+	if err := contract.ValidateKey(identity); err != nil {
 		return err
 	}
 	if len(policies) == 0 {

@@ -120,7 +120,7 @@ func (e *entry) ensureLocal(p ratelimit.Policy, now int64, sh share, closed bool
 // journaled snapshot (nil: none, and n instances assumed): what an earlier
 // process, or this one before it forgot the key, started the share from.
 func (e *entry) startFrom(p ratelimit.Policy, id store.Identity, s *journal.Snapshot, n float64) {
-	sh := share{n: n, factor: p.EffectiveFallbackFactor()}
+	sh := share{n: n, factor: fallbackFactor(p)}
 	if s != nil {
 		sh.n, sh.confirmed = s.N, s.Confirmed
 		if s.Valid {
@@ -142,7 +142,7 @@ func (e *entry) charge(p ratelimit.Policy, g store.Grant) { e.absorb(p, g) }
 
 // absorb takes g from the local state at its time, whether or not it fits.
 func (e *entry) absorb(p ratelimit.Policy, g store.Grant) {
-	sh := share{n: e.n, factor: p.EffectiveFallbackFactor(), confirmed: e.confirmed}
+	sh := share{n: e.n, factor: fallbackFactor(p), confirmed: e.confirmed}
 	switch p.Algorithm {
 	case ratelimit.TokenBucket, ratelimit.GCRA:
 		e.bucket(p, g.At, 0, sh) // refill up to the grant's time
@@ -293,7 +293,7 @@ func netOfRefill(p ratelimit.Policy, s journal.Snapshot, grants []store.Grant, n
 	}
 	sorted := grants // sorted in place: the caller's own copy
 	slices.SortFunc(sorted, func(a, b store.Grant) int { return cmp.Compare(a.At, b.At) })
-	sh := share{n: s.N, factor: p.EffectiveFallbackFactor(), confirmed: s.Confirmed}
+	sh := share{n: s.N, factor: fallbackFactor(p), confirmed: s.Confirmed}
 	e := entry{snap: s.State, snapValid: s.Valid}
 	e.initLocal(p, sorted[0].At, sh)
 	e.level = min(0, e.level)

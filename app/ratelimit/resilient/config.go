@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
 // Config configures a Limiter. Zero fields take the defaults shown.
@@ -107,7 +107,7 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if err := ratelimit.ValidateKey(c.Instance); err != nil {
+	if err := contract.ValidateKey(c.Instance); err != nil {
 		return fmt.Errorf("resilient: instance name: %w", err)
 	}
 	def := func(d *time.Duration, v time.Duration) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -16,8 +17,13 @@ type KeyState struct {
 	// Share is the key's local share while the limiter decides the key
 	// locally (the breaker is not closed, or a store call of the key failed
 	// since its last reply); nil otherwise, and for a fail-open or
-	// fail-closed policy, which has none.
-	Share *LocalShare
+	// fail-closed policy, which has none. Remaining is how many units a
+	// request could take from it now; ResetAfter, how long until it is
+	// full again.
+	Share *struct {
+		Remaining  int64
+		ResetAfter time.Duration
+	}
 	// RefusedUntil is when the store's last refusal of the key stops
 	// answering its requests without a round trip (this instance's
 	// clock); the zero Time: no cached refusal.
@@ -27,13 +33,6 @@ type KeyState struct {
 	Journaled int64
 }
 
-// LocalShare is a key's local share (KeyState.Share): how many units a
-// request could take from it now, and how long until it is full again.
-type LocalShare struct {
-	Remaining  int64
-	ResetAfter time.Duration
-}
-
 // Inspect returns what the limiter holds of key under p: its local share,
 // its cached refusal, the units journaled for it. It is safe for
 // concurrent use and counts nothing: the share is worked out as a
@@ -41,13 +40,13 @@ type LocalShare struct {
 // the limiter does not hold is not added. An invalid policy or key holds
 // nothing.
 func (l *Limiter) Inspect(p ratelimit.Policy, key string) KeyState {
-	if p.Validate() != nil || ratelimit.ValidateKey(key) != nil {
+	if p.Validate() != nil || contract.ValidateKey(key) != nil {
 		return KeyState{}
 	}
 	id := store.IdentityOf(key)
 	k := l.keyOfIdentity(p, id)
 	closed := l.br.State() == BreakerClosed
-	part := share{n: float64(l.fleetSize()), factor: p.EffectiveFallbackFactor(), confirmed: l.confirmedAt()}
+	part := share{n: float64(l.fleetSize()), factor: fallbackFactor(p), confirmed: l.confirmedAt()}
 	if closed {
 		part.confirmed = math.MaxInt64 // as decideLocal
 	}
@@ -69,7 +68,7 @@ func (l *Limiter) Inspect(p ratelimit.Policy, key string) KeyState {
 		}
 	}
 	live := held && c.localInit && !c.needsLocal(closed)
-	if p.EffectiveFailureMode() != ratelimit.FailFallback || closed && !live {
+	if failureMode(p) != ratelimit.FailFallback || closed && !live {
 		return ks
 	}
 	if !held { // as rebuild, without counting a rebuild
@@ -82,6 +81,9 @@ func (l *Limiter) Inspect(p ratelimit.Policy, key string) KeyState {
 	}
 	c.ensureLocal(p, now, part, closed, func() int64 { return l.hidden(&c, p, id) })
 	d := c.decideLocal(p, now, 0, part)
-	ks.Share = &LocalShare{Remaining: d.Remaining, ResetAfter: d.ResetAfter}
+	ks.Share = &struct {
+		Remaining  int64
+		ResetAfter time.Duration
+	}{d.Remaining, d.ResetAfter}
 	return ks
 }

@@ -38,7 +38,7 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req contract.Request, un
 	}
 	now := l.storeNow()
 	var d contract.Decision
-	switch p.EffectiveFailureMode() {
+	switch failureMode(p) {
 	case ratelimit.FailOpen:
 		d = contract.Decision{Decision: ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}}
 	case ratelimit.FailClosed:
@@ -46,7 +46,7 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req contract.Request, un
 		// gets the refund below (TestFailClosedRefundsALateAdmission).
 		d = contract.Decision{Decision: ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}}
 	default:
-		part := share{n: float64(l.fleetSize()), factor: p.EffectiveFallbackFactor(), confirmed: l.confirmedAt()}
+		part := share{n: float64(l.fleetSize()), factor: fallbackFactor(p), confirmed: l.confirmedAt()}
 		closed := l.br.State() == BreakerClosed
 		if closed {
 			// The store still decides (this call timed out, or waits
@@ -172,4 +172,20 @@ func (l *Limiter) fleetSize() int64 {
 		return int64(l.cfg.ExpectedInstances)
 	}
 	return max(1, l.live.Load()+l.suspect.Load())
+}
+
+// failureMode is p's FailureMode, with the default (FailFallback) filled in.
+func failureMode(p ratelimit.Policy) ratelimit.FailureMode {
+	if p.FailureMode == "" {
+		return ratelimit.FailFallback
+	}
+	return p.FailureMode
+}
+
+// fallbackFactor is p's FallbackFactor, with the default (1) filled in.
+func fallbackFactor(p ratelimit.Policy) float64 {
+	if p.FallbackFactor == 0 {
+		return 1
+	}
+	return p.FallbackFactor
 }

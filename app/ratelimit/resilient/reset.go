@@ -58,7 +58,7 @@ type reapply struct {
 // replayed, they would bring back the usage the reset lifted. Safe for
 // concurrent use.
 func (l *Limiter) Reset(ctx context.Context, identity string, policies ...ratelimit.Policy) error {
-	if err := ratelimit.ValidateKey(identity); err != nil {
+	if err := contract.ValidateKey(identity); err != nil {
 		return err
 	}
 	if len(policies) == 0 {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/keycheck"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -256,7 +257,7 @@ type Request struct {
 	// interval. The Redis store honours it (GCRA only); other stores do not
 	// get it, and the lease layer takes no lease from them. At most the
 	// window or the time the policy takes to refill its capacity,
-	// whichever is longer (a lease, at most Policy.LeaseMax, may outlive
+	// whichever is longer (a lease, at most a quarter of that refill time, may outlive
 	// the window when the burst exceeds the limit); 0 for other
 	// algorithms.
 	Hold time.Duration
@@ -269,7 +270,8 @@ func (r Request) Validate() error {
 		return err
 	}
 	p := r.Policy
-	if most := max(p.Window, 4*p.LeaseMax()); r.Hold < 0 || r.Hold > 0 && (r.Hold > most || p.Algorithm != ratelimit.GCRA || r.ReadOnly) {
+	refill := time.Duration(float64(p.Window) * float64(p.Capacity()) / float64(p.Limit))
+	if most := max(p.Window, refill); r.Hold < 0 || r.Hold > 0 && (r.Hold > most || p.Algorithm != ratelimit.GCRA || r.ReadOnly) {
 		return fmt.Errorf("%w: hold %v: at most %v (the window or the capacity's refill time), and only for a gcra request that counts", ratelimit.ErrInvalidRequest, r.Hold, most)
 	}
 	if !r.Weight.Valid() {
@@ -315,4 +317,15 @@ func Plain(ds []Decision) []ratelimit.Decision {
 		out[i] = ds[i].Decision
 	}
 	return out
+}
+
+// ValidateKey reports whether key is usable as a client identity, as
+// ratelimit.Request.Validate checks its Key: 1 to ratelimit.MaxKeyBytes
+// bytes, no ASCII control characters. The error wraps
+// ratelimit.ErrInvalidRequest.
+func ValidateKey(key string) error {
+	if err := keycheck.Check(key, ratelimit.MaxKeyBytes); err != nil {
+		return fmt.Errorf("%w: %v", ratelimit.ErrInvalidRequest, err)
+	}
+	return nil
 }

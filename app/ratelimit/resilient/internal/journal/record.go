@@ -172,12 +172,12 @@ func parseBody(line string) (record, error) {
 			return record{}, errRecord
 		}
 	case 'A':
-		if len(f) != ackFields || ratelimit.ValidateKey(f[2]) != nil || strings.ContainsAny(f[2]+f[3], " ") || f[3] == "" || !identity(f[4]) {
+		if len(f) != ackFields || contract.ValidateKey(f[2]) != nil || strings.ContainsAny(f[2]+f[3], " ") || f[3] == "" || !identity(f[4]) {
 			return record{}, errRecord
 		}
 		r.policy.Name, r.fingerprint = f[2], f[3]
 	case 'X':
-		if len(f) != dropFields || ratelimit.ValidateKey(f[2]) != nil || strings.ContainsAny(f[2]+f[3], " ") || f[3] == "" || !identity(f[4]) {
+		if len(f) != dropFields || contract.ValidateKey(f[2]) != nil || strings.ContainsAny(f[2]+f[3], " ") || f[3] == "" || !identity(f[4]) {
 			return record{}, errRecord
 		}
 		n, ok := ints(f[5:6])
@@ -227,7 +227,7 @@ func parseBody(line string) (record, error) {
 // requestID reports whether s is a request id a record may hold: empty, or
 // a valid key without a space or '#'.
 func requestID(s string) bool {
-	return s == "" || ratelimit.ValidateKey(s) == nil && !strings.ContainsAny(s, " #")
+	return s == "" || contract.ValidateKey(s) == nil && !strings.ContainsAny(s, " #")
 }
 
 // snapshot returns an S record's snapshot.
