@@ -24,6 +24,7 @@ var (
 	_ contract.Raiser       = ext{}
 	_ contract.Resetter     = ext{}
 	_ contract.Decider      = ext{}
+	_ contract.Cutoff       = ext{}
 )
 
 func init() { contract.Register(func(s *Store) any { return ext{s} }) }
@@ -74,6 +75,10 @@ func (e ext) ReadResets(ctx context.Context, after string, apply func(ratelimit.
 
 // FleetKey is the Redis key of the fleet's heartbeats.
 func (e ext) FleetKey() string { return e.s.fleetKey() }
+
+func (e ext) Cutoff(ctx context.Context, staleBefore int64) (cutoff, now int64, err error) {
+	return e.s.cutoff(ctx, staleBefore)
+}
 
 // LostWrites counts the keys found to have lost acknowledged writes.
 func (e ext) LostWrites() uint64 { return e.s.lostWrites() }

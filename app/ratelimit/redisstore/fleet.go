@@ -154,6 +154,38 @@ func (l *Store) suspend(ctx context.Context, instance string, ttl, grace time.Du
 	return err
 }
 
+// cutoffKey holds the fleet's charge cutoff (Cutoff).
+func (l *Store) cutoffKey() string { return "{" + l.prefix + ":fleet}:cutoff" }
+
+// cutoffTTL is how long the charge cutoff is kept: far longer than the
+// replays of one recovery take; the next outage's replays replace it.
+const cutoffTTL = 10 * time.Minute
+
+// cutoff returns the fleet's charge cutoff, setting it to Redis' clock when
+// there is none since staleBefore (store µs), and Redis' clock (see
+// contract.Cutoff).
+func (l *Store) cutoff(ctx context.Context, staleBefore int64) (cutoff, now int64, err error) {
+	callCtx, cancel := l.callContext(ctx)
+	defer cancel()
+	keys := []string{l.fleetKey(), l.generationKey(), l.writesKey(), l.syncKey(), l.cutoffKey()}
+	args := []any{"-", "cutoff", cutoffTTL.Milliseconds(), 0, randomHex(), 0, "", staleBefore}
+	res, err := lingering(l, callCtx, func(ctx context.Context) ([]any, error) {
+		return fcall(ctx, l.client, fnFleet, keys, args...).Slice()
+	})
+	if err != nil {
+		return 0, 0, classify(ctx, err)
+	}
+	if len(res) != 7 {
+		return 0, 0, fmt.Errorf("%w: cutoff reply of %d elements", ratelimit.ErrBadReply, len(res))
+	}
+	now, ok1 := res[2].(int64)
+	cutoff, ok2 := res[6].(int64)
+	if !ok1 || !ok2 || now <= 0 || cutoff <= 0 || cutoff > now {
+		return 0, 0, fmt.Errorf("%w: cutoff reply %v", ratelimit.ErrBadReply, res)
+	}
+	return cutoff, now, nil
+}
+
 // syncKey holds the instances' recovery stages (HeartbeatStage).
 func (l *Store) syncKey() string { return "{" + l.prefix + ":fleet}:sync" }
 

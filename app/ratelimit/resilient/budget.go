@@ -268,9 +268,10 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) con
 // false when the snapshot cannot say (no fleet size in it).
 //
 // Charging this once, at now, into the store's state refilled to it is
-// order-free across instances, and never leaves the store above one bucket
-// fed every grant in time order: shares that start empty and cap at their
-// part of the capacity waste at least the refill that bucket would.
+// order-free across instances when every instance charges at the same now
+// (the fleet's cutoff, chargeTimes), and never leaves the store above one
+// bucket fed every grant in time order: shares that start empty and cap at
+// their part of the capacity waste at least the refill that bucket would.
 // Folding the grants themselves, instance after instance, would charge
 // every grant older than the state the previous replays left without
 // refill, an overcharge that grows with the outage (TestReplayIsNetOfRefill). A key that expired in the store

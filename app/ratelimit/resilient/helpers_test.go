@@ -187,16 +187,7 @@ func checkExactUsage(t *testing.T, srv *redistest.Server, probe *resilient.Limit
 			if err != nil || d.Mode != ratelimit.ModeRedis {
 				t.Fatalf("%s probe: %+v %v", alg, d, err)
 			}
-			var now int64
-			ideal := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
-			sorted := slices.Clone(g)
-			algorithm.SortGrants(sorted)
-			for _, x := range sorted {
-				now = x.At
-				_, _ = ideal.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
-			}
-			now = d.State.Now
-			want, _ := ideal.Decide(ctx, ratelimit.Request{Policy: p, Key: key})
+			want := idealAt(p, key, g, d.State.Now)
 			// Never above the ideal (usage erased); at most the other
 			// instances' local grants below it (charged without refill).
 			if d.Remaining > want.Remaining || d.Remaining < want.Remaining-othersLocal-1 {
@@ -222,4 +213,41 @@ func fleetKey(s *redisstore.Store) string {
 func decideWire(ctx context.Context, l *resilient.Limiter, req ratelimit.Request) (contract.Decision, error) {
 	ds, errs := contract.Extension(l).(contract.Decider).DecideWire(ctx, []contract.Request{{Request: req}})
 	return ds[0], errs[0]
+}
+
+// startPair starts two instances expecting each other, app1 reaching Redis
+// at addrs[0] and app2 at addrs[1], with cfg applied to recoveryConfig,
+// and waits until each sees both live.
+func startPair(t *testing.T, addrs [2]string, cfg func(*resilient.Config)) []*resilient.Limiter {
+	t.Helper()
+	var ls []*resilient.Limiter
+	for i, addr := range addrs {
+		c := recoveryConfig(fmt.Sprint("app", i+1))
+		c.ExpectedInstances = 2
+		cfg(&c)
+		l, err := resilient.New(newStore(t, addr), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close(context.Background()) })
+		ls = append(ls, l)
+	}
+	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == 2 && ls[1].Status().Live == 2 })
+	return ls
+}
+
+// idealAt is the decision of one limiter fed grants (of key under p) in
+// time order, for one more unit at now (store µs).
+func idealAt(p ratelimit.Policy, key string, grants []store.Grant, now int64) ratelimit.Decision {
+	var at int64
+	ideal := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(at) }))
+	sorted := slices.Clone(grants)
+	algorithm.SortGrants(sorted)
+	for _, g := range sorted {
+		at = g.At
+		_, _ = ideal.Decide(context.Background(), ratelimit.Request{Policy: p, Key: key})
+	}
+	at = now
+	d, _ := ideal.Decide(context.Background(), ratelimit.Request{Policy: p, Key: key})
+	return d
 }

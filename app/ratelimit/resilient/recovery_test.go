@@ -12,10 +12,8 @@ import (
 	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/algorithm"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
-	"github.com/fleetlimit/fleetlimit/app/ratelimit/memstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
@@ -154,24 +152,15 @@ func TestReplayIsNetOfRefill(t *testing.T) {
 				if err != nil || d.Mode != ratelimit.ModeRedis {
 					t.Fatalf("%s probe: %+v %v", key, d, err)
 				}
-				var now int64
-				ideal := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
-				sorted := slices.Clone(grants[key])
-				algorithm.SortGrants(sorted)
-				for _, g := range sorted {
-					now = g.At
-					_, _ = ideal.Decide(context.Background(), ratelimit.Request{Policy: p, Key: key})
-				}
-				now = d.State.Now
-				want, _ := ideal.Decide(context.Background(), ratelimit.Request{Policy: p, Key: key})
-				t.Logf("%s: %d granted, %d remaining after replay (full in %v), ideal %d", key, len(sorted), d.Remaining, d.ResetAfter, want.Remaining)
+				want := idealAt(p, key, grants[key], d.State.Now)
+				t.Logf("%s: %d granted, %d remaining after replay (full in %v), ideal %d", key, len(grants[key]), d.Remaining, d.ResetAfter, want.Remaining)
 				if d.Remaining > want.Remaining+1 {
 					t.Errorf("%s: %d remaining after replay, more than the %d of an ideal limiter fed the %d grants: usage erased",
-						key, d.Remaining, want.Remaining, len(sorted))
+						key, d.Remaining, want.Remaining, len(grants[key]))
 				}
 				if key == "polite" && d.Remaining < want.Remaining-instances-1 {
 					t.Errorf("polite: %d remaining after replay, want %d (an ideal limiter fed the %d grants) less at most a unit per instance",
-						d.Remaining, want.Remaining, len(sorted))
+						d.Remaining, want.Remaining, len(grants[key]))
 				}
 				if most := 2*p.Window + (instances+1)*emission; d.ResetAfter > most {
 					t.Errorf("%s: full again in %v after replay, want at most %v (two capacities owed): the outage's grants were charged gross",
@@ -421,18 +410,7 @@ func TestNoInstanceClosesBeforeEveryOneReplayed(t *testing.T) {
 func TestLastToOpenWaitsForTheInstancesAlreadyOut(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
 	cut := redistest.StartProxy(t, srv.Addr())
-	var ls []*resilient.Limiter
-	for i, addr := range []string{srv.Addr(), cut.Addr()} {
-		cfg := recoveryConfig(fmt.Sprint("app", i+1))
-		cfg.ExpectedInstances, cfg.RecoveryWait = 2, 20*time.Second
-		l, err := resilient.New(newStore(t, addr), cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close(context.Background()) })
-		ls = append(ls, l)
-	}
-	waitFor(t, "heartbeats", 5*time.Second, func() bool { return ls[0].Status().Live == 2 && ls[1].Status().Live == 2 })
+	ls := startPair(t, [2]string{srv.Addr(), cut.Addr()}, func(c *resilient.Config) { c.RecoveryWait = 20 * time.Second })
 	ctx := context.Background()
 	p := ratelimit.Policy{Name: "outage-order", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: time.Hour}
 	decide := func(l *resilient.Limiter, n int, mode ratelimit.Mode) {
@@ -464,5 +442,70 @@ func TestLastToOpenWaitsForTheInstancesAlreadyOut(t *testing.T) {
 	}
 	if d.Remaining != 2 {
 		t.Fatalf("%d left after 8 units, want 2: app2's raise after app1's replay took back part of app1's outage grants", d.Remaining)
+	}
+}
+
+// TestLaterReplayLeavesNoMoreThanTheIdeal: two instances hammer a token
+// bucket key through a Redis outage long enough for the bucket (and each
+// share) to refill to full. app2 reaches Redis about a second after app1
+// (its connection stays cut until app1 is back, and its client redials
+// after a backoff; in a fleet, an instance restarted during the outage
+// probes on a clock of its own), and grants from its share until it
+// replays. Redis then holds no more than one bucket fed every grant in
+// time order. Charged net of refill up to its own replay, app2's share,
+// full, counted none of the refill Redis credited from app1's charge on,
+// and Redis held about that second's grants too many.
+func TestLaterReplayLeavesNoMoreThanTheIdeal(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
+	late := redistest.StartProxy(t, srv.Addr())
+	ls := startPair(t, [2]string{srv.Addr(), late.Addr()}, func(c *resilient.Config) {
+		c.RecoveryWait = 10 * time.Second
+		// The shares start refilling once the others hold them back:
+		// soon, so that the outage costs the clients little.
+		c.HeartbeatInterval, c.HeartbeatTTL = 20*time.Millisecond, 60*time.Millisecond
+	})
+	p := ratelimit.Policy{Name: "later", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: 2 * time.Second}
+	var (
+		mu     sync.Mutex
+		grants []store.Grant
+		wg     sync.WaitGroup
+	)
+	ctx, stop := context.WithCancel(context.Background())
+	for _, l := range ls {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if d, err := decideWire(ctx, l, ratelimit.Request{Policy: p, Key: "abusive"}); err == nil && d.Allowed {
+					mu.Lock()
+					grants = append(grants, store.Grant{At: d.State.Now, Cost: 1})
+					mu.Unlock()
+				}
+				time.Sleep(5 * time.Millisecond) // 200/s each, against 50/s
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	late.Disable()
+	srv.Kill()
+	waitFor(t, "both breakers open", 5*time.Second, allIn(ls, resilient.BreakerOpen))
+	time.Sleep(3 * time.Second) // the bucket and the shares refill to full
+	srv.Restart(t)
+	waitFor(t, "app1 back", 5*time.Second, func() bool { return ls[0].Breaker() != resilient.BreakerOpen })
+	late.Enable()
+	waitFor(t, "app2 back", 5*time.Second, func() bool { return ls[1].Breaker() != resilient.BreakerOpen })
+	stop()
+	wg.Wait()
+	waitFor(t, "both breakers closed", 15*time.Second, allIn(ls, resilient.BreakerClosed))
+	waitFor(t, "both journals empty", 15*time.Second, func() bool {
+		return ls[0].Status().Journal.Pending == 0 && ls[1].Status().Journal.Pending == 0
+	})
+
+	d, err := decideWire(context.Background(), ls[0], ratelimit.Request{Policy: p, Key: "abusive"})
+	if err != nil || d.Mode != ratelimit.ModeRedis {
+		t.Fatalf("probe: %+v %v", d, err)
+	}
+	want := idealAt(p, "abusive", grants, d.State.Now)
+	t.Logf("%d granted; %d remaining after the replays, ideal %d", len(grants), d.Remaining, want.Remaining)
+	if d.Remaining > want.Remaining+1 {
+		t.Errorf("%d remaining after the replays, more than the %d of one bucket fed the %d grants", d.Remaining, want.Remaining, len(grants))
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient/internal/journal"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/store"
 )
 
@@ -57,8 +58,6 @@ func (l *Limiter) replayPass(ctx context.Context) error {
 	for i := range pending {
 		pending[i].ResetsRead = read
 	}
-	// The store's clock now, at the earliest it can read (netOfRefill).
-	now := l.storeNow() - l.offsetErr()
 	// A token bucket or GCRA key goes as one charge: its grants net of the
 	// refill its share would have wasted (netOfRefill), over all of the
 	// key's batches of the same share. A key's grants can sit in several
@@ -79,10 +78,6 @@ func (l *Limiter) replayPass(ctx context.Context) error {
 	type chargeKey struct {
 		policy   ratelimit.Policy
 		identity store.Identity
-	}
-	type chargeGroup struct {
-		first int   // the key's first batch, which holds its snapshot
-		more  []int // its other batches (rare: several epochs)
 	}
 	// The batches of one epoch (one marker) are of distinct keys: no map
 	// is needed then.
@@ -113,6 +108,7 @@ func (l *Limiter) replayPass(ctx context.Context) error {
 			groups = append(groups, chargeGroup{first: i})
 		}
 	}
+	now, cut := l.chargeTimes(ctx, groups, snaps)
 	// A share an earlier pass charged through its time (chargedThrough) is
 	// the store's to refill from then on: the grants made after it (while
 	// recovering, waiting for the others) owe every unit. Netted against
@@ -120,34 +116,21 @@ func (l *Limiter) replayPass(ctx context.Context) error {
 	// would charge a fraction of them (TestGrantsAfterTheChargeAreChargedInFull).
 	charges := make([]store.Grant, grouped) // one charge per batch
 	free := make([]bool, len(pending))      // the batches charged nothing
-	var early []store.Grant
+	var all []store.Grant
 	for _, grp := range groups {
 		policy, snap := pending[grp.first].Policy, *snaps[grp.first]
-		early = early[:0]
-		late := int64(0)
-		charged := l.chargedThrough > 0 && max(snap.State.Now, snap.Confirmed) <= l.chargedThrough
+		all = all[:0]
 		for j := -1; j < len(grp.more); j++ {
 			i := grp.first
 			if j >= 0 {
 				i = grp.more[j]
 			}
-			for _, g := range pending[i].Grants {
-				if charged && g.At > l.chargedThrough {
-					late += g.Cost
-				} else {
-					early = append(early, g)
-				}
-			}
+			all = append(all, pending[i].Grants...)
 		}
-		at, units := now, 0.0
-		if len(early) > 0 {
-			var ok bool
-			if at, units, ok = netOfRefill(policy, snap, early, now); !ok {
-				continue
-			}
+		at, owed, ok := charge(policy, snap, all, cut, l.chargedThrough)
+		if !ok {
+			continue
 		}
-		units += float64(late)
-		owed := int64(math.Ceil(units - 1e-9))
 		for j := -1; j < len(grp.more); j++ {
 			i, cost := grp.first, owed
 			if j >= 0 {
@@ -186,6 +169,85 @@ func (l *Limiter) replayPass(ctx context.Context) error {
 	}
 	l.cfg.Logger.Info("journal replayed", "batches", replayed, "took", l.clock.now().Sub(start).String())
 	return nil
+}
+
+// charge is what a token bucket or GCRA key owes the store for its grants
+// in an outage, and the time to charge it at: the grants up to cut net of
+// the refill its share would have wasted (netOfRefill, at cut), and every
+// unit of the grants after cut, or after through when an earlier pass
+// charged the share through that time (0: none). ok is false when the
+// snapshot cannot say. It reorders grants.
+func charge(p ratelimit.Policy, snap journal.Snapshot, grants []store.Grant, cut, through int64) (at, owed int64, ok bool) {
+	charged := through > 0 && max(snap.State.Now, snap.Confirmed) <= through
+	early, late := grants[:0], int64(0)
+	for _, g := range grants {
+		if charged && g.At > through || g.At > cut {
+			late += g.Cost
+		} else {
+			early = append(early, g)
+		}
+	}
+	at, units := cut, 0.0
+	if len(early) > 0 {
+		if at, units, ok = netOfRefill(p, snap, early, cut); !ok {
+			return 0, 0, false
+		}
+	}
+	return at, int64(math.Ceil(units + float64(late) - 1e-9)), true
+}
+
+// chargeGroup is a token bucket or GCRA key's batches in one replay pass.
+type chargeGroup struct {
+	first int   // the key's first batch, which holds its snapshot
+	more  []int // its other batches (rare: several epochs)
+}
+
+// chargeTimes returns the store's clock now, at the earliest it can read,
+// and the cutoff from which this pass charges the groups' grants in full
+// (contract.Cutoff): the first charge of the fleet's recovery, when the
+// store says, else now. Charged net of refill up to its own replay, a
+// share that replays after another instance's would spend refill the
+// store credits too: the store's bucket, full until the first charge,
+// refills at the whole rate from then on, while the share counts only its
+// part of that refill, and none once it is full itself
+// (TestChargesAtDifferentTimesLeaveNoMoreThanTheIdeal). The call also
+// reads the store's clock: an instance restarted during the outage has
+// had no reply to learn it from.
+func (l *Limiter) chargeTimes(ctx context.Context, groups []chargeGroup, snaps []*journal.Snapshot) (now, cut int64) {
+	defer func() { cut = min(cut, now) }()
+	c, ok := l.ext.(contract.Cutoff)
+	// The earliest time this instance's shares can have started from: a
+	// cutoff older than that is an earlier recovery's. A share started
+	// while the breaker was closed (its confirmed time is the end of time)
+	// is charged without refill and needs none.
+	start := int64(math.MaxInt64)
+	for _, g := range groups {
+		if s := snaps[g.first]; s.Confirmed < math.MaxInt64 {
+			start = min(start, max(s.State.Now, s.Confirmed))
+		}
+	}
+	if ok && start < math.MaxInt64 {
+		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+		sent := l.clock.now()
+		cutoff, storeNow, err := c.Cutoff(callCtx, start)
+		cancel()
+		if err == nil {
+			l.learnOffset(storeNow, sent, l.clock.now())
+			return l.earliestStoreNow(), cutoff
+		}
+	}
+	now = l.earliestStoreNow()
+	return now, now
+}
+
+// earliestStoreNow is the store's clock now, at the earliest it can read
+// (netOfRefill); before any reply, this host's clock.
+func (l *Limiter) earliestStoreNow() int64 {
+	now := l.storeNow()
+	if o := l.offset.load(); o.at != 0 {
+		now -= o.errAt(l.clock.now().UnixMicro())
+	}
+	return now
 }
 
 // send sends batches to the store in pipelines of ReplayBatchKeys, each within

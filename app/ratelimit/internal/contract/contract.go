@@ -78,6 +78,21 @@ type Warmer interface {
 	Warm(ctx context.Context, n int)
 }
 
+// Cutoff is a Store that keeps, for the fleet, the time from which every
+// recovering instance charges its local grants in full (store µs). The
+// store refills a token bucket or GCRA key at the whole rate from the first
+// charge of a recovery on, while each share that has not replayed yet
+// counts only its own part of that refill, up to its capacity: charged net
+// of refill up to their own replays, the grants of the instances that
+// replay later would spend refill the store credits as well. Cutoff
+// returns the cutoff, which the first call of a recovery sets to the
+// store's clock (a cutoff older than staleBefore, the earliest the caller's
+// outage can have begun, is an earlier recovery's, and is replaced), and
+// the store's clock at the call.
+type Cutoff interface {
+	Cutoff(ctx context.Context, staleBefore int64) (cutoff, now int64, err error)
+}
+
 // LateReporter is a Store that reports what became of the calls whose
 // callers stopped waiting (see LateReply). OnLate reports false when it
 // cannot. With it, a resilient.Limiter learns that a decision it gave up

@@ -8,12 +8,19 @@
 -- ARGV: [1] instance  [2] "beat", "leave", "suspend" (the instance decides
 --       locally from now on: it counts as suspect at once, so the others
 --       hold its share back without waiting for its heartbeat to lapse) or
---       "peek" (generation only)
+--       "peek" (generation only) or "cutoff" (see KEYS[5])
 --       [3] missing after ms  [4] lease grace ms (how long a missing instance
 --       may still be granting its fallback share)  [5] a generation to set if
 --       none is  [6] the caller's deadline in Redis' time, ms (0: none): a
 --       beat executed after it is no beat (see fleet.go, beatDeadline)
--- Reply: {live, suspect, now_us (Redis' clock), generation, write counter}. Live: heartbeat within [3].
+--       [7] the instance's recovery stage, written beside its beat ("": none)
+--       [8] "cutoff" only: the earliest time (µs) the caller's outage can
+--       have begun
+-- KEYS[5] ("cutoff" only): the fleet's charge cutoff, Redis' clock (µs) at
+-- the first "cutoff" call of a recovery; one older than ARGV[8] is an
+-- earlier recovery's and is replaced. Kept ARGV[3] ms.
+-- Reply: {live, suspect, now_us (Redis' clock), generation, write counter,
+-- stages}; "cutoff" appends the cutoff. Live: heartbeat within [3].
 -- Suspect: missing for less than [4]: it may be cut off from Redis and
 -- spending its share.
 local t = redis.call('TIME')
@@ -27,6 +34,14 @@ if not gen then
 end
 local n = redis.call('INCR', KEYS[3])
 if ARGV[2] == 'peek' then return {0, 0, now_us, gen, n, {}} end
+if ARGV[2] == 'cutoff' then
+  local c = tonumber(redis.call('GET', KEYS[5]) or '')
+  if not c or c < tonumber(ARGV[8]) then
+    c = now_us
+    redis.call('SET', KEYS[5], string.format('%.0f', c), 'PX', ttl)
+  end
+  return {0, 0, now_us, gen, n, {}, c}
+end
 local sync = KEYS[4]
 if ARGV[2] == 'leave' then
   redis.call('ZREM', key, ARGV[1])

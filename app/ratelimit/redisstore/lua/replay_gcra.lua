@@ -3,7 +3,7 @@
 local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, mtoken, mkey, ttl)
   local t0, r0, last = pair_get(key)
   if not redis.call('SET', mkey, '1', 'PX', ttl, 'NX') then return 0, 0, 0, 1 end
-  local tat, rem = 0, 0
+  local tat, rem = now, 0 -- no state: full at now
   if t0 then tat, rem = num(t0, 't'), num(r0, 'r') end
   local replayed = 0
   for i = 1, n do

@@ -9,7 +9,7 @@ local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, 
   if l0 then tokens, last = num(t0, 't'), num(l0, 'l') end
   local replayed = 0
   for i = 1, n do
-    if last == 0 then tokens, last = cap, at[i] end
+    if last == 0 then tokens, last = cap, math.max(at[i], now) end -- no state: full at now
     if at[i] > last then
       tokens, last = refill(tokens, last, at[i], cap, limit), at[i]
     end
