@@ -5,6 +5,6 @@
 // and stops everything with scripts/local-down.sh.
 //
 // The test needs redis-server, redis-cli, nginx and curl; without them it
-// skips, or fails when the environment variable CI is set (the rule of
-// redistest.Require). The package has no code outside its tests.
+// skips, or fails when the environment variable CI is set (the rule of the
+// Redis test helpers). The package has no code outside its tests.
 package stacktest

@@ -96,7 +96,7 @@ type stack struct {
 }
 
 // requireTools fails (CI set) or skips the test when a program the stack
-// needs is missing, with the install hint, like redistest.Require.
+// needs is missing, with the install hint, as the Redis test helpers do.
 func requireTools(t *testing.T) {
 	t.Helper()
 	var missing []string

@@ -30,8 +30,10 @@
 // before for a proxy's resend and does not count it again. So the id is an
 // idempotency key, and by default the middleware makes a new one for every
 // request. WithTrustedRequestIDs takes it from a trusted proxy's
-// X-Request-Id instead (the proxy must overwrite the client's), and
-// WithRequestID from any function.
+// X-Request-Id instead (the proxy must overwrite the client's); an outer
+// middleware can set its own with ContextWithRequestID. Whoever chooses
+// the ids can make two requests count as one: never pass a client's choice
+// through.
 //
 // # Several policies
 //
@@ -110,18 +112,17 @@ type ErrorHandler func(w http.ResponseWriter, r *http.Request, p ratelimit.Polic
 // it is safe for concurrent use, and one Middleware can make handlers for
 // any number of routes with Handler.
 type Middleware struct {
-	limiter   ratelimit.Limiter
-	keyFunc   KeyFunc // nil: API key or client IP
-	trusted   []netip.Prefix
-	check     func(ctx context.Context, key string) (string, error)
-	perAddr   map[string]bool // policy names counted per client address
-	instance  string
-	debug     bool
-	requestID func(*http.Request) string
-	trustIDs  bool // X-Request-Id from a trusted proxy is the request's id
-	logger    *slog.Logger
-	onError   ErrorHandler
-	cost      func(*http.Request) int64
+	limiter  ratelimit.Limiter
+	keyFunc  KeyFunc // nil: API key or client IP
+	trusted  []netip.Prefix
+	check    func(ctx context.Context, key string) (string, error)
+	perAddr  map[string]bool // policy names counted per client address
+	instance string
+	debug    bool
+	trustIDs bool // X-Request-Id from a trusted proxy is the request's id
+	logger   *slog.Logger
+	onError  ErrorHandler
+	cost     func(*http.Request) int64
 }
 
 // Option configures a Middleware.
@@ -180,17 +181,6 @@ func WithPerAddress(names ...string) Option {
 // decided: redis, local, open, closed, memory) to every response.
 func WithDebugHeaders(instance string) Option {
 	return func(m *Middleware) { m.debug, m.instance = true, instance }
-}
-
-// WithRequestID sets where a request's id comes from when the context holds
-// none (see ContextWithRequestID). An empty or odd result (longer than 128
-// bytes, or with characters outside [A-Za-z0-9._:-]) is replaced by a
-// generated id. The default generates one per request (see
-// WithTrustedRequestIDs). Request ids are idempotency keys
-// (ratelimit.Request.ID): whoever chooses them can make two requests count
-// as one, so f must not pass a client's choice through.
-func WithRequestID(f func(*http.Request) string) Option {
-	return func(m *Middleware) { m.requestID = f }
 }
 
 // WithTrustedRequestIDs takes a request's id from the X-Request-Id header

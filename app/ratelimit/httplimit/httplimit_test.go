@@ -361,8 +361,6 @@ func TestRequestID(t *testing.T) {
 		{"odd id from trusted proxy", "127.0.0.1:1", "a b<script>", trustIDs, "", ""},
 		{"over-long id", "127.0.0.1:1", strings.Repeat("a", 129), trustIDs, "", ""},
 		{"absent", "127.0.0.1:1", "", trustIDs, "", ""},
-		{"custom function", "192.0.2.1:1", "", []httplimit.Option{httplimit.WithRequestID(func(*http.Request) string { return "mine" })}, "", "mine"},
-		{"custom function returns junk", "192.0.2.1:1", "", []httplimit.Option{httplimit.WithRequestID(func(*http.Request) string { return "" })}, "", ""},
 		{"context wins", "127.0.0.1:1", "abc-123", trustIDs, "outer", "outer"},
 	}
 	for _, tt := range tests {

@@ -1,5 +1,5 @@
-// The request id a decision is made with: the request's context's, the
-// WithRequestID function's, a trusted proxy's X-Request-Id, or a new one.
+// The request id a decision is made with: the request's context's, a
+// trusted proxy's X-Request-Id, or a new one.
 
 package httplimit
 
@@ -9,9 +9,10 @@ import (
 )
 
 // RequestID returns the id the middleware uses for r: the one in r's
-// context, else the WithRequestID function's, else X-Request-Id from a
-// trusted proxy (with WithTrustedRequestIDs), else a new random one. A service can call it in an outer
-// middleware, store the id with ContextWithRequestID and log with it.
+// context, else X-Request-Id from a trusted proxy (with
+// WithTrustedRequestIDs), else a new random one. A service can call it in
+// an outer middleware, store the id with ContextWithRequestID and log with
+// it.
 func (m *Middleware) RequestID(r *http.Request) string {
 	id, _ := m.requestIDOf(r, m.isTrusted(peerAddr(r)))
 	return id
@@ -22,11 +23,7 @@ func (m *Middleware) requestIDOf(r *http.Request, peerTrusted bool) (string, boo
 	if id, ok := RequestIDFromContext(r.Context()); ok {
 		return id, true
 	}
-	if m.requestID != nil {
-		if id := m.requestID(r); ValidRequestID(id) {
-			return id, false
-		}
-	} else if peerTrusted && m.trustIDs {
+	if peerTrusted && m.trustIDs {
 		if id := getHeader(r.Header, keyRequestID); ValidRequestID(id) {
 			return id, false
 		}

@@ -2,8 +2,8 @@
 // code outside this module's tree: the service that wraps the library, a
 // third-party store or wrapper (as package conformance serves them). It is
 // the standalone-server part of the library's own test helper: see
-// StartServer for what runs, and Require for the rule when redis-server is
-// missing (skip, or fail when CI is set). NewCertificates and
+// StartServer for what runs. When redis-server is missing, a test skips,
+// or fails when the environment variable CI is set. NewCertificates and
 // ServerOptions.TLS start a server that speaks TLS only.
 package redistest
 
@@ -35,7 +35,3 @@ func NewCertificates(t testing.TB) *Certificates { return redistest.NewCertifica
 // StartServer starts a redis-server on a free loopback port in its own
 // t.TempDir, returns once it answers, and kills it in t.Cleanup.
 func StartServer(t testing.TB, opts ServerOptions) *Server { return redistest.StartServer(t, opts) }
-
-// Require returns the path of the executable bin; when it is missing, it
-// fails the test if CI is set and skips it otherwise.
-func Require(t testing.TB, bin string) string { return redistest.Require(t, bin) }
