@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
@@ -227,9 +228,13 @@ func (l *Limiter) chargeTimes(ctx context.Context, groups []chargeGroup, snaps [
 		}
 	}
 	if ok && start < math.MaxInt64 {
+		// A cutoff older than maxCutoffAge is not this recovery's first
+		// replay's (or this instance comes too late to date its charges
+		// from it: the store keeps a replayed key only so long).
+		stale := max(start, l.earliestStoreNow()-maxCutoffAge.Microseconds())
 		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 		sent := l.clock.now()
-		cutoff, storeNow, err := c.Cutoff(callCtx, start)
+		cutoff, storeNow, err := c.Cutoff(callCtx, stale)
 		cancel()
 		if err == nil {
 			l.learnOffset(storeNow, sent, l.clock.now())
@@ -239,6 +244,13 @@ func (l *Limiter) chargeTimes(ctx context.Context, groups []chargeGroup, snaps [
 	now = l.earliestStoreNow()
 	return now, now
 }
+
+// maxCutoffAge bounds how long after the fleet's cutoff an instance still
+// dates its charges from it (the replays of one recovery follow one another
+// within a probe interval or two). A key a replay wrote outlives that
+// (redisstore's replay_margin_ms), so a charge dated from the cutoff never
+// meets a key that expired after it.
+const maxCutoffAge = 5 * time.Second
 
 // earliestStoreNow is the store's clock now, at the earliest it can read
 // (netOfRefill); before any reply, this host's clock.

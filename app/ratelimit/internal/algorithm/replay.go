@@ -38,12 +38,6 @@ func SortGrants(g []store.Grant) {
 // outage: the grants of every instance but the first to replay, bounded by
 // the refill during the outage). No grant is dropped: whether an old grant
 // still matters depends on what followed it, which the fold accounts for.
-//
-// A key the store holds no state for (it expired, full, or was never
-// written) is full at now, not at its first grant: a key expires some time
-// after it became full, which may be after a grant dated in the past (a
-// recovery dates its charges from the fleet's cutoff, the first replay), and
-// full at that grant's time it would credit refill it never had.
 
 // TokenBucketReplay folds grants into a token bucket state.
 func TokenBucketReplay(p ratelimit.Policy, s TokenBucketState, now int64, grants []store.Grant) (TokenBucketState, store.ReplayResult) {
@@ -53,7 +47,7 @@ func TokenBucketReplay(p ratelimit.Policy, s TokenBucketState, now int64, grants
 	for _, g := range grants {
 		g = clampGrant(g, now)
 		if s.Last == 0 {
-			s = TokenBucketState{Tokens: capScaled, Last: max(g.At, now)}
+			s = TokenBucketState{Tokens: capScaled, Last: g.At}
 		}
 		if g.At > s.Last {
 			s.Tokens = tokenBucketFill(s.Tokens, g.At-s.Last, capScaled, rate)
@@ -69,9 +63,6 @@ func TokenBucketReplay(p ratelimit.Policy, s TokenBucketState, now int64, grants
 func GCRAReplay(p ratelimit.Policy, s GCRAState, now int64, grants []store.Grant) (GCRAState, store.ReplayResult) {
 	w, rate := p.Window.Microseconds(), p.Limit
 	var r store.ReplayResult
-	if s == (GCRAState{}) {
-		s.TAT = now // no state: full at now
-	}
 	for _, g := range grants {
 		g = clampGrant(g, now)
 		if s.TAT < g.At {

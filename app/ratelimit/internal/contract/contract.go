@@ -86,9 +86,9 @@ type Warmer interface {
 // of refill up to their own replays, the grants of the instances that
 // replay later would spend refill the store credits as well. Cutoff
 // returns the cutoff, which the first call of a recovery sets to the
-// store's clock (a cutoff older than staleBefore, the earliest the caller's
-// outage can have begun, is an earlier recovery's, and is replaced), and
-// the store's clock at the call.
+// store's clock (a cutoff older than staleBefore is an earlier recovery's,
+// or too old for the caller to date its charges from, and is replaced),
+// and the store's clock at the call.
 type Cutoff interface {
 	Cutoff(ctx context.Context, staleBefore int64) (cutoff, now int64, err error)
 }

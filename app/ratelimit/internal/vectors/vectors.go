@@ -376,28 +376,6 @@ var ReplayCases = []ReplayCase{
 		After:  []Step{{At: 4 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 8, Reset: 2 * sec, TAT: 6 * sec}}},
 	},
 	{
-		// A key the store holds nothing for (it expired, full) is full at
-		// the replay's now, not at a grant dated 5 s before it: the key may
-		// have expired after that grant's time (a recovery dates its
-		// charges from the fleet's first replay). Full at 5 s, the bucket
-		// would refill to full again by 10 s, and the grant would be erased.
-		Name:   "token bucket: no state, a grant dated in the past counts now",
-		Policy: ratelimit.Policy{Name: "rtb", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: 10 * time.Second},
-		At:     10 * sec,
-		Grants: []store.Grant{{At: 5 * sec, Cost: 3, ID: "a"}},
-		Result: store.ReplayResult{Replayed: 3},
-		After:  []Step{{At: 10 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 6, Reset: 4 * sec, Tokens: 6e7}}},
-	},
-	{
-		// The same for GCRA: the arrival time starts at the replay's now.
-		Name:   "gcra: no state, a grant dated in the past counts now",
-		Policy: ratelimit.Policy{Name: "rgc", Algorithm: ratelimit.GCRA, Limit: 10, Window: 10 * time.Second},
-		At:     10 * sec,
-		Grants: []store.Grant{{At: 5 * sec, Cost: 3, ID: "a"}},
-		Result: store.ReplayResult{Replayed: 3},
-		After:  []Step{{At: 10 * sec, Cost: 1, Want: Want{Allowed: true, Remaining: 6, Reset: 4 * sec, TAT: 14 * sec}}},
-	},
-	{
 		// The same for the token bucket: the grant is charged at 4 s, when
 		// the bucket had refilled to 9.
 		Name:   "token bucket: a grant stamped ahead counts now",

@@ -4,6 +4,12 @@
 -- the Go twins (package ratelimit) to the bit.
 -- Keys outlive the time their state matters by this much (ms).
 local margin_ms = 1000
+-- A key a replay writes outlives it by this much more (ms). The other
+-- instances of a recovery date their charges from the first replay (the
+-- fleet's cutoff, at most 5 s before them: resilient's maxCutoffAge), and a
+-- key that expired in between would take a charge dated before its expiry
+-- as one on a bucket full at that time.
+local replay_margin_ms = 10000
 
 local function now_us()
   local n = ARGV[1] ~= '0' and tonumber(ARGV[1])

@@ -14,11 +14,10 @@
 --       none is  [6] the caller's deadline in Redis' time, ms (0: none): a
 --       beat executed after it is no beat (see fleet.go, beatDeadline)
 --       [7] the instance's recovery stage, written beside its beat ("": none)
---       [8] "cutoff" only: the earliest time (µs) the caller's outage can
---       have begun
+--       [8] "cutoff" only: the oldest cutoff (µs) the caller takes
 -- KEYS[5] ("cutoff" only): the fleet's charge cutoff, Redis' clock (µs) at
--- the first "cutoff" call of a recovery; one older than ARGV[8] is an
--- earlier recovery's and is replaced. Kept ARGV[3] ms.
+-- the first "cutoff" call of a recovery; one older than ARGV[8] is
+-- replaced. Kept ARGV[3] ms.
 -- Reply: {live, suspect, now_us (Redis' clock), generation, write counter,
 -- stages}; "cutoff" appends the cutoff. Live: heartbeat within [3].
 -- Suspect: missing for less than [4]: it may be cut off from Redis and

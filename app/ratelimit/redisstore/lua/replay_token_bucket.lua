@@ -9,7 +9,7 @@ local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, 
   if l0 then tokens, last = num(t0, 't'), num(l0, 'l') end
   local replayed = 0
   for i = 1, n do
-    if last == 0 then tokens, last = cap, math.max(at[i], now) end -- no state: full at now
+    if last == 0 then tokens, last = cap, at[i] end
     if at[i] > last then
       tokens, last = refill(tokens, last, at[i], cap, limit), at[i]
     end
@@ -18,7 +18,7 @@ local function fold(key, limit, window, capacity, now, n, at, cost, id, mfield, 
   end
   if last ~= 0 then
     local full = last + cdiv(cap - tokens, limit)
-    pair_put(key, tokens, last, adm, cdiv(math.max(0, full - now), 1000) + margin_ms)
+    pair_put(key, tokens, last, adm, cdiv(math.max(0, full - now), 1000) + replay_margin_ms)
   end
   return replayed, 0, 0, 0
 end
