@@ -197,41 +197,26 @@ func TestInterleavedSharesReplayInAnyOrder(t *testing.T) {
 				grants[i] = append(grants[i], store.Grant{At: t0 + k*interval, Cost: 1})
 			}
 			remaining := func(order []int) time.Duration {
-				tb, gcra := algorithm.TokenBucketState{Tokens: 0, Last: t0}, algorithm.GCRAState{TAT: t0 + w}
+				st := emptyBucket(p, t0)
 				for _, i := range order {
 					at, units, ok := netOfRefill(p, snap, slices.Clone(grants[i]), end)
 					if !ok {
 						t.Fatal("no charge")
 					}
-					charge := []store.Grant{{At: at, Cost: int64(math.Ceil(units - 1e-9))}}
-					if alg == ratelimit.TokenBucket {
-						tb, _ = algorithm.TokenBucketReplay(p, tb, end, charge)
-					} else {
-						gcra, _ = algorithm.GCRAReplay(p, gcra, end, charge)
-					}
+					st.replay(end, store.Grant{At: at, Cost: int64(math.Ceil(units - 1e-9))})
 				}
-				var d contract.Decision
-				if alg == ratelimit.TokenBucket {
-					_, d = algorithm.TokenBucketDecide(p, tb, end, 1, contract.Weight{})
-				} else {
-					_, d = algorithm.GCRADecide(p, gcra, end, 1, contract.Weight{})
-				}
-				return d.RetryAfter
+				return st.decide(end, 1).RetryAfter
 			}
 			// The ideal: one bucket, empty at t0, fed every grant in time order.
-			tb, gcra := algorithm.TokenBucketState{Tokens: 0, Last: t0}, algorithm.GCRAState{TAT: t0 + w}
 			var all []store.Grant
 			for _, g := range grants {
 				all = append(all, g...)
 			}
 			algorithm.SortGrants(all)
+			idealBucket := emptyBucket(p, t0)
 			var ideal contract.Decision
 			for _, g := range append(all, store.Grant{At: end, Cost: 1}) {
-				if alg == ratelimit.TokenBucket {
-					tb, ideal = algorithm.TokenBucketDecide(p, tb, g.At, g.Cost, contract.Weight{})
-				} else {
-					gcra, ideal = algorithm.GCRADecide(p, gcra, g.At, g.Cost, contract.Weight{})
-				}
+				ideal = idealBucket.decide(g.At, g.Cost)
 			}
 			var orders [][]int
 			var permute func(prefix, rest []int)

@@ -40,8 +40,15 @@ type storeOffset struct {
 // seconds.
 const offsetDriftPPM = 1000
 
-// errAt is o's error at local time now (µs), grown with its age.
+// errAt is o's error at local time now (µs), grown with its age. An offset
+// never learned (the zero value: no reply yet, as for an instance started
+// during an outage) is this host's clock, with no error to go by: grown
+// from the epoch, its error put the replay's time in 1970, and the
+// instance's charges at its last grants.
 func (o storeOffset) errAt(now int64) int64 {
+	if o.at == 0 {
+		return 0
+	}
 	return o.errUS + max(0, now-o.at)*offsetDriftPPM/1_000_000
 }
 

@@ -203,8 +203,8 @@ type chargeGroup struct {
 	more  []int // its other batches (rare: several epochs)
 }
 
-// chargeTimes returns the store's clock now, at the earliest it can read,
-// and the cutoff from which this pass charges the groups' grants in full
+// chargeTimes returns the store's clock now, at the earliest it can read
+// (netOfRefill), and the cutoff from which this pass charges the groups' grants in full
 // (contract.Cutoff): the first charge of the fleet's recovery, when the
 // store says, else now. Charged net of refill up to its own replay, a
 // share that replays after another instance's would spend refill the
@@ -215,7 +215,6 @@ type chargeGroup struct {
 // reads the store's clock: an instance restarted during the outage has
 // had no reply to learn it from.
 func (l *Limiter) chargeTimes(ctx context.Context, groups []chargeGroup, snaps []*journal.Snapshot) (now, cut int64) {
-	defer func() { cut = min(cut, now) }()
 	c, ok := l.ext.(contract.Cutoff)
 	// The earliest time this instance's shares can have started from: a
 	// cutoff older than that is an earlier recovery's. A share started
@@ -227,22 +226,24 @@ func (l *Limiter) chargeTimes(ctx context.Context, groups []chargeGroup, snaps [
 			start = min(start, max(s.State.Now, s.Confirmed))
 		}
 	}
-	if ok && start < math.MaxInt64 {
-		// A cutoff older than maxCutoffAge is not this recovery's first
-		// replay's (or this instance comes too late to date its charges
-		// from it: the store keeps a replayed key only so long).
-		stale := max(start, l.earliestStoreNow()-maxCutoffAge.Microseconds())
-		callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-		sent := l.clock.now()
-		cutoff, storeNow, err := c.Cutoff(callCtx, stale)
-		cancel()
-		if err == nil {
-			l.learnOffset(storeNow, sent, l.clock.now())
-			return l.earliestStoreNow(), cutoff
-		}
+	now = l.storeNow() - l.offsetErr()
+	if !ok || start == math.MaxInt64 {
+		return now, now
 	}
-	now = l.earliestStoreNow()
-	return now, now
+	// A cutoff older than maxCutoffAge is not this recovery's first
+	// replay's, or this instance comes too late to date its charges from
+	// it (the store keeps a replayed key only so long).
+	stale := max(start, now-maxCutoffAge.Microseconds())
+	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	defer cancel()
+	sent := l.clock.now()
+	cutoff, storeNow, err := c.Cutoff(callCtx, stale)
+	if err != nil {
+		return now, now
+	}
+	l.learnOffset(storeNow, sent, l.clock.now())
+	now = l.storeNow() - l.offsetErr()
+	return now, min(cutoff, now)
 }
 
 // maxCutoffAge bounds how long after the fleet's cutoff an instance still
@@ -251,16 +252,6 @@ func (l *Limiter) chargeTimes(ctx context.Context, groups []chargeGroup, snaps [
 // (redisstore's replay_margin_ms), so a charge dated from the cutoff never
 // meets a key that expired after it.
 const maxCutoffAge = 5 * time.Second
-
-// earliestStoreNow is the store's clock now, at the earliest it can read
-// (netOfRefill); before any reply, this host's clock.
-func (l *Limiter) earliestStoreNow() int64 {
-	now := l.storeNow()
-	if o := l.offset.load(); o.at != 0 {
-		now -= o.errAt(l.clock.now().UnixMicro())
-	}
-	return now
-}
 
 // send sends batches to the store in pipelines of ReplayBatchKeys, each within
 // ReplayTimeout, and hands each pipeline's acknowledged batches to ack, with

@@ -272,9 +272,9 @@ type Request struct {
 	// interval. The Redis store honours it (GCRA only); other stores do not
 	// get it, and the lease layer takes no lease from them. At most the
 	// window or the time the policy takes to refill its capacity,
-	// whichever is longer (a lease, at most a quarter of that refill time, may outlive
-	// the window when the burst exceeds the limit); 0 for other
-	// algorithms.
+	// whichever is longer (a lease, at most a quarter of that refill time,
+	// may outlive the window when the burst exceeds the limit); 0 for
+	// other algorithms.
 	Hold time.Duration
 }
 
