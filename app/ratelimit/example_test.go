@@ -14,7 +14,7 @@ import (
 // Limiter makes of it. Every backend is a Limiter: memstore for one
 // instance, resilient over redisstore for a fleet.
 func Example() {
-	var limiter ratelimit.Limiter = memstore.New()
+	var limiter ratelimit.Limiter = memstore.New(memstore.Config{})
 	login := ratelimit.Policy{Name: "login", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: time.Minute}
 	if err := login.Validate(); err != nil {
 		fmt.Println(err)

@@ -52,9 +52,9 @@ type Request struct {
 	// so the same request decided twice (a timed-out call that still ran,
 	// a replay) is counted once, and the Redis backend answers a request
 	// with the id of one it admitted moments before (a proxy's resend) as
-	// admitted without counting it again (redisstore.WithResendWindow).
+	// admitted without counting it again (redisstore.Config.ResendWindow).
 	// So whoever picks ids decides what counts as a repeat: never take
-	// them from clients (see httplimit.WithTrustedRequestIDs). Empty: the
+	// them from clients (see httplimit.Config.TrustedRequestIDs). Empty: the
 	// backend makes one up.
 	ID string
 }

@@ -28,7 +28,7 @@ func TestCheckThatWritesNothingIsNoAllow(t *testing.T) {
 	checks := []authrequest.Check{{Pattern: "/static/*", Policies: []ratelimit.Policy{
 		{Name: "static", Algorithm: ratelimit.SlidingWindowCounter, Limit: 2, Window: time.Minute}}}}
 	var told atomic.Int64
-	h := authrequest.Handler(checks, httplimit.New(limiter), []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
+	h := authrequest.Handler(checks, httplimit.New(limiter, httplimit.Config{}), []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
 		func(*http.Request, string) { told.Add(1) })
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -56,7 +56,7 @@ func TestUntrustedPeerGetsNotFound(t *testing.T) {
 	})
 	checks := []authrequest.Check{{Pattern: "/*", Policies: []ratelimit.Policy{
 		{Name: "all", Algorithm: ratelimit.SlidingWindowCounter, Limit: 2, Window: time.Minute}}}}
-	h := authrequest.Handler(checks, httplimit.New(limiter), []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, nil)
+	h := authrequest.Handler(checks, httplimit.New(limiter, httplimit.Config{}), []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, nil)
 	r := httptest.NewRequest(http.MethodGet, authrequest.Path, nil) // RemoteAddr 192.0.2.1
 	r.Header.Set(authrequest.HeaderOriginalURI, "/index.html")
 	w := httptest.NewRecorder()

@@ -68,11 +68,11 @@ func startRLS(t *testing.T, dir string, clk *clock, opts ...envoyrls.Option) *rl
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, PoolSize: 8,
 		DialTimeout: 100 * time.Millisecond, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond})
 	t.Cleanup(func() { _ = rc.Close() })
-	var storeOpts []redisstore.Option
+	var storeCfg redisstore.Config
 	if clk != nil {
-		storeOpts = append(storeOpts, redisstore.WithClock(clk.Now))
+		storeCfg.Clock = clk.Now
 	}
-	lim, err := resilient.New(redisstore.New(rc, storeOpts...), resilient.Config{
+	lim, err := resilient.New(redisstore.New(rc, storeCfg), resilient.Config{
 		Instance: "rls-test", Timeout: 100 * time.Millisecond, ProbeInterval: 100 * time.Millisecond,
 	})
 	if err != nil {

@@ -50,8 +50,8 @@ type backend struct {
 // (tr not nil), the Redis clients and the recoveries make spans.
 func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, tr *tracing) (*backend, error) {
 	if !cfg.RedisEnabled() {
-		mem := memstore.New(memstore.WithCapacity(cfg.KeyCapacity))
-		m.watchLocal(mem.Len, mem.Evictions)
+		mem := memstore.New(memstore.Config{Capacity: cfg.KeyCapacity})
+		m.watchLocal(mem.Stats)
 		log.Info("limiter ready", slog.String("mode", string(ratelimit.ModeMemory)), slog.Int("key_capacity", cfg.KeyCapacity))
 		return &backend{
 			limiter: mem,
@@ -120,21 +120,18 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, 
 			recoveries.observe(from, to)
 		}
 	}
-	opts := []redisstore.Option{
-		redisstore.WithReplayClient(replayClient),
-		redisstore.WithTimeout(cfg.RedisTimeout),
-		redisstore.WithResendWindow(cfg.ResendWindow),
-		redisstore.WithCoalescing(min(cfg.RedisPipelines, cfg.RedisPoolSize)),
-		redisstore.WithHooks(redisstore.Hooks{
-			OnDecision: func(_ ratelimit.Request, _ ratelimit.Decision, latency time.Duration) {
-				m.observeRedis(nil, latency)
-			},
-			OnError: func(_ ratelimit.Request, err error, latency time.Duration) {
-				m.observeRedis(err, latency)
-			},
-		}),
-	}
-	store := redisstore.New(client, opts...)
+	store := redisstore.New(client, redisstore.Config{
+		ReplayClient: replayClient,
+		Timeout:      cfg.RedisTimeout,
+		ResendWindow: cfg.ResendWindow,
+		Coalescing:   min(cfg.RedisPipelines, cfg.RedisPoolSize),
+		OnDecision: func(_ ratelimit.Request, _ ratelimit.Decision, latency time.Duration) {
+			m.observeRedis(nil, latency)
+		},
+		OnError: func(_ ratelimit.Request, err error, latency time.Duration) {
+			m.observeRedis(err, latency)
+		},
+	})
 	rl, err := resilient.New(store, resilient.Config{
 		Instance:          cfg.Instance,
 		Now:               now,

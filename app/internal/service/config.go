@@ -50,7 +50,7 @@ type Config struct {
 	RedisPoolSize   int           `env:"RL_REDIS_POOL_SIZE" envDefault:"64"`
 	// RedisPipelines is how many pipelines of concurrent decisions may be
 	// in flight at once; decisions that arrive meanwhile wait for the next
-	// one (redisstore.WithCoalescing). A lone decision leaves at once. A
+	// one (redisstore.Config.Coalescing). A lone decision leaves at once. A
 	// shared pipeline is bounded by the latest deadline of its calls, each
 	// of which stops waiting at its own. 0: one round trip per decision.
 	// At most RedisPoolSize are in flight (one connection each).

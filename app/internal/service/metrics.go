@@ -140,16 +140,16 @@ func (m *metrics) watchStatus(status func() Status) {
 }
 
 // watchLocal exports the in-memory store's size and evictions.
-func (m *metrics) watchLocal(keys func() int, evictions func() uint64) {
+func (m *metrics) watchLocal(stats func() (keys int, evictions uint64)) {
 	m.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ratelimit_local_keys",
 			Help: "Keys held in the in-memory store.",
-		}, func() float64 { return float64(keys()) }),
+		}, func() float64 { n, _ := stats(); return float64(n) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "ratelimit_local_evictions_total",
 			Help: "Keys evicted from the in-memory store to stay within RL_KEY_CAPACITY.",
-		}, func() float64 { return float64(evictions()) }),
+		}, func() float64 { _, n := stats(); return float64(n) }),
 	)
 }
 

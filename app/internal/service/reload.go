@@ -104,20 +104,18 @@ type PolicyStatus struct {
 
 // newPolicyState builds the public router of set.
 func (s *Server) newPolicyState(set PolicySet, now time.Time) *policyState {
-	opts := []httplimit.Option{
-		httplimit.WithTrustedProxies(s.cfg.TrustedProxies),
-		httplimit.WithLogger(s.log),
-		httplimit.WithErrorHandler(s.limiterError),
-		httplimit.WithAPIKeys(s.checkAPIKey),
-		httplimit.WithPerAddress(set.PerAddress...),
+	cfg := httplimit.Config{
+		TrustedProxies:    s.cfg.TrustedProxies,
+		TrustedRequestIDs: s.cfg.TrustRequestID,
+		Logger:            s.log,
+		OnError:           s.limiterError,
+		APIKeys:           s.checkAPIKey,
+		PerAddress:        set.PerAddress,
 	}
 	if s.cfg.DebugHeaders {
-		opts = append(opts, httplimit.WithDebugHeaders(s.cfg.Instance))
+		cfg.ServedBy = s.cfg.Instance
 	}
-	if s.cfg.TrustRequestID {
-		opts = append(opts, httplimit.WithTrustedRequestIDs())
-	}
-	limits := httplimit.New(s.limiter, opts...)
+	limits := httplimit.New(s.limiter, cfg)
 	return &policyState{set: set, handler: s.publicRouter(set, limits), loadedAt: now}
 }
 

@@ -496,7 +496,7 @@ func TestTracingSettings(t *testing.T) {
 // (spans recorded and dropped, no export) and "on-unsampled" with a
 // provider that samples nothing.
 func BenchmarkDecisionTracing(b *testing.B) {
-	base := newMetrics().instrument(memstore.New())
+	base := newMetrics().instrument(memstore.New(memstore.Config{}))
 	policy := ratelimit.Policy{Name: "bench", Algorithm: ratelimit.TokenBucket, Limit: 1_000_000_000, Window: time.Second}
 	sampled := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
 	unsampled := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))

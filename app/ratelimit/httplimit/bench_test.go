@@ -17,7 +17,7 @@ func BenchmarkHandler(b *testing.B) {
 	lim := limiterFunc(func(_ context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 		return ratelimit.Decision{Allowed: true, Limit: 100, Remaining: 42, ResetAfter: 3 * time.Second, Mode: ratelimit.ModeRedis}, nil
 	})
-	mw := httplimit.New(lim, httplimit.WithDebugHeaders("app1"), httplimit.WithTrustedProxies(prefixes("127.0.0.1/32")), httplimit.WithTrustedRequestIDs())
+	mw := httplimit.New(lim, httplimit.Config{ServedBy: "app1", TrustedProxies: prefixes("127.0.0.1/32"), TrustedRequestIDs: true})
 	h := mw.Handler(gcra)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	req := httptest.NewRequest(http.MethodGet, "/api/gcra", nil)
 	req.RemoteAddr = "127.0.0.1:4000"

@@ -19,8 +19,8 @@ import (
 // /hello, behind a proxy on localhost that sets X-Real-IP.
 func Example() {
 	policy := ratelimit.Policy{Name: "hello", Algorithm: ratelimit.SlidingWindowLog, Limit: 2, Window: 10 * time.Second}
-	limits := httplimit.New(memstore.New(),
-		httplimit.WithTrustedProxies([]netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}))
+	limits := httplimit.New(memstore.New(memstore.Config{}),
+		httplimit.Config{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}})
 
 	mux := http.NewServeMux()
 	mux.Handle("GET /hello", limits.Handler(policy)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -52,7 +52,7 @@ func Example() {
 // keys. A key that does not check out gets a 401, and still counts against
 // its address. Every policy counts every request: carol's refused request
 // used one of her key's units.
-func ExampleWithAPIKeys() {
+func ExampleConfig_apiKeys() {
 	keys, err := apikey.NewVerifier("example-secret-0123456789")
 	if err != nil {
 		fmt.Println(err)
@@ -60,9 +60,8 @@ func ExampleWithAPIKeys() {
 	}
 	perKey := ratelimit.Policy{Name: "per-key", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Minute}
 	perAddress := ratelimit.Policy{Name: "per-address", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: time.Minute}
-	limits := httplimit.New(memstore.New(),
-		httplimit.WithAPIKeys(func(_ context.Context, key string) (string, error) { return keys.Check(key) }),
-		httplimit.WithPerAddress(perAddress.Name))
+	limits := httplimit.New(memstore.New(memstore.Config{}),
+		httplimit.Config{APIKeys: func(_ context.Context, key string) (string, error) { return keys.Check(key) }, PerAddress: []string{perAddress.Name}})
 	handler := limits.Handler(perKey, perAddress)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "hello")
 	}))

@@ -74,7 +74,7 @@ type compiledPolicy struct {
 	ratePrefix string
 	limit      string // X-RateLimit-Limit
 	detail     string // 429 detail, up to the retry seconds
-	perAddress bool   // counted per client address (WithPerAddress)
+	perAddress bool   // counted per client address (Config.PerAddress)
 }
 
 func compile(p ratelimit.Policy) compiledPolicy {

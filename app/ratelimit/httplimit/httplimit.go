@@ -14,7 +14,7 @@
 // /64). The prefixes keep the two spaces apart: an API key that looks like
 // an address never shares a counter with that address. The client IP is the
 // direct peer (RemoteAddr) unless the peer is a trusted proxy
-// (WithTrustedProxies); then X-Real-IP is used when it holds an untrusted
+// (Config.TrustedProxies); then X-Real-IP is used when it holds an untrusted
 // address, else the rightmost untrusted hop of X-Forwarded-For. A proxy in
 // front must therefore overwrite X-Real-IP (nginx:
 // proxy_set_header X-Real-IP $remote_addr) and append to X-Forwarded-For
@@ -29,7 +29,7 @@
 // limiter, which takes a request with the id of one it admitted moments
 // before for a proxy's resend and does not count it again. So the id is an
 // idempotency key, and by default the middleware makes a new one for every
-// request. WithTrustedRequestIDs takes it from a trusted proxy's
+// request. Config.TrustedRequestIDs takes it from a trusted proxy's
 // X-Request-Id instead (the proxy must overwrite the client's); an outer
 // middleware can set its own with ContextWithRequestID. Whoever chooses
 // the ids can make two requests count as one: never pass a client's choice
@@ -56,9 +56,9 @@
 //
 // A key the limiter cannot use (ratelimit.ErrInvalidRequest: empty,
 // over-long, control characters; or a cost above the capacity) gets a 400
-// problem; a key refused by the API-key check (WithAPIKeys) a 401 problem. Any other
-// error from the limiter goes to the ErrorHandler. The default fails open
-// and logs at error level: the project's resilient limiter decides locally
+// problem; a key refused by the API-key check (Config.APIKeys) a 401
+// problem. Any other error from the limiter goes to Config.OnError. The
+// default fails open and logs at error level: the project's resilient limiter decides locally
 // when its store is out, so an error reaching the middleware means a
 // misconfiguration (a raw store wired without the resilient layer, an
 // invalid policy), and answering 5xx for it would turn a limiter problem
@@ -93,27 +93,12 @@ const (
 // that is present but refused; the middleware answers 401.
 var ErrInvalidAPIKey = errors.New("invalid API key")
 
-// KeyFunc returns the identity under which policy p counts request r. An
-// error wrapping ErrInvalidAPIKey gets a 401 problem; any other error a 400
-// problem (the key function reads client input). The returned key must be
-// 1 to ratelimit.MaxKeyBytes bytes with no control character, or the
-// request gets a 400. Taking the policy lets
-// one route count per API key under one policy and per IP under another;
-// ClientIP and IPKey are the building blocks.
-type KeyFunc func(r *http.Request, p ratelimit.Policy) (string, error)
-
-// ErrorHandler handles an error from the limiter for policy p (anything but
-// ratelimit.ErrInvalidRequest, which always gets a 400). Returning true
-// proceeds as if p had admitted the request (reported with mode "open");
-// returning false stops, and the handler must have written a response.
-type ErrorHandler func(w http.ResponseWriter, r *http.Request, p ratelimit.Policy, err error) (proceed bool)
-
 // Middleware applies rate-limit policies to HTTP requests. Build it with New;
 // it is safe for concurrent use, and one Middleware can make handlers for
 // any number of routes with Handler.
 type Middleware struct {
 	limiter  ratelimit.Limiter
-	keyFunc  KeyFunc // nil: API key or client IP
+	keyFunc  func(r *http.Request, p ratelimit.Policy) (string, error) // nil: API key or client IP
 	trusted  []netip.Prefix
 	check    func(ctx context.Context, key string) (string, error)
 	perAddr  map[string]bool // policy names counted per client address
@@ -121,100 +106,97 @@ type Middleware struct {
 	debug    bool
 	trustIDs bool // X-Request-Id from a trusted proxy is the request's id
 	logger   *slog.Logger
-	onError  ErrorHandler
+	onError  func(w http.ResponseWriter, r *http.Request, p ratelimit.Policy, err error) bool
 	cost     func(*http.Request) int64
 }
 
-// Option configures a Middleware.
-type Option func(*Middleware)
-
-// WithKeyFunc replaces the default identity (X-API-Key, else client IP). The
-// API-key check (WithAPIKeys) is part of the default identity and is not
-// called for a custom key function.
-func WithKeyFunc(f KeyFunc) Option { return func(m *Middleware) { m.keyFunc = f } }
-
-// WithTrustedProxies sets the networks whose X-Real-IP and X-Forwarded-For
-// headers are believed (invalid prefixes are skipped), and whose
-// X-Request-Id is with WithTrustedRequestIDs. The default is none: the
-// client IP is the direct peer.
-func WithTrustedProxies(prefixes []netip.Prefix) Option {
-	return func(m *Middleware) {
-		m.trusted = make([]netip.Prefix, 0, len(prefixes))
-		for _, p := range prefixes {
-			if p.IsValid() {
-				m.trusted = append(m.trusted, p.Masked())
-			}
-		}
-	}
+// Config configures a Middleware. The zero Config is the default.
+type Config struct {
+	// KeyFunc, when set, returns the identity under which policy p counts
+	// request r, instead of the default identity (X-API-Key, else client
+	// IP; see the package documentation). An error wrapping
+	// ErrInvalidAPIKey gets a 401 problem; any other error a 400 problem
+	// (the key function reads client input). The returned key must be 1 to
+	// ratelimit.MaxKeyBytes bytes with no control character, or the
+	// request gets a 400. Taking the policy lets one route count per API
+	// key under one policy and per IP under another; ClientIP and IPKey
+	// are the building blocks. APIKeys and PerAddress are part of the
+	// default identity and do not apply to a KeyFunc.
+	KeyFunc func(r *http.Request, p ratelimit.Policy) (string, error)
+	// APIKeys checks the X-API-Key header for the default identity: it
+	// returns the identity the key stands for (counted as "k:" + id), or
+	// an error for a key it refuses. A refused key creates no state under
+	// the key: the request counts against the per-address policies only
+	// (PerAddress), and gets a 401 problem, or the 429 of a per-address
+	// policy that refuses it. Without a check every well-formed key is its
+	// own identity, and any client can pick as many identities as it
+	// likes: pair that with a per-address policy.
+	APIKeys func(ctx context.Context, key string) (id string, err error)
+	// PerAddress names the policies that count per client address ("ip:"
+	// + the client IP, see ClientIP) whatever the API key, as a ceiling
+	// over all the keys one address uses. A route's handler decides its
+	// per-address and per-key policies together (in one round trip when
+	// the limiter is a ratelimit.BatchLimiter).
+	PerAddress []string
+	// TrustedProxies are the networks whose X-Real-IP and X-Forwarded-For
+	// headers are believed (invalid prefixes are skipped), and whose
+	// X-Request-Id is with TrustedRequestIDs. The default is none: the
+	// client IP is the direct peer.
+	TrustedProxies []netip.Prefix
+	// TrustedRequestIDs takes a request's id from the X-Request-Id header
+	// when the direct peer is a trusted proxy, instead of generating one
+	// (the default). The limiter counts a request with the id of one
+	// admitted moments before once (a proxy's resend to another instance,
+	// see redisstore.Config.ResendWindow), so turn it on only behind a
+	// proxy that sets the header itself, overwriting whatever the client
+	// sent (nginx: proxy_set_header X-Request-Id $request_id). A proxy that
+	// passes the client's header through would let the client repeat one
+	// id for admissions that are not counted.
+	TrustedRequestIDs bool
+	// Cost returns the units a request takes (default 1; less than 1
+	// counts as 1). A cost above the capacity of any of the route's
+	// policies gets a 400 before any policy counts it.
+	Cost func(*http.Request) int64
+	// OnError handles an error from the limiter for policy p (anything but
+	// ratelimit.ErrInvalidRequest, which always gets a 400). Returning
+	// true proceeds as if p had admitted the request (reported with mode
+	// "open"); returning false stops, and the handler must have written a
+	// response. The default logs and fails open (see the package
+	// documentation).
+	OnError func(w http.ResponseWriter, r *http.Request, p ratelimit.Policy, err error) (proceed bool)
+	// Logger is the middleware's logger (default slog.Default()).
+	Logger *slog.Logger
+	// ServedBy, when set, adds X-Served-By: ServedBy and X-RateLimit-Mode
+	// (what decided: redis, local, open, closed, memory) to every response.
+	ServedBy string
 }
-
-// WithAPIKeys sets the check of the X-API-Key header for the default
-// identity: it returns the identity the key stands for (counted as "k:" +
-// id), or an error for a key it refuses. A refused key creates no state
-// under the key: the request counts against the per-address policies only
-// (WithPerAddress), and gets a 401 problem, or the 429 of a per-address
-// policy that refuses it. Without a check every well-formed key is its own
-// identity, and any client can pick as many identities as it likes: pair
-// that with a per-address policy.
-func WithAPIKeys(check func(ctx context.Context, key string) (id string, err error)) Option {
-	return func(m *Middleware) { m.check = check }
-}
-
-// WithPerAddress names the policies that count per client address
-// ("ip:" + the client IP, see ClientIP) whatever the API key, as a ceiling
-// over all the keys one address uses. A route's handler decides its
-// per-address and per-key policies together (in one round trip when the
-// limiter is a ratelimit.BatchLimiter). It applies to the default identity
-// only: a custom key function chooses every policy's key itself.
-func WithPerAddress(names ...string) Option {
-	return func(m *Middleware) {
-		if m.perAddr == nil {
-			m.perAddr = make(map[string]bool, len(names))
-		}
-		for _, n := range names {
-			m.perAddr[n] = true
-		}
-	}
-}
-
-// WithDebugHeaders adds X-Served-By: instance and X-RateLimit-Mode (what
-// decided: redis, local, open, closed, memory) to every response.
-func WithDebugHeaders(instance string) Option {
-	return func(m *Middleware) { m.debug, m.instance = true, instance }
-}
-
-// WithTrustedRequestIDs takes a request's id from the X-Request-Id header
-// when the direct peer is a trusted proxy (WithTrustedProxies), instead of
-// generating one (the default). The limiter counts a request with the id of
-// one admitted moments before once (a proxy's resend to another instance,
-// see redisstore.WithResendWindow), so turn it on only behind a proxy that
-// sets the header itself, overwriting whatever the client sent (nginx:
-// proxy_set_header X-Request-Id $request_id). A proxy that passes the
-// client's header through would let the client repeat one id for
-// admissions that are not counted.
-func WithTrustedRequestIDs() Option { return func(m *Middleware) { m.trustIDs = true } }
-
-// WithLogger sets the logger (default slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(m *Middleware) { m.logger = l } }
-
-// WithErrorHandler sets what happens when the limiter fails (default: log
-// and fail open; see the package documentation).
-func WithErrorHandler(h ErrorHandler) Option { return func(m *Middleware) { m.onError = h } }
-
-// WithCost sets the units a request takes (default 1; less than 1 counts as
-// 1). A cost above the capacity of any of the route's policies gets a 400
-// before any policy counts it.
-func WithCost(f func(*http.Request) int64) Option { return func(m *Middleware) { m.cost = f } }
 
 // New returns a Middleware deciding through limiter. It panics if limiter is
 // nil.
-func New(limiter ratelimit.Limiter, opts ...Option) *Middleware {
+func New(limiter ratelimit.Limiter, cfg Config) *Middleware {
 	if limiter == nil {
 		panic("httplimit: nil limiter")
 	}
-	m := &Middleware{limiter: limiter}
-	for _, o := range opts {
-		o(m)
+	m := &Middleware{
+		limiter:  limiter,
+		keyFunc:  cfg.KeyFunc,
+		check:    cfg.APIKeys,
+		perAddr:  make(map[string]bool, len(cfg.PerAddress)),
+		trusted:  make([]netip.Prefix, 0, len(cfg.TrustedProxies)),
+		trustIDs: cfg.TrustedRequestIDs,
+		cost:     cfg.Cost,
+		onError:  cfg.OnError,
+		logger:   cfg.Logger,
+		instance: cfg.ServedBy,
+		debug:    cfg.ServedBy != "",
+	}
+	for _, n := range cfg.PerAddress {
+		m.perAddr[n] = true
+	}
+	for _, p := range cfg.TrustedProxies {
+		if p.IsValid() {
+			m.trusted = append(m.trusted, p.Masked())
+		}
 	}
 	if m.logger == nil {
 		m.logger = slog.Default()
@@ -259,7 +241,7 @@ func (m *Middleware) Handler(policies ...ratelimit.Policy) func(http.Handler) ht
 	}
 }
 
-// failOpen is the default ErrorHandler.
+// failOpen is the default Config.OnError.
 func (m *Middleware) failOpen(_ http.ResponseWriter, r *http.Request, p ratelimit.Policy, err error) bool {
 	id, _ := RequestIDFromContext(r.Context())
 	m.logger.LogAttrs(r.Context(), slog.LevelError, "rate limiter failed; failing open",
@@ -411,7 +393,7 @@ type countedKey struct{}
 // Counted reports whether every policy of the route counted the request
 // that the handler serves (ok: the request went through the middleware).
 // It is false when a policy let the request through uncounted: its store
-// failed and the ErrorHandler failed open, or its failure mode is open
+// failed and Config.OnError failed open, or its failure mode is open
 // while the store is out. A handler with side effects can refuse them
 // then.
 func Counted(ctx context.Context) (counted, ok bool) {

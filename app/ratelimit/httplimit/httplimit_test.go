@@ -149,7 +149,7 @@ func TestIdentity(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			lim := allowAll()
-			mw := httplimit.New(lim, httplimit.WithTrustedProxies(trusted))
+			mw := httplimit.New(lim, httplimit.Config{TrustedProxies: trusted})
 			res := serve(mw, newRequest(tt.remote, tt.headers...), gcra)
 			if res.rec.Code != http.StatusOK {
 				t.Fatalf("status = %d, body %s", res.rec.Code, res.rec.Body)
@@ -173,7 +173,7 @@ func TestIdentity(t *testing.T) {
 
 func TestNoTrustedProxiesByDefault(t *testing.T) {
 	lim := allowAll()
-	res := serve(httplimit.New(lim), newRequest("127.0.0.1:1", "X-Real-IP", "203.0.113.9",
+	res := serve(httplimit.New(lim, httplimit.Config{}), newRequest("127.0.0.1:1", "X-Real-IP", "203.0.113.9",
 		"X-Forwarded-For", "203.0.113.9", "X-Request-Id", "from-client"), gcra)
 	if got := lim.DecideCalls()[0].Req.Key; got != "ip:127.0.0.1" {
 		t.Errorf("key = %q, want the peer", got)
@@ -187,30 +187,30 @@ func TestBadKeys(t *testing.T) {
 	tests := []struct {
 		name    string
 		headers []string
-		opts    []httplimit.Option
+		cfg     httplimit.Config
 		limiter ratelimit.Limiter
 		want    int
 	}{
-		{"over-long API key", []string{"X-API-Key", strings.Repeat("a", 255)}, nil, nil, 400},
-		{"control character", []string{"X-API-Key", "a\tb"}, nil, nil, 400},
-		{"empty API key", []string{"X-API-Key", ""}, nil, nil, 400},
-		{"two API keys", []string{"X-API-Key", "a", "X-API-Key", "b"}, nil, nil, 400},
-		{"limiter says invalid", nil, nil, limiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
+		{"over-long API key", []string{"X-API-Key", strings.Repeat("a", 255)}, httplimit.Config{}, nil, 400},
+		{"control character", []string{"X-API-Key", "a\tb"}, httplimit.Config{}, nil, 400},
+		{"empty API key", []string{"X-API-Key", ""}, httplimit.Config{}, nil, 400},
+		{"two API keys", []string{"X-API-Key", "a", "X-API-Key", "b"}, httplimit.Config{}, nil, 400},
+		{"limiter says invalid", nil, httplimit.Config{}, limiterFunc(func(context.Context, ratelimit.Request) (ratelimit.Decision, error) {
 			return ratelimit.Decision{}, fmt.Errorf("store: %w: cost too high", ratelimit.ErrInvalidRequest)
 		}), 400},
-		{"key func error", nil, []httplimit.Option{httplimit.WithKeyFunc(func(*http.Request, ratelimit.Policy) (string, error) {
+		{"key func error", nil, httplimit.Config{KeyFunc: func(*http.Request, ratelimit.Policy) (string, error) {
 			return "", errors.New("no tenant header")
-		})}, nil, 400},
-		{"key func returns unusable key", nil, []httplimit.Option{httplimit.WithKeyFunc(func(*http.Request, ratelimit.Policy) (string, error) {
+		}}, nil, 400},
+		{"key func returns unusable key", nil, httplimit.Config{KeyFunc: func(*http.Request, ratelimit.Policy) (string, error) {
 			return "tenant\x00", nil
-		})}, nil, 400},
-		{"cost above capacity", nil, []httplimit.Option{httplimit.WithCost(func(*http.Request) int64 { return 101 })},
-			memstore.New(), 400},
-		{"key check refuses", []string{"X-API-Key", "stolen"}, []httplimit.Option{httplimit.WithAPIKeys(
-			func(_ context.Context, key string) (string, error) { return "", errors.New("revoked") })}, nil, 401},
-		{"key func says invalid API key", nil, []httplimit.Option{httplimit.WithKeyFunc(func(*http.Request, ratelimit.Policy) (string, error) {
+		}}, nil, 400},
+		{"cost above capacity", nil, httplimit.Config{Cost: func(*http.Request) int64 { return 101 }},
+			memstore.New(memstore.Config{}), 400},
+		{"key check refuses", []string{"X-API-Key", "stolen"}, httplimit.Config{APIKeys: func(_ context.Context, key string) (string, error) { return "", errors.New("revoked") }},
+			nil, 401},
+		{"key func says invalid API key", nil, httplimit.Config{KeyFunc: func(*http.Request, ratelimit.Policy) (string, error) {
 			return "", fmt.Errorf("tenant: %w", httplimit.ErrInvalidAPIKey)
-		})}, nil, 401},
+		}}, nil, 401},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -219,7 +219,7 @@ func TestBadKeys(t *testing.T) {
 			if tt.limiter != nil {
 				lim = tt.limiter
 			}
-			res := serve(httplimit.New(lim, tt.opts...), newRequest("192.0.2.1:1", tt.headers...), gcra)
+			res := serve(httplimit.New(lim, tt.cfg), newRequest("192.0.2.1:1", tt.headers...), gcra)
 			if res.rec.Code != tt.want {
 				t.Fatalf("status = %d, want %d", res.rec.Code, tt.want)
 			}
@@ -245,10 +245,10 @@ func TestBadKeys(t *testing.T) {
 func TestValidatorAcceptsKey(t *testing.T) {
 	var seen string
 	lim := allowAll()
-	mw := httplimit.New(lim, httplimit.WithAPIKeys(func(_ context.Context, key string) (string, error) {
+	mw := httplimit.New(lim, httplimit.Config{APIKeys: func(_ context.Context, key string) (string, error) {
 		seen = key
 		return key, nil
-	}))
+	}})
 	res := serve(mw, newRequest("192.0.2.1:1", "X-API-Key", "good"), gcra)
 	if res.rec.Code != 200 || seen != "good" || lim.DecideCalls()[0].Req.Key != "k:good" {
 		t.Errorf("status %d, check saw %q, key %q", res.rec.Code, seen, lim.DecideCalls()[0].Req.Key)
@@ -307,11 +307,11 @@ func TestHeaders(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			opts := []httplimit.Option{httplimit.WithTrustedProxies(prefixes("127.0.0.1/32")), httplimit.WithTrustedRequestIDs()}
+			cfg := httplimit.Config{TrustedProxies: prefixes("127.0.0.1/32"), TrustedRequestIDs: true}
 			if tt.debug {
-				opts = append(opts, httplimit.WithDebugHeaders("app3"))
+				cfg.ServedBy = "app3"
 			}
-			mw := httplimit.New(scripted(map[string]ratelimit.Decision{tt.policy.Name: tt.d}), opts...)
+			mw := httplimit.New(scripted(map[string]ratelimit.Decision{tt.policy.Name: tt.d}), cfg)
 			res := serve(mw, newRequest("127.0.0.1:1", "X-Request-Id", "nginx-id-1"), tt.policy)
 			if res.rec.Code != tt.status {
 				t.Fatalf("status = %d, want %d", res.rec.Code, tt.status)
@@ -344,30 +344,28 @@ func TestHeaders(t *testing.T) {
 
 func TestRequestID(t *testing.T) {
 	hex32 := regexp.MustCompile(`^[0-9a-f]{32}$`)
-	trustIDs := []httplimit.Option{httplimit.WithTrustedRequestIDs()}
 	tests := []struct {
-		name   string
-		remote string
-		header string
-		opts   []httplimit.Option
-		ctxID  string
-		want   string // "" means generated
+		name     string
+		remote   string
+		header   string
+		trustIDs bool
+		ctxID    string
+		want     string // "" means generated
 	}{
-		{"from trusted proxy", "127.0.0.1:1", "abc-123", trustIDs, "", "abc-123"},
+		{"from trusted proxy", "127.0.0.1:1", "abc-123", true, "", "abc-123"},
 		// Off by default: a proxy that passes the client's header
 		// through must not let the client pick its idempotency key.
-		{"from trusted proxy, not trusted for ids", "127.0.0.1:1", "abc-123", nil, "", ""},
-		{"from untrusted client", "192.0.2.1:1", "abc-123", trustIDs, "", ""},
-		{"odd id from trusted proxy", "127.0.0.1:1", "a b<script>", trustIDs, "", ""},
-		{"over-long id", "127.0.0.1:1", strings.Repeat("a", 129), trustIDs, "", ""},
-		{"absent", "127.0.0.1:1", "", trustIDs, "", ""},
-		{"context wins", "127.0.0.1:1", "abc-123", trustIDs, "outer", "outer"},
+		{"from trusted proxy, not trusted for ids", "127.0.0.1:1", "abc-123", false, "", ""},
+		{"from untrusted client", "192.0.2.1:1", "abc-123", true, "", ""},
+		{"odd id from trusted proxy", "127.0.0.1:1", "a b<script>", true, "", ""},
+		{"over-long id", "127.0.0.1:1", strings.Repeat("a", 129), true, "", ""},
+		{"absent", "127.0.0.1:1", "", true, "", ""},
+		{"context wins", "127.0.0.1:1", "abc-123", true, "outer", "outer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			lim := allowAll()
-			opts := append([]httplimit.Option{httplimit.WithTrustedProxies(prefixes("127.0.0.1/32"))}, tt.opts...)
-			mw := httplimit.New(lim, opts...)
+			mw := httplimit.New(lim, httplimit.Config{TrustedProxies: prefixes("127.0.0.1/32"), TrustedRequestIDs: tt.trustIDs})
 			req := newRequest(tt.remote)
 			if tt.header != "" {
 				req.Header.Set("X-Request-Id", tt.header)
@@ -403,7 +401,7 @@ func TestShadow(t *testing.T) {
 
 	t.Run("alone never refuses", func(t *testing.T) {
 		lim := scripted(map[string]ratelimit.Decision{"gcra-shadow": refuse})
-		res := serve(httplimit.New(lim), newRequest("192.0.2.1:1"), shadow)
+		res := serve(httplimit.New(lim, httplimit.Config{}), newRequest("192.0.2.1:1"), shadow)
 		if res.rec.Code != 200 || !res.next {
 			t.Fatalf("status = %d, next %v", res.rec.Code, res.next)
 		}
@@ -417,7 +415,7 @@ func TestShadow(t *testing.T) {
 	})
 	t.Run("beside an enforced policy the headers are the enforced one's", func(t *testing.T) {
 		lim := scripted(map[string]ratelimit.Decision{"gcra-shadow": refuse, "per-ip": admit})
-		res := serve(httplimit.New(lim), newRequest("192.0.2.1:1"), shadow, perIP)
+		res := serve(httplimit.New(lim, httplimit.Config{}), newRequest("192.0.2.1:1"), shadow, perIP)
 		if res.rec.Code != 200 || !res.next {
 			t.Fatalf("status = %d", res.rec.Code)
 		}
@@ -467,7 +465,7 @@ func TestMultiPolicy(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			lim := scripted(map[string]ratelimit.Decision{"gcra": tt.gcra, "per-ip": tt.ip})
-			res := serve(httplimit.New(lim), newRequest("192.0.2.1:1"), gcra, perIP)
+			res := serve(httplimit.New(lim, httplimit.Config{}), newRequest("192.0.2.1:1"), gcra, perIP)
 			if res.rec.Code != tt.status {
 				t.Fatalf("status = %d, want %d", res.rec.Code, tt.status)
 			}
@@ -501,12 +499,12 @@ func TestMultiPolicy(t *testing.T) {
 func TestPerPolicyIdentity(t *testing.T) {
 	trusted := prefixes("127.0.0.1/32")
 	lim := allowAll()
-	mw := httplimit.New(lim, httplimit.WithKeyFunc(func(r *http.Request, p ratelimit.Policy) (string, error) {
+	mw := httplimit.New(lim, httplimit.Config{KeyFunc: func(r *http.Request, p ratelimit.Policy) (string, error) {
 		if p.Name == "per-ip" {
 			return httplimit.IPKey(httplimit.ClientIP(r, trusted)), nil
 		}
 		return httplimit.APIKeyPrefix + r.Header.Get("X-API-Key"), nil
-	}))
+	}})
 	serve(mw, newRequest("127.0.0.1:1", "X-API-Key", "abc", "X-Real-IP", "203.0.113.9"), gcra, perIP)
 	calls := lim.DecideCalls()
 	if len(calls) != 2 || calls[0].Req.Key != "k:abc" || calls[1].Req.Key != "ip:203.0.113.9" {
@@ -519,7 +517,7 @@ func TestLimiterErrors(t *testing.T) {
 		return ratelimit.Decision{}, fmt.Errorf("redisstore: %w: dial tcp: refused", ratelimit.ErrUnavailable)
 	})
 	t.Run("default fails open", func(t *testing.T) {
-		res := serve(httplimit.New(failing, httplimit.WithDebugHeaders("app1")), newRequest("192.0.2.1:1"), gcra)
+		res := serve(httplimit.New(failing, httplimit.Config{ServedBy: "app1"}), newRequest("192.0.2.1:1"), gcra)
 		if res.rec.Code != 200 || !res.next {
 			t.Fatalf("status = %d", res.rec.Code)
 		}
@@ -530,11 +528,11 @@ func TestLimiterErrors(t *testing.T) {
 	})
 	t.Run("custom handler answers", func(t *testing.T) {
 		var gotErr error
-		mw := httplimit.New(failing, httplimit.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, _ ratelimit.Policy, err error) bool {
+		mw := httplimit.New(failing, httplimit.Config{OnError: func(w http.ResponseWriter, _ *http.Request, _ ratelimit.Policy, err error) bool {
 			gotErr = err
 			w.WriteHeader(http.StatusTooManyRequests)
 			return false
-		}))
+		}})
 		res := serve(mw, newRequest("192.0.2.1:1"), gcra)
 		if res.rec.Code != 429 || res.next || !errors.Is(gotErr, ratelimit.ErrUnavailable) {
 			t.Errorf("status %d, next %v, err %v", res.rec.Code, res.next, gotErr)
@@ -546,9 +544,9 @@ func TestLimiterErrors(t *testing.T) {
 // fixed clock.
 func TestMemstore(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	lim := memstore.New(memstore.WithClock(func() time.Time { return now }))
+	lim := memstore.New(memstore.Config{Clock: func() time.Time { return now }})
 	policy := ratelimit.Policy{Name: "tb", Algorithm: ratelimit.TokenBucket, Limit: 2, Window: 10 * time.Second}
-	mw := httplimit.New(lim, httplimit.WithDebugHeaders("solo"))
+	mw := httplimit.New(lim, httplimit.Config{ServedBy: "solo"})
 	want := []struct {
 		status    int
 		rateLimit string
@@ -571,14 +569,14 @@ func TestMemstore(t *testing.T) {
 		t.Errorf("other client: %d", res.rec.Code)
 	}
 	// Cost 2 takes the whole bucket at once.
-	mwCost := httplimit.New(lim, httplimit.WithCost(func(*http.Request) int64 { return 2 }))
+	mwCost := httplimit.New(lim, httplimit.Config{Cost: func(*http.Request) int64 { return 2 }})
 	if res := serve(mwCost, newRequest("192.0.2.3:1"), policy); res.rec.Code != 200 || res.rec.Header().Get("X-RateLimit-Remaining") != "0" {
 		t.Errorf("cost 2: %d %v", res.rec.Code, res.rec.Header())
 	}
 }
 
 func TestHandlerPanicsOnBadPolicies(t *testing.T) {
-	mw := httplimit.New(allowAll())
+	mw := httplimit.New(allowAll(), httplimit.Config{})
 	for name, policies := range map[string][]ratelimit.Policy{
 		"none":      nil,
 		"invalid":   {{Name: "x", Algorithm: ratelimit.GCRA, Limit: 0, Window: time.Second}},
@@ -599,7 +597,7 @@ func TestHandlerPanicsOnBadPolicies(t *testing.T) {
 // admit before any policy counts it.
 func TestCostAboveOneCapacity(t *testing.T) {
 	lim := allowAll()
-	mw := httplimit.New(lim, httplimit.WithCost(func(*http.Request) int64 { return 150 }))
+	mw := httplimit.New(lim, httplimit.Config{Cost: func(*http.Request) int64 { return 150 }})
 	res := serve(mw, newRequest("192.0.2.1:1"), perIP, gcra) // capacities 1000 and 100
 	if res.rec.Code != 400 || len(lim.DecideCalls()) != 0 {
 		t.Errorf("status %d after %d decisions", res.rec.Code, len(lim.DecideCalls()))
@@ -631,8 +629,8 @@ func (b *batchRecorder) DecideBatch(ctx context.Context, reqs []ratelimit.Reques
 func TestPerAddressCeiling(t *testing.T) {
 	perKey := ratelimit.Policy{Name: "per-key", Algorithm: ratelimit.GCRA, Limit: 5, Window: time.Minute}
 	ceiling := ratelimit.Policy{Name: "per-address", Algorithm: ratelimit.SlidingWindowCounter, Limit: 20, Window: time.Minute}
-	lim := &batchRecorder{Limiter: memstore.New()}
-	mw := httplimit.New(lim, httplimit.WithPerAddress("per-address"))
+	lim := &batchRecorder{Limiter: memstore.New(memstore.Config{})}
+	mw := httplimit.New(lim, httplimit.Config{PerAddress: []string{"per-address"}})
 	admitted := 0
 	for i := range 100 {
 		res := serve(mw, newRequest("192.0.2.7:1", "X-API-Key", fmt.Sprintf("key-%d", i)), perKey, ceiling)
@@ -681,7 +679,7 @@ func TestCheckedAPIKeys(t *testing.T) {
 	perKey := ratelimit.Policy{Name: "per-key", Algorithm: ratelimit.GCRA, Limit: 5, Window: time.Minute}
 	ceiling := ratelimit.Policy{Name: "per-address", Algorithm: ratelimit.SlidingWindowCounter, Limit: 8, Window: time.Minute}
 	var seen []ratelimit.Request
-	inner := memstore.New()
+	inner := memstore.New(memstore.Config{})
 	lim := limiterFunc(func(ctx context.Context, r ratelimit.Request) (ratelimit.Decision, error) {
 		seen = append(seen, r)
 		return inner.Decide(ctx, r)
@@ -692,7 +690,7 @@ func TestCheckedAPIKeys(t *testing.T) {
 		}
 		return "", errors.New("bad signature")
 	}
-	mw := httplimit.New(lim, httplimit.WithAPIKeys(check), httplimit.WithPerAddress("per-address"))
+	mw := httplimit.New(lim, httplimit.Config{APIKeys: check, PerAddress: []string{"per-address"}})
 
 	res := serve(mw, newRequest("192.0.2.1:1", "X-API-Key", "alice.good"), perKey, ceiling)
 	if res.rec.Code != 200 || seen[0].Key != "k:alice" {
@@ -740,10 +738,10 @@ func TestClientGoneRunsNoHandler(t *testing.T) {
 				return ratelimit.Decision{}, fmt.Errorf("redisstore: %w", ctx.Err())
 			})
 			asked := false
-			mw := httplimit.New(lim, httplimit.WithErrorHandler(func(http.ResponseWriter, *http.Request, ratelimit.Policy, error) bool {
+			mw := httplimit.New(lim, httplimit.Config{OnError: func(http.ResponseWriter, *http.Request, ratelimit.Policy, error) bool {
 				asked = true
 				return true
-			}))
+			}})
 			res := serve(mw, newRequest("192.0.2.1:1").WithContext(ctx), gcra, perIP)
 			if res.next || asked {
 				t.Fatalf("handler ran %v, error handler asked %v: want neither", res.next, asked)
@@ -771,7 +769,7 @@ func TestCounted(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var counted, ok bool
-			h := httplimit.New(c.lim).Handler(gcra)(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+			h := httplimit.New(c.lim, httplimit.Config{}).Handler(gcra)(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
 				counted, ok = httplimit.Counted(r.Context())
 			}))
 			h.ServeHTTP(httptest.NewRecorder(), newRequest("192.0.2.1:1"))

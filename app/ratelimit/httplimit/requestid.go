@@ -10,7 +10,7 @@ import (
 
 // RequestID returns the id the middleware uses for r: the one in r's
 // context, else X-Request-Id from a trusted proxy (with
-// WithTrustedRequestIDs), else a new random one. A service can call it in
+// Config.TrustedRequestIDs), else a new random one. A service can call it in
 // an outer middleware, store the id with ContextWithRequestID and log with
 // it.
 func (m *Middleware) RequestID(r *http.Request) string {

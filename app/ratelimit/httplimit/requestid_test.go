@@ -13,7 +13,7 @@ import (
 )
 
 // TestRepeatedRequestID sends requests with one X-Request-Id through the
-// middleware to a real Redis: only with WithTrustedRequestIDs, and only from
+// middleware to a real Redis: only with Config.TrustedRequestIDs, and only from
 // a trusted proxy, does a repeat within the resend window go uncounted (a
 // proxy's resend); after the window it counts again. Without the option the
 // header is ignored and every request counts.
@@ -22,23 +22,23 @@ func TestRepeatedRequestID(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
 	now := time.Now()
-	rs := redisstore.New(c, redisstore.WithResendWindow(2*time.Second), redisstore.WithClock(func() time.Time { return now }))
+	rs := redisstore.New(c, redisstore.Config{ResendWindow: 2 * time.Second, Clock: func() time.Time { return now }})
 	tests := []struct {
 		name   string
 		remote string
-		opts   []httplimit.Option
+		trust  bool
 		// the remaining count after each request; the last one comes
 		// 3 s after the others, past the window
 		want []string
 	}{
-		{"trusted ids from a trusted proxy", "127.0.0.1:1", []httplimit.Option{httplimit.WithTrustedRequestIDs()}, []string{"9", "9", "9", "8"}},
-		{"ids not trusted (the default)", "127.0.0.1:1", nil, []string{"9", "8", "7", "6"}},
-		{"trusted ids from an untrusted client", "192.0.2.1:1", []httplimit.Option{httplimit.WithTrustedRequestIDs()}, []string{"9", "8", "7", "6"}},
+		{"trusted ids from a trusted proxy", "127.0.0.1:1", true, []string{"9", "9", "9", "8"}},
+		{"ids not trusted (the default)", "127.0.0.1:1", false, []string{"9", "8", "7", "6"}},
+		{"trusted ids from an untrusted client", "192.0.2.1:1", true, []string{"9", "8", "7", "6"}},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := ratelimit.Policy{Name: "ids-" + string(rune('a'+i)), Algorithm: ratelimit.SlidingWindowCounter, Limit: 10, Window: time.Hour}
-			mw := httplimit.New(rs, append([]httplimit.Option{httplimit.WithTrustedProxies(prefixes("127.0.0.1/32"))}, tt.opts...)...)
+			mw := httplimit.New(rs, httplimit.Config{TrustedProxies: prefixes("127.0.0.1/32"), TrustedRequestIDs: tt.trust})
 			for j, want := range tt.want {
 				if j == len(tt.want)-1 {
 					now = now.Add(3 * time.Second)

@@ -24,7 +24,7 @@ import (
 func Example() {
 	client := redis.NewClient(&redis.Options{Addr: os.Getenv("RL_REDIS_ADDR")})
 	defer client.Close()
-	res, err := resilient.New(redisstore.New(client), resilient.Config{Instance: "api-1", JournalDir: os.Getenv("RL_JOURNAL_DIR")})
+	res, err := resilient.New(redisstore.New(client, redisstore.Config{}), resilient.Config{Instance: "api-1", JournalDir: os.Getenv("RL_JOURNAL_DIR")})
 	if err != nil {
 		log.Fatal(err)
 	}

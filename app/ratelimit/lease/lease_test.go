@@ -36,7 +36,7 @@ func startInstance(t *testing.T, addr, name string) *instance {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := resilient.New(redisstore.New(c, redisstore.WithReplayClient(rc)), resilient.Config{
+	res, err := resilient.New(redisstore.New(c, redisstore.Config{ReplayClient: rc}), resilient.Config{
 		Instance: name, Timeout: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond,
 		HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 500 * time.Millisecond,
 		LeaseGrace: 10 * time.Second, ExpectedInstances: instances,
@@ -383,7 +383,7 @@ func TestRefundAtTheDrawsWeight(t *testing.T) {
 	defer c.Close()
 	// Read at 1/1 straight from Redis (a resilient limiter would read at
 	// its weight).
-	rd, err := redisstore.New(c).Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ReadOnly: true})
+	rd, err := redisstore.New(c, redisstore.Config{}).Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +440,7 @@ func TestResetEndsTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	rd, err := redisstore.New(c).Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ReadOnly: true})
+	rd, err := redisstore.New(c, redisstore.Config{}).Decide(ctx, ratelimit.Request{Policy: p, Key: "k", ReadOnly: true})
 	if err != nil || rd.Remaining != 999 {
 		t.Fatalf("Redis after the reset: %+v %v; want 999 left (the one request since), no old units given back", rd, err)
 	}

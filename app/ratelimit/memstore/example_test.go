@@ -16,7 +16,7 @@ import (
 // on a clock the example moves.
 func Example() {
 	now := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
-	limiter := memstore.New(memstore.WithCapacity(10_000), memstore.WithClock(func() time.Time { return now }))
+	limiter := memstore.New(memstore.Config{Capacity: 10_000, Clock: func() time.Time { return now }})
 
 	upload := ratelimit.Policy{Name: "upload", Algorithm: ratelimit.TokenBucket, Limit: 1, Window: time.Second, Burst: 2}
 	decide := func() {
@@ -42,9 +42,9 @@ func Example() {
 // One instance, without Redis: the middleware over the in-memory store,
 // a GCRA of 100 requests per 10 s per client address.
 func Example_middleware() {
-	limiter := memstore.New()
+	limiter := memstore.New(memstore.Config{})
 	policy := ratelimit.Policy{Name: "api", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second}
-	limits := httplimit.New(limiter)
+	limits := httplimit.New(limiter, httplimit.Config{})
 	mux := http.NewServeMux()
 	mux.Handle("/api/", limits.Handler(policy)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "hello")

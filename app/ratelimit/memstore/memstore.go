@@ -7,6 +7,7 @@
 package memstore
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -51,27 +52,23 @@ type entry struct {
 	markers []string // replay batches applied to this key
 }
 
-// Option configures a Store.
-type Option func(*Store)
-
-// WithCapacity bounds the number of keys held (defaultCapacity); the least
-// recently used key is evicted beyond it, and starts again from a full
-// quota when seen next.
-func WithCapacity(n int) Option {
-	return func(l *Store) { l.capacity = n }
+// Config configures a Store. The zero Config is the default.
+type Config struct {
+	// Capacity bounds the number of keys held (default 100 000); the
+	// least recently used key is evicted beyond it, and starts again from
+	// a full quota when seen next.
+	Capacity int
+	// Clock is the time decisions are made at (default time.Now; tests
+	// move time by passing a func).
+	Clock func() time.Time
 }
 
-// WithClock sets the clock (tests move time by passing a func).
-func WithClock(now func() time.Time) Option {
-	return func(l *Store) { l.now = now }
-}
-
-// New returns an in-memory limiter. It panics only on an invalid capacity
-// (n <= 0), which is a programming error.
-func New(opts ...Option) *Store {
-	l := &Store{now: time.Now, seeds: statekey.NewSeeds(), capacity: defaultCapacity}
-	for _, o := range opts {
-		o(l)
+// New returns an in-memory limiter. It panics on a negative capacity,
+// which is a programming error.
+func New(cfg Config) *Store {
+	l := &Store{now: cfg.Clock, seeds: statekey.NewSeeds(), capacity: cmp.Or(cfg.Capacity, defaultCapacity)}
+	if l.now == nil {
+		l.now = time.Now
 	}
 	keys, err := simplelru.NewLRU[statekey.Key, *entry](l.capacity, func(statekey.Key, *entry) { l.evictions.Add(1) })
 	if err != nil {
@@ -125,15 +122,13 @@ func (l *Store) decideAt(key statekey.Key, p ratelimit.Policy, now, cost int64, 
 	return d
 }
 
-// Len returns the number of keys held.
-func (l *Store) Len() int {
+// Stats returns the number of keys held and how many keys were evicted so
+// far to stay within the capacity.
+func (l *Store) Stats() (keys int, evictions uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.keys.Len()
+	return l.keys.Len(), l.evictions.Load()
 }
-
-// Evictions returns how many keys were evicted to stay within the capacity.
-func (l *Store) Evictions() uint64 { return l.evictions.Load() }
 
 // maxMarkers bounds the replay markers remembered per key.
 const maxMarkers = 16

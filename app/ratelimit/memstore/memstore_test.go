@@ -19,13 +19,13 @@ func TestConformance(t *testing.T) {
 	conformance.Run(t, ratelimit.ModeMemory, func(t *testing.T) ratelimit.Limiter { return shared })
 }
 
-var shared = memstore.New()
+var shared = memstore.New(memstore.Config{})
 
 func TestVectors(t *testing.T) {
 	for _, c := range vectors.All() {
 		t.Run(c.Name, func(t *testing.T) {
 			var now int64
-			l := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+			l := memstore.New(memstore.Config{Clock: func() time.Time { return time.UnixMicro(now) }})
 			wire := contract.Extension(l).(contract.Decider)
 			for i, s := range c.Steps {
 				now = vectors.T0 + s.At
@@ -46,7 +46,7 @@ func TestVectors(t *testing.T) {
 }
 
 func TestCapacityEvictsLeastRecentlyUsed(t *testing.T) {
-	l := memstore.New(memstore.WithCapacity(2))
+	l := memstore.New(memstore.Config{Capacity: 2})
 	p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.GCRA, Limit: 1, Window: time.Hour}
 	ctx := context.Background()
 	for _, k := range []string{"a", "b", "a", "c"} { // "b" is evicted by "c"
@@ -54,8 +54,8 @@ func TestCapacityEvictsLeastRecentlyUsed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if l.Len() != 2 || l.Evictions() != 1 {
-		t.Fatalf("len %d evictions %d, want 2 and 1", l.Len(), l.Evictions())
+	if n, ev := l.Stats(); n != 2 || ev != 1 {
+		t.Fatalf("len %d evictions %d, want 2 and 1", n, ev)
 	}
 	if d, _ := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "a"}); d.Allowed {
 		t.Fatal("a was kept and spent: want refused")
@@ -68,7 +68,7 @@ func TestCapacityEvictsLeastRecentlyUsed(t *testing.T) {
 func BenchmarkDecide(b *testing.B) {
 	for _, alg := range contract.Algorithms {
 		b.Run(string(alg), func(b *testing.B) {
-			l := memstore.New()
+			l := memstore.New(memstore.Config{})
 			p := ratelimit.Policy{Name: "bench", Algorithm: alg, Limit: 1000, Window: time.Second}
 			req := ratelimit.Request{Policy: p, Key: "client-1"}
 			ctx := context.Background()
@@ -83,7 +83,7 @@ func BenchmarkDecide(b *testing.B) {
 }
 
 func TestReset(t *testing.T) {
-	l := memstore.New()
+	l := memstore.New(memstore.Config{})
 	ctx := context.Background()
 	a := ratelimit.Policy{Name: "a", Algorithm: ratelimit.SlidingWindowLog, Limit: 1, Window: time.Hour}
 	b := ratelimit.Policy{Name: "b", Algorithm: ratelimit.GCRA, Limit: 1, Window: time.Hour}
@@ -109,7 +109,7 @@ func TestReset(t *testing.T) {
 	if err := l.Reset(ctx, "", a); !errors.Is(err, ratelimit.ErrInvalidRequest) {
 		t.Errorf("empty identity: %v", err)
 	}
-	if l.Evictions() != 0 {
-		t.Errorf("a reset counted as %d evictions", l.Evictions())
+	if _, ev := l.Stats(); ev != 0 {
+		t.Errorf("a reset counted as %d evictions", ev)
 	}
 }

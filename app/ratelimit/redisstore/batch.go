@@ -215,16 +215,16 @@ func (l *Store) pipeline(ctx context.Context, reqs []contract.Request) ([]contra
 			d, err := c.reply(n, req.Policy.Algorithm)
 			if err != nil {
 				errs[i] = classify(ctx, err)
-				if l.hooks.OnError != nil {
-					l.hooks.OnError(req.Request, errs[i], latency)
+				if l.onError != nil {
+					l.onError(req.Request, errs[i], latency)
 				}
 				continue
 			}
 			d.Limit = req.Policy.Capacity()
 			d.Mode = ratelimit.ModeRedis
 			ds[i] = d
-			if l.hooks.OnDecision != nil {
-				l.hooks.OnDecision(req.Request, d.Decision, latency)
+			if l.onDecision != nil {
+				l.onDecision(req.Request, d.Decision, latency)
 			}
 		}
 	}

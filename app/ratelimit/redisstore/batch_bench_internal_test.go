@@ -93,7 +93,7 @@ func BenchmarkScriptCPU(b *testing.B) {
 			b.Run(fmt.Sprint(alg, "/calls=", mode), func(b *testing.B) {
 				c := redis.NewClient(srv.Options())
 				defer c.Close()
-				l := New(c)
+				l := New(c, Config{})
 				if err := l.Ping(context.Background()); err != nil {
 					b.Fatal(err)
 				}
@@ -177,7 +177,7 @@ func BenchmarkScriptParts(b *testing.B) {
 			ctx := context.Background()
 			c := redis.NewClient(srv.Options())
 			defer c.Close()
-			l := New(c)
+			l := New(c, Config{})
 			script := redis.NewScript(part.src)
 			if err := script.Load(ctx, c).Err(); err != nil {
 				b.Fatal(err)

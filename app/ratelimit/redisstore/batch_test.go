@@ -83,9 +83,9 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
 	var now int64
-	clock := redisstore.WithClock(func() time.Time { return time.UnixMicro(now) })
-	batched := redisstore.New(c, clock, redisstore.WithPrefix("batch"))
-	alone := redisstore.New(newClient(t, srv.Addr()), clock, redisstore.WithPrefix("alone"))
+	clock := func() time.Time { return time.UnixMicro(now) }
+	batched := redisstore.New(c, redisstore.Config{Clock: clock, Prefix: "batch"})
+	alone := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{Clock: clock, Prefix: "alone"})
 	if err := batched.Ping(context.Background()); err != nil { // loads the library, as a start does
 		t.Fatal(err)
 	}
@@ -123,12 +123,12 @@ func TestBatchDecidesAsOneByOne(t *testing.T) {
 func TestBatchDecidesAsOneByOneOnCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	var now int64
-	clock := redisstore.WithClock(func() time.Time { return time.UnixMicro(now) })
+	clock := func() time.Time { return time.UnixMicro(now) }
 	cc := cl.Client()
-	batched := redisstore.New(cc, clock, redisstore.WithPrefix("batch"))
+	batched := redisstore.New(cc, redisstore.Config{Clock: clock, Prefix: "batch"})
 	oc := redis.NewClusterClient(cl.ClusterOptions())
 	t.Cleanup(func() { _ = oc.Close() })
-	alone := redisstore.New(oc, clock, redisstore.WithPrefix("alone"))
+	alone := redisstore.New(oc, redisstore.Config{Clock: clock, Prefix: "alone"})
 	calls := func() int64 {
 		var n int64
 		for _, s := range cl.Nodes() {
@@ -167,7 +167,7 @@ func TestBatchDecidesAsOneByOneOnCluster(t *testing.T) {
 func TestBatchCorruptKeyFailsAlone(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	ctx := context.Background()
 	var reqs []contract.Request
 	for _, alg := range contract.Algorithms {
@@ -218,7 +218,7 @@ func TestVectorsInBatches(t *testing.T) {
 	for i, vc := range vectors.All() {
 		t.Run(vc.Name, func(t *testing.T) {
 			var now int64
-			l := redisstore.New(c, redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+			l := redisstore.New(c, redisstore.Config{Clock: func() time.Time { return time.UnixMicro(now) }})
 			key := fmt.Sprintf("vector-%d", i)
 			other := ratelimit.Policy{Name: "other", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: time.Second}
 			if vc.Policy.Algorithm == other.Algorithm {
@@ -250,11 +250,11 @@ func TestVectorsInBatches(t *testing.T) {
 func TestBatchOnOneClusterNode(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	p := ratelimit.Policy{Name: "one-node", Algorithm: ratelimit.GCRA, Limit: 2, Window: time.Minute}
-	probe := redisstore.New(cl.Client())
+	probe := redisstore.New(cl.Client(), redisstore.Config{})
 	node := cl.MasterFor(probe.Key(p, "id-0"))
 	c := redis.NewClient(&redis.Options{Addr: node.Addr(), DisableIdentity: true})
 	t.Cleanup(func() { _ = c.Close() })
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	var reqs []contract.Request
 	slots := map[int64]bool{}
 	for i := 0; len(reqs) < 6 && i < 1000; i++ {

@@ -11,37 +11,12 @@ import (
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
 )
 
-// WithCoalescing makes concurrent decisions share pipelines, so that many
-// callers cost Redis a few round trips instead of one each. A call that
-// finds fewer than n pipelines in flight sends at once, taking along
-// whatever calls are queued: a lone caller waits for nothing. Otherwise it
-// queues, and the next pipeline to finish sends the whole queue. Each call
-// keeps its own deadline (a call whose context ended before its pipeline
-// left is not sent; one that ends while its pipeline is out returns then,
-// and the pipeline goes on for the others) and gets the answers it would
-// get alone. n <= 0 turns coalescing off (the default: one round trip per
-// call). A pipeline's requests go as one batch script call per Redis node
-// (batch.go); on a Cluster, one per hash slot, and go-redis splits the
-// pipeline per node.
-//
-// When Redis is slow, waiting for a pipeline to come back before sending
-// costs each call a second round trip: a call that finds the n pipelines in
-// flight, the latest of them sent more than a tenth of the store's timeout
-// ago (at least 2 ms), sends one more, up to 16 × n (TestSlowPipelinesDoNotQueue).
-func WithCoalescing(n int) Option {
-	return func(l *Store) {
-		if n > 0 {
-			l.co = &coalescer{max: n, send: l.pipeline, timeout: l.timeout}
-		}
-	}
-}
-
 // OnLate makes the store report what becomes of every decision whose caller
 // stopped waiting before its answer came (see contract.LateReply): fn is
 // called once for each such request, from the goroutine that read the
 // pipeline, as soon as its fate is known: the reply itself when it comes
 // within window after the caller's deadline, else an error. It needs
-// coalescing (WithCoalescing), and a client whose read timeout allows the
+// coalescing (Config.Coalescing), and a client whose read timeout allows the
 // window (ClientConfig.LateReplies); without coalescing it does nothing and
 // reports false. Call it before the first decision.
 //
@@ -76,7 +51,7 @@ type coalescer struct {
 }
 
 // patience is how long after the latest pipeline left a call still waits
-// for a slot instead of sending another pipeline (see WithCoalescing).
+// for a slot instead of sending another pipeline (see Config.Coalescing).
 func (c *coalescer) patience() time.Duration { return max(2*time.Millisecond, c.timeout/10) }
 
 // slotLocked reports whether a call may send a pipeline now, taking the

@@ -34,7 +34,7 @@ func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 func TestCoalescedConformance(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	conformance.Run(t, ratelimit.ModeRedis, func(t *testing.T) ratelimit.Limiter {
-		return redisstore.New(newClient(t, srv.Addr()), redisstore.WithCoalescing(2))
+		return redisstore.New(newClient(t, srv.Addr()), redisstore.Config{Coalescing: 2})
 	})
 }
 
@@ -52,7 +52,7 @@ func TestCoalescing(t *testing.T) {
 			for range 4 {
 				c := newClient(t, srv.Addr())
 				c.AddHook(&rt)
-				ls = append(ls, redisstore.New(c, redisstore.WithCoalescing(2), redisstore.WithTimeout(5*time.Second)))
+				ls = append(ls, redisstore.New(c, redisstore.Config{Coalescing: 2, Timeout: 5 * time.Second}))
 			}
 			const calls = 2000
 			var admitted atomic.Int64
@@ -92,7 +92,7 @@ func TestCoalescingLoneCaller(t *testing.T) {
 	var rt roundTrips
 	c := newClient(t, srv.Addr())
 	c.AddHook(&rt)
-	l := redisstore.New(c, redisstore.WithCoalescing(2))
+	l := redisstore.New(c, redisstore.Config{Coalescing: 2})
 	p := ratelimit.Policy{Name: "lone", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}
 	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"}); err != nil {
 		t.Fatal(err) // loads the script
@@ -127,7 +127,7 @@ func TestCoalescingLoneCaller(t *testing.T) {
 func TestBatchAfterFunctionFlushLoadsOnce(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	ctx := context.Background()
 	p := ratelimit.Policy{Name: "flush", Algorithm: ratelimit.SlidingWindowLog, Limit: 30, Window: time.Hour}
 	warm := []ratelimit.Request{{Policy: p, Key: "warm"}, {Policy: p, Key: "warm"}}
@@ -170,7 +170,7 @@ func TestBatchAfterFunctionFlushLoadsOnce(t *testing.T) {
 func TestPingLoadsScripts(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	ctx := context.Background()
 	if err := c.FunctionFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -199,7 +199,7 @@ func TestPingLoadsScripts(t *testing.T) {
 func TestLoadLibraryKeepsLoaded(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	ctx := context.Background()
 	for i := range 3 {
 		if err := l.Ping(ctx); err != nil {
@@ -233,7 +233,7 @@ func TestCoalescedCallKeepsItsDeadline(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	// One pipeline in flight at a time: calls made meanwhile queue for the
 	// next one.
-	l := redisstore.New(c, redisstore.WithCoalescing(1), redisstore.WithTimeout(5*time.Second))
+	l := redisstore.New(c, redisstore.Config{Coalescing: 1, Timeout: 5 * time.Second})
 	p := ratelimit.Policy{Name: "deadline", Algorithm: ratelimit.GCRA, Limit: 100, Window: time.Second}
 	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
 		t.Fatal(err) // loads the script
@@ -282,7 +282,7 @@ func TestLateRepliesAccountForEveryDecision(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	l := redisstore.New(client, redisstore.WithCoalescing(2), redisstore.WithTimeout(time.Second))
+	l := redisstore.New(client, redisstore.Config{Coalescing: 2, Timeout: time.Second})
 	var (
 		mu          sync.Mutex
 		late        = map[string]int{}
@@ -389,7 +389,7 @@ func (f *inFlight) around(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // TestSlowPipelinesDoNotQueue: with Redis answering in 40 ms, calls that
-// find the one pipeline of WithCoalescing(1) in flight for longer than its
+// find the one pipeline of Coalescing 1 in flight for longer than its
 // patience send pipelines of their own, instead of each waiting a second
 // round trip (past a 50 ms deadline, every call of a slow Redis timed out).
 func TestSlowPipelinesDoNotQueue(t *testing.T) {
@@ -402,7 +402,7 @@ func TestSlowPipelinesDoNotQueue(t *testing.T) {
 	var f inFlight
 	c.AddHook(&f)
 	// Patience: a tenth of the 100 ms timeout.
-	l := redisstore.New(c, redisstore.WithCoalescing(1), redisstore.WithTimeout(100*time.Millisecond))
+	l := redisstore.New(c, redisstore.Config{Coalescing: 1, Timeout: 100 * time.Millisecond})
 	p := ratelimit.Policy{Name: "slow", Algorithm: ratelimit.GCRA, Limit: 1000, Window: time.Second}
 	if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
 		t.Fatal(err)

@@ -38,7 +38,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 			o.PoolSize = 128
 			c := redis.NewClient(o)
 			defer c.Close()
-			l := redisstore.New(c, redisstore.WithCoalescing(4), redisstore.WithTimeout(time.Second))
+			l := redisstore.New(c, redisstore.Config{Coalescing: 4, Timeout: time.Second})
 			p := ratelimit.Policy{Name: "cpu", Algorithm: alg, Limit: 1_000_000, Window: time.Second}
 			ctx := context.Background()
 			if _, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: "warm"}); err != nil {

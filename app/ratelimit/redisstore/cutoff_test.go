@@ -16,7 +16,7 @@ import (
 func TestCutoffIsTheFirstRecoveryCall(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	ctx := context.Background()
-	var a, b contract.Cutoff = redisstore.New(newClient(t, srv.Addr())).Ext(), redisstore.New(newClient(t, srv.Addr())).Ext()
+	var a, b contract.Cutoff = redisstore.New(newClient(t, srv.Addr()), redisstore.Config{}).Ext(), redisstore.New(newClient(t, srv.Addr()), redisstore.Config{}).Ext()
 
 	first, now, err := a.Cutoff(ctx, 1)
 	if err != nil {

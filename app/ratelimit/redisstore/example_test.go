@@ -21,7 +21,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer client.Close()
-	backend := redisstore.New(client)
+	backend := redisstore.New(client, redisstore.Config{})
 
 	ctx := context.Background()
 	login := ratelimit.Policy{Name: "login", Algorithm: ratelimit.SlidingWindowLog, Limit: 2, Window: time.Minute}

@@ -15,7 +15,7 @@ import (
 // are unchanged).
 func BenchmarkHeartbeat(b *testing.B) {
 	srv := redistest.StartServer(b, redistest.ServerOptions{})
-	l := redisstore.New(newClient(b, srv.Addr()))
+	l := redisstore.New(newClient(b, srv.Addr()), redisstore.Config{})
 	ctx := context.Background()
 	for b.Loop() {
 		if _, err := l.Heartbeat(ctx, "bench", time.Second, 10*time.Second); err != nil {

@@ -20,7 +20,7 @@ func TestHoldCountsUnitsFromTheEndOfTheHold(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	ctx := context.Background()
 	now := time.Unix(1_700_000_000, 0)
-	l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return now }))
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{Clock: func() time.Time { return now }})
 	// 10 a second: one unit is 100 ms of the 1 s tolerance.
 	p := ratelimit.Policy{Name: "hold", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Second}
 	held := func(key, id string, cost int64, hold time.Duration) contract.Request {

@@ -24,7 +24,7 @@ func slowStore(t *testing.T) (*redisstore.Store, *redistest.Server, *redistest.P
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	l := redisstore.New(client, redisstore.WithTimeout(timeout), redisstore.WithCoalescing(2))
+	l := redisstore.New(client, redisstore.Config{Timeout: timeout, Coalescing: 2})
 	if !l.Ext().OnLate(2*time.Second, func(contract.LateReply) {}) {
 		t.Fatal("OnLate refused with coalescing on")
 	}

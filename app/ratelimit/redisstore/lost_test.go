@@ -22,7 +22,7 @@ func TestOverlappingFleetCallsAreNotLostWrites(t *testing.T) {
 	px := redistest.StartProxy(t, srv.Addr())
 	c := redis.NewClient(&redis.Options{Addr: px.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	l := redisstore.New(c, redisstore.WithTimeout(5*time.Second))
+	l := redisstore.New(c, redisstore.Config{Timeout: 5 * time.Second})
 	ctx := context.Background()
 	f, err := l.Heartbeat(ctx, "app1", time.Second, 10*time.Second)
 	if err != nil {

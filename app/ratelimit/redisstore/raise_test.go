@@ -19,7 +19,7 @@ import (
 func TestRaiseIsAMaxMerge(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	client := newClient(t, srv.Addr())
-	l := redisstore.New(client)
+	l := redisstore.New(client, redisstore.Config{})
 	ctx := context.Background()
 	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA, ratelimit.SlidingWindowCounter, ratelimit.SlidingWindowLog} {
 		t.Run(string(alg), func(t *testing.T) {
@@ -74,7 +74,7 @@ func TestRaiseIsAMaxMerge(t *testing.T) {
 // lapse; its next heartbeat makes it live again.
 func TestSuspendMarksSuspectAtOnce(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	l := redisstore.New(newClient(t, srv.Addr()))
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{})
 	ctx := context.Background()
 	ttl, grace := 10*time.Second, 30*time.Second
 	for _, inst := range []string{"a", "b"} {

@@ -15,6 +15,7 @@ package redisstore
 // shards have their own files.
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/base64"
@@ -101,16 +102,6 @@ func newScripts(src map[ratelimit.Algorithm]string) map[ratelimit.Algorithm]*red
 	return out
 }
 
-// Hooks observe decisions without the package importing a metrics library.
-// Each hook may be nil; hooks must be safe for concurrent use and fast.
-type Hooks struct {
-	// OnDecision is called after every decision Redis made, with the round
-	// trip's latency.
-	OnDecision func(req ratelimit.Request, d ratelimit.Decision, latency time.Duration)
-	// OnError is called after every failed call.
-	OnError func(req ratelimit.Request, err error, latency time.Duration)
-}
-
 // Store is a ratelimit.Limiter backed by Redis, and the store.Store that
 // resilient.New wraps. It is safe for concurrent use. Use New.
 type Store struct {
@@ -121,8 +112,9 @@ type Store struct {
 	replayClient redis.ScriptingFunctionsCmdable
 	prefix       string
 	timeout      time.Duration
-	resend       int64 // the resend window, µs (WithResendWindow)
-	hooks        Hooks
+	resend       int64 // the resend window, µs (Config.ResendWindow)
+	onDecision   func(req ratelimit.Request, d ratelimit.Decision, latency time.Duration)
+	onError      func(req ratelimit.Request, err error, latency time.Duration)
 	now          func() time.Time // tests only; nil: Redis TIME
 	ids          *reqid.Minter    // for requests without an id
 	// beatOffset is Redis' clock minus this host's, µs, learned from the
@@ -142,73 +134,91 @@ type Store struct {
 
 var _ ratelimit.Limiter = (*Store)(nil)
 
-// Option configures a Store.
-type Option func(*Store)
-
-// WithPrefix sets the key prefix inside the hash tag (default "rl").
-func WithPrefix(p string) Option { return func(l *Store) { l.prefix = p } }
-
-// WithTimeout bounds each decision's round trip (default: none beyond the
-// caller's context and the client's own timeouts).
-func WithTimeout(d time.Duration) Option { return func(l *Store) { l.timeout = d } }
-
-// WithReplayClient sends replays (Replay) through c instead of the
-// decisions' client. go-redis bounds every socket read by the client's
-// ReadTimeout whatever the context allows, and a pipeline that outlives it
-// fails as a whole, so a client tuned for 50 ms decisions cannot carry a
-// replay of thousands of keys: give replays a client whose timeouts are
-// the replay budget (see ClientConfig.Timeout).
-func WithReplayClient(c redis.ScriptingFunctionsCmdable) Option {
-	return func(l *Store) { l.replayClient = c }
+// Config configures a Store. The zero Config is the default.
+type Config struct {
+	// Prefix is the key prefix inside the hash tag (default "rl").
+	Prefix string
+	// Timeout bounds each decision's round trip (default: none beyond the
+	// caller's context and the client's own timeouts).
+	Timeout time.Duration
+	// Coalescing makes concurrent decisions share pipelines, so that many
+	// callers cost Redis a few round trips instead of one each. A call that
+	// finds fewer than Coalescing pipelines in flight sends at once, taking
+	// along whatever calls are queued: a lone caller waits for nothing.
+	// Otherwise it queues, and the next pipeline to finish sends the whole
+	// queue. Each call keeps its own deadline (a call whose context ended
+	// before its pipeline left is not sent; one that ends while its
+	// pipeline is out returns then, and the pipeline goes on for the
+	// others) and gets the answers it would get alone. 0 (the default)
+	// turns coalescing off: one round trip per call. A pipeline's requests
+	// go as one batch script call per Redis node (batch.go); on a Cluster,
+	// one per hash slot, and go-redis splits the pipeline per node. It
+	// needs a client that pipelines (redis.Cmdable).
+	//
+	// When Redis is slow, waiting for a pipeline to come back before
+	// sending costs each call a second round trip: a call that finds every
+	// pipeline in flight, the latest of them sent more than a tenth of
+	// Timeout ago (at least 2 ms), sends one more, up to 16 × Coalescing
+	// (TestSlowPipelinesDoNotQueue).
+	Coalescing int
+	// ReplayClient carries replays (Replay) instead of the decisions'
+	// client. go-redis bounds every socket read by the client's
+	// ReadTimeout whatever the context allows, and a pipeline that
+	// outlives it fails as a whole, so a client tuned for 50 ms decisions
+	// cannot carry a replay of thousands of keys: give replays a client
+	// whose timeouts are the replay budget (see ClientConfig.Timeout).
+	ReplayClient redis.ScriptingFunctionsCmdable
+	// ResendWindow is how long after a request was admitted a request
+	// with the same ratelimit.Request.ID is taken for a resend of it (a
+	// proxy trying another instance after the first failed, possibly
+	// after deciding it): admitted without being counted again (default
+	// 3 s). For the token bucket, GCRA and the window counter only the
+	// key's last admission is recognised (lua/once.lua); for the sliding
+	// window log, any admission of the id within the window. Set it to the
+	// retry window of the proxy in front: longer only lengthens what a
+	// client that picks its own ids (a misconfigured proxy passing them
+	// through) gets for free.
+	ResendWindow time.Duration
+	// OnDecision, when set, is called after every decision Redis made,
+	// with the round trip's latency; OnError after every failed call.
+	// They observe decisions without the package importing a metrics
+	// library, and must be safe for concurrent use and fast.
+	OnDecision func(req ratelimit.Request, d ratelimit.Decision, latency time.Duration)
+	OnError    func(req ratelimit.Request, err error, latency time.Duration)
+	// Clock makes the scripts use Clock() instead of Redis TIME. For tests
+	// only: in production the time must come from Redis, or instances
+	// with skewed clocks would disagree.
+	Clock func() time.Time
 }
 
-// defaultResendWindow is the resend window of WithResendWindow when none is
-// given. A proxy resends a request only within a bounded time of its first
-// attempt: nginx, within proxy_next_upstream_timeout of the start of that
-// attempt (2 s in nginx/nginx.conf.template). The first attempt's admission
-// came after that start, and the resend's decision takes at most the
-// resend's connect and one decision's timeout (well under a second), so 3 s
-// covers every resend nginx makes, and an id repeated later counts again.
+// defaultResendWindow is Config.ResendWindow when none is given. A proxy
+// resends a request only within a bounded time of its first attempt:
+// nginx, within proxy_next_upstream_timeout of the start of that attempt
+// (2 s in nginx/nginx.conf.template). The first attempt's admission came
+// after that start, and the resend's decision takes at most the resend's
+// connect and one decision's timeout (well under a second), so 3 s covers
+// every resend nginx makes, and an id repeated later counts again.
 const defaultResendWindow = 3 * time.Second
-
-// WithResendWindow sets how long after a request was admitted a request
-// with the same ratelimit.Request.ID is taken for a resend of it (a proxy
-// trying another instance after the first failed, possibly after deciding
-// it): admitted without being counted again (default 3 s;
-// d <= 0 keeps the default). For the token bucket, GCRA and the window
-// counter only the key's last admission is recognised (lua/once.lua); for
-// the sliding window log, any admission of the id within the window. Set it
-// to the retry window of the proxy in front: longer only lengthens what a
-// client that picks its own ids (a misconfigured proxy passing them through)
-// gets for free.
-func WithResendWindow(d time.Duration) Option {
-	return func(l *Store) {
-		if d > 0 {
-			l.resend = d.Microseconds()
-		}
-	}
-}
-
-// WithHooks installs observation hooks.
-func WithHooks(h Hooks) Option { return func(l *Store) { l.hooks = h } }
-
-// WithClock makes the scripts use now() instead of Redis TIME. For tests
-// only: in production the time must come from Redis, or instances with
-// skewed clocks would disagree.
-func WithClock(now func() time.Time) Option { return func(l *Store) { l.now = now } }
 
 // New returns a Store using client, which may be a *redis.Client,
 // *redis.ClusterClient, *redis.Ring or any redis.UniversalClient.
-func New(client redis.ScriptingFunctionsCmdable, opts ...Option) *Store {
-	l := &Store{client: client, prefix: "rl", ids: reqid.New(""), resend: defaultResendWindow.Microseconds()}
-	for _, o := range opts {
-		o(l)
+func New(client redis.ScriptingFunctionsCmdable, cfg Config) *Store {
+	l := &Store{
+		client:       client,
+		replayClient: cfg.ReplayClient,
+		prefix:       cmp.Or(cfg.Prefix, "rl"),
+		timeout:      cfg.Timeout,
+		resend:       defaultResendWindow.Microseconds(),
+		onDecision:   cfg.OnDecision,
+		onError:      cfg.OnError,
+		now:          cfg.Clock,
+		ids:          reqid.New(""),
 	}
-	if l.co != nil {
-		l.co.timeout = l.timeout // whatever order the options came in
-		if _, ok := client.(redis.Cmdable); !ok {
-			l.co = nil // no pipelines to share
-		}
+	if cfg.ResendWindow > 0 {
+		l.resend = cfg.ResendWindow.Microseconds()
+	}
+	if _, ok := client.(redis.Cmdable); ok && cfg.Coalescing > 0 {
+		l.co = &coalescer{max: cfg.Coalescing, send: l.pipeline, timeout: l.timeout}
 	}
 	return l
 }
@@ -277,7 +287,7 @@ func (l *Store) keyWith(pid string, id store.Identity) string {
 	return string(b)
 }
 
-// Decide makes one decision in one round trip (with WithCoalescing, in a
+// Decide makes one decision in one round trip (with Config.Coalescing, in a
 // pipeline shared with the concurrent calls).
 func (l *Store) Decide(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
 	d, err := l.decide(ctx, contract.Request{Request: req})
@@ -321,15 +331,15 @@ func (l *Store) decideOne(ctx context.Context, req contract.Request) (contract.D
 	}
 	if err != nil {
 		err = classify(ctx, err)
-		if l.hooks.OnError != nil {
-			l.hooks.OnError(req.Request, err, latency)
+		if l.onError != nil {
+			l.onError(req.Request, err, latency)
 		}
 		return contract.Decision{}, err
 	}
 	d.Limit = p.Capacity()
 	d.Mode = ratelimit.ModeRedis
-	if l.hooks.OnDecision != nil {
-		l.hooks.OnDecision(req.Request, d.Decision, latency)
+	if l.onDecision != nil {
+		l.onDecision(req.Request, d.Decision, latency)
 	}
 	return d, nil
 }

@@ -32,7 +32,7 @@ func TestVectors(t *testing.T) {
 	for i, c := range vectors.All() {
 		t.Run(c.Name, func(t *testing.T) {
 			var now int64
-			l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+			l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{Clock: func() time.Time { return time.UnixMicro(now) }})
 			key := fmt.Sprintf("vector-%d", i)
 			for j, s := range c.Steps {
 				now = vectors.T0 + s.At
@@ -66,8 +66,7 @@ func TestResendVectors(t *testing.T) {
 	for i, rc := range vectors.ResendCases {
 		t.Run(rc.Name, func(t *testing.T) {
 			var now int64
-			l := redisstore.New(c, redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }),
-				redisstore.WithResendWindow(time.Duration(rc.Window)*time.Microsecond))
+			l := redisstore.New(c, redisstore.Config{Clock: func() time.Time { return time.UnixMicro(now) }, ResendWindow: time.Duration(rc.Window) * time.Microsecond})
 			key := fmt.Sprintf("resend-%d", i)
 			var last algorithm.Admission
 			for j, s := range rc.Steps {
@@ -123,14 +122,14 @@ func storedAdmission(c redis.Cmdable, a ratelimit.Algorithm, key string) (string
 func TestConformance(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	conformance.Run(t, ratelimit.ModeRedis, func(t *testing.T) ratelimit.Limiter {
-		return redisstore.New(newClient(t, srv.Addr()))
+		return redisstore.New(newClient(t, srv.Addr()), redisstore.Config{})
 	})
 }
 
 func TestUnexpectedStateIsAnErrorNotAPanic(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	ctx := context.Background()
 	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "odd", Algorithm: alg, Limit: 5, Window: time.Minute}
@@ -177,7 +176,7 @@ func TestUnexpectedStateIsAnErrorNotAPanic(t *testing.T) {
 func TestEveryKeyHasATTL(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	ctx := context.Background()
 	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "ttl", Algorithm: alg, Limit: 5, Window: 10 * time.Second}
@@ -200,7 +199,7 @@ func TestEveryKeyHasATTL(t *testing.T) {
 func TestScriptsReloadAfterFlush(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	p := ratelimit.Policy{Name: "flush", Algorithm: ratelimit.GCRA, Limit: 5, Window: time.Minute}
 	ctx := context.Background()
 	for i := range 3 {
@@ -217,7 +216,7 @@ func TestScriptsReloadAfterFlush(t *testing.T) {
 
 func TestSlidingLogCountsARequestIDOnce(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	l := redisstore.New(newClient(t, srv.Addr()))
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{})
 	p := ratelimit.Policy{Name: "ids", Algorithm: ratelimit.SlidingWindowLog, Limit: 3, Window: time.Minute}
 	for _, id := range []string{"a", "a", "b", "a", "b"} {
 		d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k", ID: id})
@@ -233,7 +232,7 @@ func TestSlidingLogCountsARequestIDOnce(t *testing.T) {
 
 func TestUnavailable(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithTimeout(100*time.Millisecond))
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{Timeout: 100 * time.Millisecond})
 	p := ratelimit.Policy{Name: "down", Algorithm: ratelimit.TokenBucket, Limit: 5, Window: time.Minute}
 	srv.Stop() // hung, not refused
 	defer srv.Cont()
@@ -251,7 +250,7 @@ func TestUnavailable(t *testing.T) {
 // unavailable, not a bad reply: the breaker must open on it.
 func TestWriteRefusalIsUnavailable(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithTimeout(time.Second))
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{Timeout: time.Second})
 	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "oom-" + string(alg), Algorithm: alg, Limit: 5, Window: time.Minute}
 		if _, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "warm"}); err != nil {
@@ -290,7 +289,7 @@ func TestWriteRefusalIsUnavailable(t *testing.T) {
 // twin does (Lua 5.1's unpack fails past a few thousand values).
 func TestWindowLogLargeCost(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithTimeout(5*time.Second))
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{Timeout: 5 * time.Second})
 	p := ratelimit.Policy{Name: "big", Algorithm: ratelimit.SlidingWindowLog, Limit: 20000, Window: time.Minute}
 	d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k", Cost: 12000})
 	if err != nil || !d.Allowed || d.Remaining != 8000 {
@@ -302,7 +301,7 @@ func BenchmarkDecide(b *testing.B) {
 	srv := redistest.StartServer(b, redistest.ServerOptions{})
 	for _, alg := range contract.Algorithms {
 		b.Run(string(alg), func(b *testing.B) {
-			l := redisstore.New(newClient(b, srv.Addr()))
+			l := redisstore.New(newClient(b, srv.Addr()), redisstore.Config{})
 			p := ratelimit.Policy{Name: "bench", Algorithm: alg, Limit: 1_000_000, Window: time.Second}
 			ctx := context.Background()
 			b.ReportAllocs()
@@ -330,7 +329,7 @@ func BenchmarkDecideConcurrent(b *testing.B) {
 			o.PoolSize = 128
 			c := redis.NewClient(o)
 			defer c.Close()
-			l := redisstore.New(c, redisstore.WithCoalescing(n), redisstore.WithTimeout(time.Second))
+			l := redisstore.New(c, redisstore.Config{Coalescing: n, Timeout: time.Second})
 			p := ratelimit.Policy{Name: "bench", Algorithm: ratelimit.GCRA, Limit: 1_000_000, Window: time.Second}
 			b.ReportAllocs()
 			decideInParallel(b, l, p)
@@ -344,7 +343,7 @@ func BenchmarkDecideConcurrent(b *testing.B) {
 func TestDecideBatch(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	ctx := context.Background()
 	perKey := ratelimit.Policy{Name: "per-key", Algorithm: ratelimit.GCRA, Limit: 3, Window: time.Minute}
 	perAddr := ratelimit.Policy{Name: "per-addr", Algorithm: ratelimit.SlidingWindowLog, Limit: 5, Window: time.Minute}
@@ -392,7 +391,7 @@ func TestDecideBatch(t *testing.T) {
 func TestResentRequestCountsOnce(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	ctx := context.Background()
 	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
@@ -458,7 +457,7 @@ func TestClientRefusalIsUnavailable(t *testing.T) {
 			o.Addr, o.MaxRetries, o.Protocol = srv.Addr(), -1, 2
 			client := redis.NewClient(&o)
 			t.Cleanup(func() { _ = client.Close() })
-			_, err := redisstore.New(client, redisstore.WithTimeout(time.Second)).Decide(ctx, ratelimit.Request{Policy: p, Key: "k"})
+			_, err := redisstore.New(client, redisstore.Config{Timeout: time.Second}).Decide(ctx, ratelimit.Request{Policy: p, Key: "k"})
 			if !errors.Is(err, ratelimit.ErrUnavailable) || errors.Is(err, ratelimit.ErrBadReply) {
 				t.Fatalf("%v, want ErrUnavailable", err)
 			}
@@ -476,7 +475,7 @@ func TestClientRefusalIsUnavailable(t *testing.T) {
 		o.MaxRetries = -1
 		client := redis.NewClient(o)
 		t.Cleanup(func() { _ = client.Close() })
-		_, err := redisstore.New(client, redisstore.WithTimeout(time.Second)).Decide(ctx, ratelimit.Request{Policy: p, Key: "k"})
+		_, err := redisstore.New(client, redisstore.Config{Timeout: time.Second}).Decide(ctx, ratelimit.Request{Policy: p, Key: "k"})
 		if !errors.Is(err, ratelimit.ErrUnavailable) || errors.Is(err, ratelimit.ErrBadReply) {
 			t.Fatalf("%v, want ErrUnavailable", err)
 		}
@@ -491,7 +490,7 @@ func TestClientRefusalIsUnavailable(t *testing.T) {
 // that differ in name, algorithm or window have distinct keys for one
 // identity, and one that differs in limit or burst only has the same.
 func TestKeyIsShort(t *testing.T) {
-	l := redisstore.New(nil)
+	l := redisstore.New(nil, redisstore.Config{})
 	base := ratelimit.Policy{Name: "per-user", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Hour}
 	long := base
 	long.Name = strings.Repeat("a-very-long-policy-name-", 8)

@@ -24,7 +24,7 @@ func TestRefundUndoesAnAdmission(t *testing.T) {
 		for _, alg := range contract.Algorithms {
 			t.Run(fmt.Sprintf("%s/%d-%d", alg, w.Num, w.Den), func(t *testing.T) {
 				now := time.Unix(1_700_000_000, 0)
-				l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return now }))
+				l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{Clock: func() time.Time { return now }})
 				p := ratelimit.Policy{Name: "refund-" + string(alg), Algorithm: alg, Limit: 20, Window: time.Hour}
 				decide := func(key, id string) contract.Decision {
 					t.Helper()

@@ -23,7 +23,7 @@ func TestReplayVectors(t *testing.T) {
 	for i, c := range vectors.ReplayCases {
 		t.Run(c.Name, func(t *testing.T) {
 			var now int64
-			l := redisstore.New(newClient(t, srv.Addr()), redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+			l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{Clock: func() time.Time { return time.UnixMicro(now) }})
 			key := fmt.Sprintf("replay-%d", i)
 			step := func(s vectors.Step, id string) contract.Decision {
 				now = vectors.T0 + s.At
@@ -71,7 +71,7 @@ func TestReplayVectors(t *testing.T) {
 func TestReplayDoesNotCountARequestTwice(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	p := ratelimit.Policy{Name: "dup", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Minute}
 	ctx := context.Background()
 	d, err := l.DecideWire(ctx, contract.Request{Request: ratelimit.Request{Policy: p, Key: "k", ID: "req-1"}})
@@ -99,7 +99,7 @@ func TestReplayDoesNotCountARequestTwice(t *testing.T) {
 // the time (a benchmark measures it properly).
 func TestReplayPipelinesManyKeys(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	l := redisstore.New(newClient(t, srv.Addr()))
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{})
 	p := ratelimit.Policy{Name: "many", Algorithm: ratelimit.SlidingWindowCounter, Limit: 100, Window: time.Minute}
 	now := time.Now().UnixMicro()
 	batches := make([]store.ReplayBatch, 20_000)
@@ -131,7 +131,7 @@ func BenchmarkReplay100kKeys(b *testing.B) {
 		b.Cleanup(func() { _ = c.Close() })
 		return c
 	}
-	l := redisstore.New(client(50*time.Millisecond, 64), redisstore.WithReplayClient(client(2*time.Second, 2)))
+	l := redisstore.New(client(50*time.Millisecond, 64), redisstore.Config{ReplayClient: client(2*time.Second, 2)})
 	p := ratelimit.Policy{Name: "bench", Algorithm: ratelimit.SlidingWindowLog, Limit: 100, Window: time.Minute}
 	const keys = 100_000
 	for i := 0; b.Loop(); i++ {
@@ -157,7 +157,7 @@ func TestReplayBoundsWorkPerCall(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
 	now := vectors.T0 + 100*int64(time.Second/time.Microsecond)
-	l := redisstore.New(c, redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+	l := redisstore.New(c, redisstore.Config{Clock: func() time.Time { return time.UnixMicro(now) }})
 	p := ratelimit.Policy{Name: "hot", Algorithm: ratelimit.TokenBucket, Limit: 100, Window: time.Second}
 	const n = 2500
 	grants := make([]store.Grant, n)
@@ -195,7 +195,7 @@ func TestReplayBoundsWorkPerCall(t *testing.T) {
 // TestReplayHasItsOwnClient: go-redis cuts every socket read at the
 // client's read timeout whatever the context allows, so a replay pipeline
 // of 1000 keys fails on a client tuned for 10 ms decisions; on the replay
-// client (WithReplayClient) it goes through, and the decisions keep their
+// client (Config.ReplayClient) it goes through, and the decisions keep their
 // short timeout.
 func TestReplayHasItsOwnClient(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
@@ -224,7 +224,7 @@ func TestReplayHasItsOwnClient(t *testing.T) {
 	defer cancel()
 	fast := client(10 * time.Millisecond)
 	failed := 0
-	for _, err := range second(redisstore.New(fast).Replay(ctx, batches("i1:1"))) {
+	for _, err := range second(redisstore.New(fast, redisstore.Config{}).Replay(ctx, batches("i1:1"))) {
 		if err != nil {
 			failed++
 		}
@@ -232,7 +232,7 @@ func TestReplayHasItsOwnClient(t *testing.T) {
 	if failed == 0 {
 		t.Fatal("a 100 000-grant pipeline on a 10 ms client went through: the test no longer shows the cut")
 	}
-	l := redisstore.New(fast, redisstore.WithReplayClient(client(5*time.Second)), redisstore.WithTimeout(10*time.Millisecond))
+	l := redisstore.New(fast, redisstore.Config{ReplayClient: client(5 * time.Second), Timeout: 10 * time.Millisecond})
 	for i, err := range second(l.Replay(ctx, batches("i1:2"))) {
 		if err != nil {
 			t.Fatalf("batch %d on the replay client: %v", i, err)

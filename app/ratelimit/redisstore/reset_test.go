@@ -28,7 +28,7 @@ type logged struct {
 func TestReset(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
 	c := newClient(t, srv.Addr())
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	ctx := context.Background()
 	gcra := ratelimit.Policy{Name: "r-gcra", Algorithm: ratelimit.GCRA, Limit: 10, Window: time.Hour, Burst: 3}
 	swl := ratelimit.Policy{Name: "r-swl", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Hour}
@@ -123,7 +123,7 @@ func TestReset(t *testing.T) {
 // once the log is read, it is applied.
 func TestReplayAfterAResetIsFenced(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	l := redisstore.New(newClient(t, srv.Addr()))
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{})
 	ctx := context.Background()
 	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "fence-" + string(alg), Algorithm: alg, Limit: 10, Window: time.Hour}
@@ -163,7 +163,7 @@ func TestReplayAfterAResetIsFenced(t *testing.T) {
 // key afresh.
 func TestUsageCarriesOverAPolicyChange(t *testing.T) {
 	srv := redistest.StartServer(t, redistest.ServerOptions{})
-	l := redisstore.New(newClient(t, srv.Addr()))
+	l := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{})
 	ctx := context.Background()
 	for _, alg := range contract.Algorithms {
 		p := ratelimit.Policy{Name: "carry-" + string(alg), Algorithm: alg, Limit: 10, Window: time.Hour}

@@ -22,7 +22,7 @@ func TestSlot(t *testing.T) {
 // plain (single Redis) generation loses every key; a "lag-" generation is
 // recent writes lost, any other a wipe.
 func TestLoss(t *testing.T) {
-	l := New(nil)
+	l := New(nil, Config{})
 	old := "0-5460=a,5461-10922=b,10923-16383=c"
 	loss := l.loss(old, "0-5460=a,5461-10922=B,10923-16383=lag-c")
 	scope := func(p ratelimit.Policy, id store.Identity) bool {
@@ -67,7 +67,7 @@ func TestLoss(t *testing.T) {
 		old, new string
 		want     contract.Loss
 	}{{"gen-1", "gen-1", contract.LossNone}, {"gen-1", "gen-2", contract.LossAll}, {"gen-1", "lag-2", contract.LossRecent}, {"lag-2", "gen-3", contract.LossAll}} {
-		if got := New(nil).loss(c.old, c.new)(ratelimit.Policy{}, [32]byte{}); got != c.want {
+		if got := New(nil, Config{}).loss(c.old, c.new)(ratelimit.Policy{}, [32]byte{}); got != c.want {
 			t.Errorf("single Redis, %s -> %s: loss %v, want %v", c.old, c.new, got, c.want)
 		}
 	}

@@ -24,8 +24,8 @@ func TestLateBeatIsNotABeat(t *testing.T) {
 	proxy := redistest.StartProxy(t, srv.Addr())
 	c := redis.NewClient(&redis.Options{Addr: proxy.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	cut := redisstore.New(c, redisstore.WithTimeout(50*time.Millisecond))
-	other := redisstore.New(newClient(t, srv.Addr()))
+	cut := redisstore.New(c, redisstore.Config{Timeout: 50 * time.Millisecond})
+	other := redisstore.New(newClient(t, srv.Addr()), redisstore.Config{})
 	ctx := context.Background()
 
 	if _, err := cut.Heartbeat(ctx, "app1", ttl, grace); err != nil {

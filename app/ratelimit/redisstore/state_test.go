@@ -23,7 +23,7 @@ func TestStateString(t *testing.T) {
 	c := newClient(t, srv.Addr())
 	ctx := context.Background()
 	now := vectors.T0
-	l := redisstore.New(c, redisstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+	l := redisstore.New(c, redisstore.Config{Clock: func() time.Time { return time.UnixMicro(now) }})
 	for _, alg := range []ratelimit.Algorithm{ratelimit.TokenBucket, ratelimit.GCRA} {
 		p := ratelimit.Policy{Name: "forms", Algorithm: alg, Limit: 10, Window: time.Minute, Burst: 2}
 		name := fmt.Sprint(alg)

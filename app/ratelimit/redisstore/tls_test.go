@@ -35,7 +35,7 @@ func tlsStore(t *testing.T, cc redisstore.ClientConfig) (*redisstore.Store, redi
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	return redisstore.New(c, redisstore.WithTimeout(2*time.Second)), c
+	return redisstore.New(c, redisstore.Config{Timeout: 2 * time.Second}), c
 }
 
 // admitted asks n decisions for key and returns how many were admitted;

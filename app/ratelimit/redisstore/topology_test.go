@@ -102,7 +102,7 @@ func TestInstancesShareOnlyRedis(t *testing.T) {
 			p := ratelimit.Policy{Name: "fleet", Algorithm: alg, Limit: 20, Window: 500 * time.Millisecond}
 			var ls []*redisstore.Store
 			for range 4 {
-				ls = append(ls, redisstore.New(newClient(t, srv.Addr())))
+				ls = append(ls, redisstore.New(newClient(t, srv.Addr()), redisstore.Config{}))
 			}
 			checkAdmissions(t, p, hammer(t, ls, p, "shared-"+string(alg), 1500*time.Millisecond))
 		})
@@ -111,13 +111,13 @@ func TestInstancesShareOnlyRedis(t *testing.T) {
 
 func TestCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
-	l := redisstore.New(cl.Client())
+	l := redisstore.New(cl.Client(), redisstore.Config{})
 	// A Cluster's masters fail on their own: the breaker must not take one
 	// refusing a call for the store being down.
 	one := redis.NewClient(&redis.Options{Addr: cl.MasterFor("x").Addr()})
 	t.Cleanup(func() { _ = one.Close() })
-	if !l.Ext().Sharded() || redisstore.New(one).Ext().Sharded() {
-		t.Fatalf("Sharded: %v on the Cluster, %v on one of its nodes; want true, false", l.Ext().Sharded(), redisstore.New(one).Ext().Sharded())
+	if !l.Ext().Sharded() || redisstore.New(one, redisstore.Config{}).Ext().Sharded() {
+		t.Fatalf("Sharded: %v on the Cluster, %v on one of its nodes; want true, false", l.Ext().Sharded(), redisstore.New(one, redisstore.Config{}).Ext().Sharded())
 	}
 	for _, alg := range contract.Algorithms {
 		t.Run(string(alg), func(t *testing.T) {
@@ -126,7 +126,7 @@ func TestCluster(t *testing.T) {
 			for range 3 {
 				c := redis.NewClusterClient(cl.ClusterOptions())
 				t.Cleanup(func() { _ = c.Close() })
-				ls = append(ls, redisstore.New(c))
+				ls = append(ls, redisstore.New(c, redisstore.Config{}))
 			}
 			checkAdmissions(t, p, hammer(t, ls, p, "cluster-"+string(alg), 1500*time.Millisecond))
 		})
@@ -210,7 +210,7 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	l := redisstore.New(client)
+	l := redisstore.New(client, redisstore.Config{})
 	p := ratelimit.Policy{Name: "sent", Algorithm: ratelimit.SlidingWindowLog, Limit: 1000, Window: time.Minute}
 	decide := func(id string) error {
 		_, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k", ID: id})
@@ -260,7 +260,7 @@ func TestClusterDeadMasterFailsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	l := redisstore.New(c)
+	l := redisstore.New(c, redisstore.Config{})
 	ctx := context.Background()
 	p := ratelimit.Policy{Name: "dead", Algorithm: ratelimit.TokenBucket, Limit: 10, Window: time.Minute}
 	fleetMaster := cl.MasterFor(l.Ext().FleetKey())

@@ -22,7 +22,7 @@ func TestWarm(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = client.Close() })
-		New(client).warm(context.Background(), 8)
+		New(client, Config{}).warm(context.Background(), 8)
 		if st := client.PoolStats(); int(st.TotalConns) != c.want || st.Timeouts != 0 {
 			t.Errorf("pool %d, Warm(8): %d connections, %d pool timeouts; want %d and none", c.pool, st.TotalConns, st.Timeouts, c.want)
 		}

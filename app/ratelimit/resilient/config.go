@@ -79,7 +79,7 @@ type Config struct {
 	// ReplayTimeout bounds one replay or restore pipeline (2 s), in place
 	// of Timeout: a pipeline of ReplayBatchKeys takes Redis tens of ms.
 	// Give the store a client whose own timeouts allow it
-	// (redisstore.WithReplayClient), or the client's read timeout cuts it.
+	// (redisstore.Config.ReplayClient), or the client's read timeout cuts it.
 	ReplayTimeout time.Duration
 	// LateWindow is how long the store goes on reading a call's reply
 	// after the caller's deadline, so that a decision it made is not lost

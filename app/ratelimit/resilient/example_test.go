@@ -40,10 +40,11 @@ func Example() {
 	}
 	defer replayClient.Close()
 
-	backend := redisstore.New(client,
-		redisstore.WithReplayClient(replayClient),
-		redisstore.WithTimeout(timeout),
-		redisstore.WithCoalescing(4)) // concurrent decisions share pipelines (late replies need it)
+	backend := redisstore.New(client, redisstore.Config{
+		ReplayClient: replayClient,
+		Timeout:      timeout,
+		Coalescing:   4, // concurrent decisions share pipelines (late replies need it)
+	})
 	limiter, err := resilient.New(backend, resilient.Config{
 		Instance:          "api-1", // unique in the fleet: the hostname, say
 		ExpectedInstances: 4,       // the fleet's size until the first heartbeat says
@@ -66,7 +67,7 @@ func Example() {
 
 	// The middleware, behind load balancers in 10.0.0.0/8.
 	policy := ratelimit.Policy{Name: "api", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second}
-	limits := httplimit.New(limiter, httplimit.WithTrustedProxies([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}))
+	limits := httplimit.New(limiter, httplimit.Config{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
 	mux := http.NewServeMux()
 	mux.Handle("/api/", limits.Handler(policy)(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "hello")

@@ -28,7 +28,7 @@ func TestFailoverLagIsRaised(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = client.Close() })
-		rs := redisstore.New(client, redisstore.WithTimeout(time.Second))
+		rs := redisstore.New(client, redisstore.Config{Timeout: time.Second})
 		cfg := recoveryConfig(fmt.Sprint("app", i+1))
 		cfg.Timeout, cfg.ExpectedInstances = time.Second, 2
 		l, err := resilient.New(rs, cfg)

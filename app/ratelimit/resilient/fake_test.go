@@ -37,7 +37,7 @@ type fakeStore struct {
 
 func newFakeStore() *fakeStore {
 	f := &fakeStore{}
-	f.twin.Store(memstore.New())
+	f.twin.Store(memstore.New(memstore.Config{}))
 	gen := "gen-1"
 	f.gen.Store(&gen)
 	f.live.Store(4)

@@ -81,7 +81,7 @@ func startFleet(t *testing.T) *fleet {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = replay.Close() })
-		rs := redisstore.New(client, redisstore.WithReplayClient(replay), redisstore.WithTimeout(fleetTimeout), redisstore.WithCoalescing(4))
+		rs := redisstore.New(client, redisstore.Config{ReplayClient: replay, Timeout: fleetTimeout, Coalescing: 4})
 		l, err := resilient.New(rs, resilient.Config{
 			Instance:          fmt.Sprint("app", i+1),
 			Timeout:           fleetTimeout,
@@ -232,7 +232,7 @@ func overAdmission(p ratelimit.Policy, recs []record, bounds [phases + 1]int64) 
 // ideal single limiter admits when fed the same requests at their send time.
 func goodput(p ratelimit.Policy, recs []record, bounds [phases + 1]int64) [phases]float64 {
 	var now int64
-	ideal := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+	ideal := memstore.New(memstore.Config{Clock: func() time.Time { return time.UnixMicro(now) }})
 	sorted := slices.Clone(recs)
 	slices.SortFunc(sorted, func(a, b record) int { return int(a.send - b.send) })
 	var got, want [phases]float64

@@ -53,7 +53,7 @@ func shippedStore(addr string) (*redisstore.Store, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return redisstore.New(c, redisstore.WithReplayClient(rc)), func() { _ = c.Close(); _ = rc.Close() }, nil
+	return redisstore.New(c, redisstore.Config{ReplayClient: rc}), func() { _ = c.Close(); _ = rc.Close() }, nil
 }
 
 func waitFor(t testing.TB, what string, d time.Duration, ok func() bool) {
@@ -146,7 +146,7 @@ func (g grantLog) decide(t *testing.T, l *resilient.Limiter, alg ratelimit.Algor
 func checkExactUsage(t *testing.T, srv *redistest.Server, probe *resilient.Limiter, key string, grants grantLog, othersLocal int64) {
 	t.Helper()
 	ctx := context.Background()
-	rs := redisstore.New(srv.Client())
+	rs := redisstore.New(srv.Client(), redisstore.Config{})
 	for _, alg := range contract.Algorithms {
 		p := longPolicy(alg)
 		g := grants[alg]
@@ -240,7 +240,7 @@ func startPair(t *testing.T, addrs [2]string, cfg func(*resilient.Config)) []*re
 // time order, for one more unit at now (store µs).
 func idealAt(p ratelimit.Policy, key string, grants []store.Grant, now int64) ratelimit.Decision {
 	var at int64
-	ideal := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(at) }))
+	ideal := memstore.New(memstore.Config{Clock: func() time.Time { return time.UnixMicro(at) }})
 	sorted := slices.Clone(grants)
 	algorithm.SortGrants(sorted)
 	for _, g := range sorted {

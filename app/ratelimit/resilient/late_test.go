@@ -35,7 +35,7 @@ func TestPausedDecisionsCountOnce(t *testing.T) {
 	waitFor(t, "the breaker closed with an empty journal", 10*time.Second, allIn([]*resilient.Limiter{l}, resilient.BreakerClosed))
 	ctx := context.Background()
 	p := longPolicy(ratelimit.SlidingWindowLog)
-	members, err := srv.Client().ZRange(ctx, redisstore.New(srv.Client()).Key(p, "client"), 0, -1).Result()
+	members, err := srv.Client().ZRange(ctx, redisstore.New(srv.Client(), redisstore.Config{}).Key(p, "client"), 0, -1).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func lateReplyLimiter(t *testing.T, grace time.Duration) (*resilient.Limiter, *r
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	rs := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(4))
+	rs := redisstore.New(client, redisstore.Config{Timeout: 50 * time.Millisecond, Coalescing: 4})
 	cfg := recoveryConfig("app1")
 	cfg.Timeout, cfg.LateGrace, cfg.HeartbeatTTL = 50*time.Millisecond, grace, 5*time.Second
 	l, err := resilient.New(rs, cfg)
@@ -174,7 +174,7 @@ func TestSlowStoreRefunds(t *testing.T) {
 	ctx := context.Background()
 	p := ratelimit.Policy{Name: "refunds", Algorithm: ratelimit.SlidingWindowLog, Limit: 1, Window: time.Hour}
 	const keys = 5
-	rs := redisstore.New(srv.Client())
+	rs := redisstore.New(srv.Client(), redisstore.Config{})
 	for i := range keys {
 		k := fmt.Sprint("k", i)
 		if d, err := l.Decide(ctx, ratelimit.Request{Policy: p, Key: k}); err != nil || !d.Allowed || d.Mode != ratelimit.ModeRedis {
@@ -330,7 +330,7 @@ func behindSlowProxy(t *testing.T) (*redistest.Server, *redistest.Proxy, *resili
 	t.Cleanup(func() { _ = client.Close() })
 	cfg := recoveryConfig("app1")
 	cfg.ExpectedInstances = 1
-	l, err := resilient.New(redisstore.New(client, redisstore.WithTimeout(fleetTimeout), redisstore.WithCoalescing(4)), cfg)
+	l, err := resilient.New(redisstore.New(client, redisstore.Config{Timeout: fleetTimeout, Coalescing: 4}), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func TestFailClosedRefundsALateAdmission(t *testing.T) {
 	l, px, srv := lateReplyLimiter(t, 0)
 	ctx := context.Background()
 	p := ratelimit.Policy{Name: "closed", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Hour, FailureMode: ratelimit.FailClosed}
-	rs := redisstore.New(srv.Client())
+	rs := redisstore.New(srv.Client(), redisstore.Config{})
 	px.Latency(60 * time.Millisecond)
 	const n = 3
 	for i := range n {

@@ -182,7 +182,7 @@ func TestRecoveryWarmsThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	l, err := resilient.New(redisstore.New(c), recoveryConfig("app1"))
+	l, err := resilient.New(redisstore.New(c, redisstore.Config{}), recoveryConfig("app1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +361,7 @@ func TestNoInstanceClosesBeforeEveryOneReplayed(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close(); _ = rc.Close() })
 		cfg := recoveryConfig(fmt.Sprint("app", i+1))
 		cfg.ExpectedInstances, cfg.RecoveryWait, cfg.ReplayTimeout = 2, 20*time.Second, 5*time.Second
-		l, err := resilient.New(redisstore.New(c, redisstore.WithReplayClient(rc)), cfg)
+		l, err := resilient.New(redisstore.New(c, redisstore.Config{ReplayClient: rc}), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -149,7 +149,7 @@ func TestFailedRestoreIsRetried(t *testing.T) {
 		if n := admit(t, l, p, "k", 30, ratelimit.ModeRedis); n != 30 {
 			t.Fatalf("%d of 30 admitted", n)
 		}
-		f.twin.Store(memstore.New())
+		f.twin.Store(memstore.New(memstore.Config{}))
 		gen := "gen-2"
 		f.gen.Store(&gen)
 		f.failReplay.Store(true)

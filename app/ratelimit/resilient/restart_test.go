@@ -171,7 +171,7 @@ func TestCrashDuringOutage(t *testing.T) {
 		s := second.status(t)
 		return s.Breaker == "closed" && s.Journal.Pending == 0
 	})
-	members, err := srv.Client().ZCard(context.Background(), redisstore.New(srv.Client()).Key(crashPolicy, "client")).Result()
+	members, err := srv.Client().ZCard(context.Background(), redisstore.New(srv.Client(), redisstore.Config{}).Key(crashPolicy, "client")).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func TestRestartDuringOutageChargesTheWholeShare(t *testing.T) {
 				p := ratelimit.Policy{Name: "p", Algorithm: alg, Limit: 100, Window: 10 * time.Second}
 				cfg := resilient.Config{Instance: "app1", JournalDir: dir, ExpectedInstances: 1}
 				var now int64
-				ideal := memstore.New(memstore.WithClock(func() time.Time { return time.UnixMicro(now) }))
+				ideal := memstore.New(memstore.Config{Clock: func() time.Time { return time.UnixMicro(now) }})
 				decide := func(l *resilient.Limiter, mode ratelimit.Mode) bool {
 					d, err := l.Decide(context.Background(), ratelimit.Request{Policy: p, Key: "k"})
 					if err != nil || d.Mode != mode {

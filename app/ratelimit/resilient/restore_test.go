@@ -58,7 +58,7 @@ func TestClusterShardWipeIsRestored(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	client := redis.NewClusterClient(cl.ClusterOptions())
 	t.Cleanup(func() { _ = client.Close() })
-	rs := redisstore.New(client, redisstore.WithTimeout(time.Second))
+	rs := redisstore.New(client, redisstore.Config{Timeout: time.Second})
 	l, err := resilient.New(rs, resilient.Config{Instance: "shard", Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)

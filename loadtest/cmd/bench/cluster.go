@@ -68,7 +68,7 @@ func clusterRows(ctx context.Context, s clusterSetup) (func(), error) {
 		client.Close()
 		return nil, fmt.Errorf("-cluster %s: %w", strings.Join(s.addrs, ","), err)
 	}
-	rs := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(s.coalesce))
+	rs := redisstore.New(client, redisstore.Config{Timeout: 50 * time.Millisecond, Coalescing: s.coalesce})
 	lim, err := resilient.New(rs, resilient.Config{Instance: "bench-cluster", Logger: s.logger})
 	if err != nil {
 		client.Close()

@@ -243,7 +243,7 @@ func run(ctx context.Context, args []string) error {
 		return nil
 	}
 
-	rs := redisstore.New(client, redisstore.WithTimeout(50*time.Millisecond), redisstore.WithCoalescing(*coalesce))
+	rs := redisstore.New(client, redisstore.Config{Timeout: 50 * time.Millisecond, Coalescing: *coalesce})
 	// The memory rows first, on the fresh Redis (they flush it, so they run
 	// before any limiter of the rows below keeps fleet state in it).
 	if *memKeys > 0 && wants("memory/") {

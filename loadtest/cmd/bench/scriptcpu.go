@@ -96,7 +96,7 @@ func scriptCPURows(ctx context.Context, addr string, client redis.UniversalClien
 }
 
 // resendWindow is redisstore's default resend window
-// (redisstore.WithResendWindow).
+// (redisstore.Config.ResendWindow).
 const resendWindow = 3 * time.Second
 
 // scriptCPUCommands returns the two calls: our GCRA decision function,
@@ -109,7 +109,7 @@ func scriptCPUCommands(ctx context.Context, addr string, client redis.UniversalC
 		return nil, fmt.Errorf("FUNCTION LOAD: %w", err)
 	}
 	p := ratelimit.Policy{Name: "per-user", Algorithm: ratelimit.GCRA, Limit: limit, Window: time.Second}
-	key := redisstore.New(nil).Key(p, "x")
+	key := redisstore.New(nil, redisstore.Config{}).Key(p, "x")
 	ours := scriptCPUCmd{name: "ours-gcra", command: "fcall", args: []string{"FCALL", fn, "1",
 		key[:len(key)-12] + "__rand_int__", // 28 bytes, as every key
 		"0", strconv.Itoa(limit), strconv.FormatInt(p.Window.Microseconds(), 10), strconv.FormatInt(p.Capacity(), 10), "1",

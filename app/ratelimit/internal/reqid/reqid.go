@@ -60,7 +60,7 @@ const ShortLen = 11
 // Two requests of one key whose ids share a hash would be taken for one
 // (a resend, or one grant of the log): with 64 bits, never in practice;
 // a client that picks its ids can repeat one anyway (see
-// httplimit.WithTrustedRequestIDs).
+// httplimit.Config.TrustedRequestIDs).
 func Short(id string) string {
 	if len(id) < ShortLen {
 		return id
