@@ -44,22 +44,6 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	return "", fmt.Errorf("%w: unknown algorithm %q", ErrInvalidPolicy, s)
 }
 
-// FailureMode says what a resilient limiter does for a policy while its
-// shared store is unreachable.
-type FailureMode string
-
-// The failure modes.
-const (
-	// FailFallback decides from a local budget: this instance's share of
-	// what the store last said was left. The default.
-	FailFallback FailureMode = "fallback"
-	// FailOpen allows every request while the store is out.
-	FailOpen FailureMode = "open"
-	// FailClosed refuses every request while the store is out (for limits
-	// that guard logins and the like).
-	FailClosed FailureMode = "closed"
-)
-
 // Bounds on policy parameters. They keep every intermediate value of the
 // algorithms below 2^53, so that the Lua twins (which compute in float64)
 // stay exact.
@@ -88,8 +72,12 @@ type Policy struct {
 	Window time.Duration
 	// Burst is the capacity of TokenBucket and GCRA; 0 means Limit.
 	Burst int64
-	// FailureMode is used by the resilient limiter; "" means FailFallback.
-	FailureMode FailureMode
+	// FailureMode says what decides for the policy while a resilient
+	// limiter's shared store is out: ModeLocal (the default, ""), a local
+	// budget, this instance's share of what the store last said was left;
+	// ModeOpen, allow every request; ModeClosed, refuse every request (for
+	// limits that guard logins and the like).
+	FailureMode Mode
 	// FallbackFactor scales this instance's fallback share (0 means 1; 0.5
 	// gives a stricter outage budget). At most 1.
 	FallbackFactor float64
@@ -171,9 +159,9 @@ func (p Policy) Validate() error {
 		return bad("window", "limit × window is too large (at most 2^50 request-microseconds)")
 	}
 	switch p.FailureMode {
-	case "", FailFallback, FailOpen, FailClosed:
+	case "", ModeLocal, ModeOpen, ModeClosed:
 	default:
-		return bad("failure_mode", "must be fallback, open or closed, got %q", p.FailureMode)
+		return bad("failure_mode", "must be local, open or closed, got %q", p.FailureMode)
 	}
 	if !(p.FallbackFactor >= 0 && p.FallbackFactor <= 1) { // NaN fails both
 		return bad("fallback_factor", "must be in (0, 1], got %v", p.FallbackFactor)

@@ -116,7 +116,7 @@ descriptors:
 	}{
 		{[]entry{{"client", "a"}}, ratelimit.Policy{Name: "shop.client", Algorithm: ratelimit.SlidingWindowCounter, Limit: 10, Window: time.Second}},
 		{[]entry{{"burst", "a"}}, ratelimit.Policy{Name: "shop.burst", Algorithm: ratelimit.GCRA, Limit: 100, Window: 10 * time.Second,
-			Burst: 150, FailureMode: ratelimit.FailClosed}},
+			Burst: 150, FailureMode: ratelimit.ModeClosed}},
 		{[]entry{{"path", "/checkout/1"}}, ratelimit.Policy{Name: policyName("shop.path_/checkout*"), Algorithm: ratelimit.SlidingWindowLog, Limit: 5, Window: time.Minute}},
 	}
 	for _, c := range cases {

@@ -331,6 +331,10 @@ var units = map[string]struct {
 	"year":   {pb.RateLimitResponse_RateLimit_YEAR, 365 * 24 * time.Hour},
 }
 
+// failureModes are the failure modes a rate_limit names, and the decision
+// mode each stands for while Redis is out (as in the service's policy file).
+var failureModes = map[string]ratelimit.Mode{"fallback": ratelimit.ModeLocal, "open": ratelimit.ModeOpen, "closed": ratelimit.ModeClosed}
+
 // rateLimit loads the rate_limit of the descriptor at path.
 func (p *parser) rateLimit(n *yaml.Node, path string) (*Limit, error) {
 	fields, err := mapping(p.file, n, rateLimitKeys)
@@ -442,7 +446,11 @@ func (p *parser) rateLimit(n *yaml.Node, path string) (*Limit, error) {
 		if err != nil {
 			return nil, err
 		}
-		pol.FailureMode = ratelimit.FailureMode(s)
+		mode, ok := failureModes[s]
+		if !ok {
+			return nil, fileError(p.file, v, "failure_mode must be fallback, open or closed, got %q", s)
+		}
+		pol.FailureMode = mode
 	}
 	if rpu == 0 {
 		// Every request is over the limit; nothing to count.

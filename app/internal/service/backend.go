@@ -170,7 +170,7 @@ func newBackend(cfg Config, m *metrics, log *slog.Logger, now func() time.Time, 
 			st := rl.Status()
 			ls := leased.Stats()
 			mode := ratelimit.ModeRedis
-			if st.Breaker != resilient.BreakerClosed.String() {
+			if st.Breaker != string(resilient.BreakerClosed) {
 				mode = ratelimit.ModeLocal
 			}
 			out := Status{

@@ -268,7 +268,7 @@ func TestParsePoliciesFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := ratelimit.Policy{Name: "login", Algorithm: ratelimit.TokenBucket, Limit: 5, Window: time.Minute, Burst: 10,
-		FailureMode: ratelimit.FailClosed, FallbackFactor: 0.5, Shadow: true}
+		FailureMode: ratelimit.ModeClosed, FallbackFactor: 0.5, Shadow: true}
 	if got := set.Routes[0].Policies; len(got) != 2 || got[0] != want || got[1].Name != "per-ip" || got[1].Lease != 250*time.Millisecond {
 		t.Errorf("route policies = %+v", got)
 	}

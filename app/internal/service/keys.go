@@ -192,8 +192,8 @@ func inspectRedis(st ratelimit.Limiter, rl *resilient.Limiter, leased *lease.Lim
 				local.RefusedUntil = &t
 			}
 			if p.Lease > 0 {
-				if h, ok := leased.Inspect(p.Name, identity); ok {
-					local.Lease = &keyLease{Units: h.Units, Until: h.Until.UTC()}
+				if units, until, ok := leased.Inspect(p.Name, identity); ok {
+					local.Lease = &keyLease{Units: units, Until: until.UTC()}
 				}
 			}
 			out[i].Local = local

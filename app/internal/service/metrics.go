@@ -129,7 +129,7 @@ func (m *metrics) observeRedis(err error, latency time.Duration) {
 
 // observeTransition counts breaker transitions.
 func (m *metrics) observeTransition(from, to resilient.BreakerState) {
-	m.transitions.WithLabelValues(from.String(), to.String()).Inc()
+	m.transitions.WithLabelValues(string(from), string(to)).Inc()
 	m.recovery.observe(from, to)
 }
 

@@ -201,6 +201,10 @@ func (s PolicySet) routes(what string, list []routeJSON) ([]Route, error) {
 	return out, nil
 }
 
+// failureModes are the policy file's failure modes ("" is the default,
+// fallback) and the decision mode each stands for while Redis is out.
+var failureModes = map[string]ratelimit.Mode{"": "", "fallback": ratelimit.ModeLocal, "open": ratelimit.ModeOpen, "closed": ratelimit.ModeClosed}
+
 // policy converts and validates one policy entry.
 func (pj policyJSON) policy() (ratelimit.Policy, error) {
 	alg, err := ratelimit.ParseAlgorithm(pj.Algorithm)
@@ -214,6 +218,10 @@ func (pj policyJSON) policy() (ratelimit.Policy, error) {
 	if err != nil {
 		return ratelimit.Policy{}, fmt.Errorf(`window must be a duration such as "10s": %w`, err)
 	}
+	failureMode, ok := failureModes[pj.FailureMode]
+	if !ok {
+		return ratelimit.Policy{}, fmt.Errorf("failure_mode must be fallback, open or closed, got %q", pj.FailureMode)
+	}
 	var lease time.Duration
 	if pj.Lease != "" {
 		if lease, err = time.ParseDuration(pj.Lease); err != nil {
@@ -226,7 +234,7 @@ func (pj policyJSON) policy() (ratelimit.Policy, error) {
 		Limit:          pj.Limit,
 		Window:         window,
 		Burst:          pj.Burst,
-		FailureMode:    ratelimit.FailureMode(pj.FailureMode),
+		FailureMode:    failureMode,
 		FallbackFactor: pj.FallbackFactor,
 		Shadow:         pj.Shadow,
 		Lease:          lease,

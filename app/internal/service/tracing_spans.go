@@ -161,7 +161,7 @@ func (r *recoverySpans) observe(from, to resilient.BreakerState) {
 		}()
 	case resilient.BreakerRecovering:
 		_, span := r.tracer.Start(context.Background(), "ratelimit.recovery", trace.WithNewRoot(), trace.WithTimestamp(now),
-			trace.WithAttributes(attribute.String("ratelimit.breaker.from", from.String())))
+			trace.WithAttributes(attribute.String("ratelimit.breaker.from", string(from))))
 		r.mu.Lock()
 		r.span = span
 		r.mu.Unlock()
@@ -180,7 +180,7 @@ func (r *recoverySpans) end(to resilient.BreakerState, now time.Time) {
 	}
 	go func() {
 		after := r.counts()
-		span.SetAttributes(attribute.String("ratelimit.breaker.to", to.String()))
+		span.SetAttributes(attribute.String("ratelimit.breaker.to", string(to)))
 		if before.ok && after.ok {
 			span.SetAttributes(
 				attribute.Int64("ratelimit.replayed_units", int64(after.replayed-before.replayed)),

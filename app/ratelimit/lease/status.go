@@ -43,25 +43,18 @@ func (l *Limiter) Stats() Stats {
 	return s
 }
 
-// Held is a lease a key holds at this instance (Inspect): the units left
-// on it, and when it ends (this instance's clock). Its units are counted in
-// the store already.
-type Held struct {
-	Units int64
-	Until time.Time
-}
-
 // Inspect returns the lease key holds under the policy named policy at
-// this instance; ok is false when it holds none (none taken, spent, or
-// ended). It is safe for concurrent use and counts nothing: the lease and
-// the key's demand stay as they were.
-func (l *Limiter) Inspect(policy, key string) (h Held, ok bool) {
+// this instance: the units left on it, counted in the store already, and
+// when it ends (this instance's clock); ok is false when it holds none
+// (none taken, spent, or ended). It is safe for concurrent use and counts
+// nothing: the lease and the key's demand stay as they were.
+func (l *Limiter) Inspect(policy, key string) (units int64, until time.Time, ok bool) {
 	now := l.cfg.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.keys[leaseKey{policy, key}]
 	if e == nil || e.units <= 0 || !now.Before(e.until) {
-		return Held{}, false
+		return 0, time.Time{}, false
 	}
-	return Held{Units: e.units, Until: e.until}, true
+	return e.units, e.until, true
 }

@@ -49,12 +49,12 @@ type ClientConfig struct {
 	TLS *tls.Config
 }
 
-// Options returns the universal options for the configuration, tuned for a
+// options returns the universal options for the configuration, tuned for a
 // rate limiter: no automatic retries (a retried decision could be counted
 // twice, and a failed call must fail fast so the fallback can take over),
 // timeouts that bound socket reads through the context, and a pool sized
 // for concurrent decisions.
-func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
+func (c ClientConfig) options() (*redis.UniversalOptions, error) {
 	timeout := c.Timeout
 	if timeout <= 0 {
 		timeout = 50 * time.Millisecond
@@ -151,7 +151,7 @@ func (c ClientConfig) Options() (*redis.UniversalOptions, error) {
 // NewClient returns a client for the configuration. Nothing is dialled
 // yet: an unreachable Redis is not an error here.
 func NewClient(c ClientConfig) (redis.UniversalClient, error) {
-	o, err := c.Options()
+	o, err := c.options()
 	if err != nil {
 		return nil, err
 	}

@@ -54,3 +54,6 @@ func (l *Store) Ext() ext { return ext{l} }
 func (l *Store) DecideWire(ctx context.Context, req contract.Request) (contract.Decision, error) {
 	return l.decide(ctx, req)
 }
+
+// OptionsForTest returns c's universal options (options).
+func (c ClientConfig) OptionsForTest() (*redis.UniversalOptions, error) { return c.options() }

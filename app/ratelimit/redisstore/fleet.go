@@ -47,7 +47,7 @@ func (l *Store) Ping(ctx context.Context) error {
 // Warm opens up to n connections of a single-node client now (at most
 // PoolSize-2, so the heartbeat and the first decisions always find one), so
 // the first decisions after a start do not each pay a dial: the client keeps
-// no idle connections warm on its own (see ClientConfig.Options). A Cluster
+// no idle connections warm on its own (see ClientConfig.options). A Cluster
 // client, whose pools are per node, is left alone. Before that it loads
 // the function library (on every master of a Cluster), so that the first
 // decisions on a Redis that never had it do not each meet "Function not

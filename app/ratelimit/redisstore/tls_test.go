@@ -96,11 +96,11 @@ func TestTLSStandalone(t *testing.T) {
 
 // TestTLSConfigErrors: TLS with a redis:// URL is an error, not plaintext.
 func TestTLSConfigErrors(t *testing.T) {
-	_, err := redisstore.ClientConfig{URL: "redis://127.0.0.1:6379/0", TLS: &tls.Config{}}.Options()
+	_, err := redisstore.ClientConfig{URL: "redis://127.0.0.1:6379/0", TLS: &tls.Config{}}.OptionsForTest()
 	if err == nil || !strings.Contains(err.Error(), "use rediss://") {
 		t.Errorf("redis:// URL with TLS: %v, want an error saying to use rediss://", err)
 	}
-	o, err := redisstore.ClientConfig{URL: "rediss://localhost:6380/0", TLS: &tls.Config{MinVersion: tls.VersionTLS13}}.Options()
+	o, err := redisstore.ClientConfig{URL: "rediss://localhost:6380/0", TLS: &tls.Config{MinVersion: tls.VersionTLS13}}.OptionsForTest()
 	if err != nil || o.TLSConfig == nil || o.TLSConfig.MinVersion != tls.VersionTLS13 || o.TLSConfig.ServerName != "localhost" {
 		t.Errorf("rediss:// URL with TLS: %+v, %v; want TLS's config with the URL's host as ServerName", o.TLSConfig, err)
 	}

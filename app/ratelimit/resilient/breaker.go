@@ -6,31 +6,33 @@ import (
 	"time"
 )
 
-// BreakerState is the circuit breaker's state.
-type BreakerState int32
+// BreakerState is the circuit breaker's state, as Status reports it.
+type BreakerState string
 
 // The breaker states.
 const (
 	// BreakerClosed: decisions go to the shared store.
-	BreakerClosed BreakerState = iota
+	BreakerClosed BreakerState = "closed"
 	// BreakerOpen: the store is failing; decisions are local and a prober
 	// checks the store in the background.
-	BreakerOpen
+	BreakerOpen BreakerState = "open"
 	// BreakerRecovering: the prober reached the store; the journal of local
 	// grants is being replayed. Decisions stay local until it is done.
-	BreakerRecovering
+	BreakerRecovering BreakerState = "recovering"
 )
 
-func (s BreakerState) String() string {
+// breakerStates are the states by their number in breaker.state.
+var breakerStates = [...]BreakerState{BreakerClosed, BreakerOpen, BreakerRecovering}
+
+// stateNumber is s's index in breakerStates.
+func stateNumber(s BreakerState) int32 {
 	switch s {
-	case BreakerClosed:
-		return "closed"
 	case BreakerOpen:
-		return "open"
+		return 1
 	case BreakerRecovering:
-		return "recovering"
+		return 2
 	}
-	return "unknown"
+	return 0
 }
 
 // breaker counts consecutive failures and moves between the states. Reads of
@@ -71,7 +73,7 @@ type breaker struct {
 	opens atomic.Uint64
 }
 
-func (b *breaker) State() BreakerState { return BreakerState(b.state.Load()) }
+func (b *breaker) State() BreakerState { return breakerStates[b.state.Load()] }
 
 // success records that the store answered, and resets the failure count of
 // a closed breaker.
@@ -206,7 +208,7 @@ func (b *breaker) setLocked(to BreakerState, reason string) {
 	if to == BreakerOpen {
 		b.opens.Add(1)
 	}
-	b.state.Store(int32(to))
+	b.state.Store(stateNumber(to))
 	if b.onChange != nil {
 		b.onChange(from, to, reason)
 	}

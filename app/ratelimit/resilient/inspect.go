@@ -68,7 +68,7 @@ func (l *Limiter) Inspect(p ratelimit.Policy, key string) KeyState {
 		}
 	}
 	live := held && c.localInit && !c.needsLocal(closed)
-	if failureMode(p) != ratelimit.FailFallback || closed && !live {
+	if failureMode(p) != ratelimit.ModeLocal || closed && !live {
 		return ks
 	}
 	if !held { // as rebuild, without counting a rebuild

@@ -252,7 +252,7 @@ func TestLateGrantOfAnUnseenKeyIsChargedInFull(t *testing.T) {
 	if st := l.Status(); st.Late.Counted != 1 {
 		t.Fatalf("late %+v, journal %+v: want the grant counted (Redis refused the request)", st.Late, st.Journal)
 	}
-	if l.Status().Breaker != resilient.BreakerClosed.String() {
+	if l.Status().Breaker != string(resilient.BreakerClosed) {
 		t.Fatalf("breaker %s, want closed throughout", l.Status().Breaker)
 	}
 	// Redis' bucket was full again before the replay: the charge leaves
@@ -345,7 +345,7 @@ func behindSlowProxy(t *testing.T) (*redistest.Server, *redistest.Proxy, *resili
 func TestFailClosedRefundsALateAdmission(t *testing.T) {
 	l, px, srv := lateReplyLimiter(t, 0)
 	ctx := context.Background()
-	p := ratelimit.Policy{Name: "closed", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Hour, FailureMode: ratelimit.FailClosed}
+	p := ratelimit.Policy{Name: "closed", Algorithm: ratelimit.SlidingWindowLog, Limit: 10, Window: time.Hour, FailureMode: ratelimit.ModeClosed}
 	rs := redisstore.New(srv.Client(), redisstore.Config{})
 	px.Latency(60 * time.Millisecond)
 	const n = 3

@@ -39,9 +39,9 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req contract.Request, un
 	now := l.storeNow()
 	var d contract.Decision
 	switch failureMode(p) {
-	case ratelimit.FailOpen:
+	case ratelimit.ModeOpen:
 		d = contract.Decision{Decision: ratelimit.Decision{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), Mode: ratelimit.ModeOpen}}
-	case ratelimit.FailClosed:
+	case ratelimit.ModeClosed:
 		// Refused as any local refusal: a store that admitted it late
 		// gets the refund below (TestFailClosedRefundsALateAdmission).
 		d = contract.Decision{Decision: ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}}
@@ -174,10 +174,10 @@ func (l *Limiter) fleetSize() int64 {
 	return max(1, l.live.Load()+l.suspect.Load())
 }
 
-// failureMode is p's FailureMode, with the default (FailFallback) filled in.
-func failureMode(p ratelimit.Policy) ratelimit.FailureMode {
+// failureMode is p's FailureMode, with the default (ModeLocal) filled in.
+func failureMode(p ratelimit.Policy) ratelimit.Mode {
 	if p.FailureMode == "" {
-		return ratelimit.FailFallback
+		return ratelimit.ModeLocal
 	}
 	return p.FailureMode
 }

@@ -158,7 +158,7 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 			e.charge(p, g)
 			e.journaled = true
 		})
-		l.br.state.Store(int32(BreakerOpen))
+		l.br.state.Store(stateNumber(BreakerOpen))
 		l.br.opens.Add(1)
 	}
 	if s, ok := l.ext.(contract.LateReporter); ok {
@@ -188,7 +188,7 @@ func New(backend store.Store, cfg Config) (*Limiter, error) {
 				}()
 			}
 		}
-		l.cfg.Logger.Warn("rate limiter breaker transition", "from", from.String(), "to", to.String(), "reason", reason)
+		l.cfg.Logger.Warn("rate limiter breaker transition", "from", string(from), "to", string(to), "reason", reason)
 		if cfg.OnTransition != nil {
 			cfg.OnTransition(from, to)
 		}

@@ -94,12 +94,12 @@ func TestFallbackFactorAndFailureModes(t *testing.T) {
 			t.Fatalf("factor 0.5: %d, want 12 (half of a quarter of 100)", got)
 		}
 		open := base
-		open.Name, open.FailureMode = "open", ratelimit.FailOpen
+		open.Name, open.FailureMode = "open", ratelimit.ModeOpen
 		if got := admit(t, l, open, "k", 200, ratelimit.ModeOpen); got != 200 {
 			t.Fatalf("fail open: %d of 200", got)
 		}
 		closed := base
-		closed.Name, closed.FailureMode = "closed", ratelimit.FailClosed
+		closed.Name, closed.FailureMode = "closed", ratelimit.ModeClosed
 		if got := admit(t, l, closed, "k", 5, ratelimit.ModeClosed); got != 0 {
 			t.Fatalf("fail closed: %d of 5", got)
 		}

@@ -84,7 +84,7 @@ func (l *Limiter) Status() Status {
 	js := l.journal.Stats()
 	return Status{
 		Instance:        l.cfg.Instance,
-		Breaker:         l.br.State().String(),
+		Breaker:         string(l.br.State()),
 		Opens:           l.br.opens.Load(),
 		Live:            l.live.Load(),
 		Suspect:         l.suspect.Load(),

@@ -48,12 +48,13 @@ type clusterSetup struct {
 // the Cluster's limiter and client.
 func clusterRows(ctx context.Context, s clusterSetup) (func(), error) {
 	cc := redisstore.ClientConfig{Addrs: s.addrs, Cluster: true, Timeout: 50 * time.Millisecond, PoolSize: s.pool}
-	opts, err := cc.Options()
+	uc, err := redisstore.NewClient(cc)
 	if err != nil {
 		return nil, err
 	}
-	client, ok := redis.NewUniversalClient(opts).(*redis.ClusterClient)
+	client, ok := uc.(*redis.ClusterClient)
 	if !ok {
+		uc.Close()
 		return nil, errors.New("-cluster: no Cluster client")
 	}
 	var masters atomic.Int64

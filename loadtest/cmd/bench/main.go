@@ -189,11 +189,10 @@ func run(ctx context.Context, args []string) error {
 		gs = append(gs, n)
 	}
 	cc := redisstore.ClientConfig{Addrs: []string{*addr}, Timeout: 50 * time.Millisecond, PoolSize: *pool}
-	opts, err := cc.Options()
+	client, err := redisstore.NewClient(cc)
 	if err != nil {
 		return err
 	}
-	client := redis.NewUniversalClient(opts)
 	defer client.Close()
 	if err := client.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis %s: %w", *addr, err)
