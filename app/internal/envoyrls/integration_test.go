@@ -66,14 +66,17 @@ func startRLS(t *testing.T, dir string, clk *clock, opts ...envoyrls.Option) *rl
 	t.Helper()
 	srv := redistest.StartServer(t, redistest.ServerOptions{AOF: true})
 	rc := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, PoolSize: 8,
-		DialTimeout: 100 * time.Millisecond, ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond})
+		DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second})
 	t.Cleanup(func() { _ = rc.Close() })
 	var storeCfg redisstore.Config
 	if clk != nil {
 		storeCfg.Clock = clk.Now
 	}
 	lim, err := resilient.New(redisstore.New(rc, storeCfg), resilient.Config{
-		Instance: "rls-test", Timeout: 100 * time.Millisecond, ProbeInterval: 100 * time.Millisecond,
+		// Timeouts far above a decision's time even under -race on a busy
+		// host: a call that timed out would be decided locally, and the
+		// tests count what Redis decided.
+		Instance: "rls-test", Timeout: time.Second, ProbeInterval: 100 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)

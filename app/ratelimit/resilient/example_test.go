@@ -39,7 +39,6 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer replayClient.Close()
-
 	backend := redisstore.New(client, redisstore.Config{
 		ReplayClient: replayClient,
 		Timeout:      timeout,
