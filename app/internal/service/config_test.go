@@ -274,6 +274,27 @@ func TestParsePoliciesFull(t *testing.T) {
 	}
 }
 
+// TestFailureModesAreDecisionModes: each failure_mode of the policy file is
+// the mode that then decides (X-RateLimit-Mode): fallback the local share,
+// open and closed themselves; none is the default (the local share).
+func TestFailureModesAreDecisionModes(t *testing.T) {
+	for file, want := range map[string]ratelimit.Mode{
+		"":         "",
+		"fallback": ratelimit.ModeLocal,
+		"open":     ratelimit.ModeOpen,
+		"closed":   ratelimit.ModeClosed,
+	} {
+		set, err := ParsePolicies([]byte(`{"policies": [{"name": "p", "algorithm": "gcra", "limit": 5, "window": "1s", "failure_mode": "` +
+			file + `"}], "routes": [{"pattern": "/api/p", "policies": ["p"]}]}`))
+		if err != nil {
+			t.Fatalf("failure_mode %q: %v", file, err)
+		}
+		if got := set.Routes[0].Policies[0].FailureMode; got != want {
+			t.Errorf("failure_mode %q: FailureMode %q, want %q", file, got, want)
+		}
+	}
+}
+
 // TestBadLeaseNamesTheField: a lease on another algorithm than gcra, one
 // longer than a quarter of the refill time, or not a duration fails the
 // load with the policy and the field named.
