@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -328,6 +329,15 @@ func behindSlowProxy(t *testing.T) (*redistest.Server, *redistest.Proxy, *resili
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
+	// Every connection of the pool open before a test slows the replies:
+	// a call that had to dial would wait for the handshake's delayed reply
+	// before its command reached Redis, and reach it too late for what the
+	// test means to show (heartbeats hold connections for the whole delay).
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { _ = client.Do(context.Background(), "BLPOP", "warm-the-pool", "0.05").Err() })
+	}
+	wg.Wait()
 	cfg := recoveryConfig("app1")
 	cfg.ExpectedInstances = 1
 	l, err := resilient.New(redisstore.New(client, redisstore.Config{Timeout: fleetTimeout, Coalescing: 4}), cfg)
