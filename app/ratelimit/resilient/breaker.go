@@ -1,6 +1,7 @@
 package resilient
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,16 +25,8 @@ const (
 // breakerStates are the states by their number in breaker.state.
 var breakerStates = [...]BreakerState{BreakerClosed, BreakerOpen, BreakerRecovering}
 
-// stateNumber is s's index in breakerStates.
-func stateNumber(s BreakerState) int32 {
-	switch s {
-	case BreakerOpen:
-		return 1
-	case BreakerRecovering:
-		return 2
-	}
-	return 0
-}
+// stateNumber is s's number in breaker.state.
+func stateNumber(s BreakerState) int32 { return int32(slices.Index(breakerStates[:], s)) }
 
 // breaker counts consecutive failures and moves between the states. Reads of
 // the state are one atomic load; a success is two atomic operations on the

@@ -204,9 +204,9 @@ type chargeGroup struct {
 }
 
 // chargeTimes returns the store's clock now, at the earliest it can read
-// (netOfRefill), and the cutoff from which this pass charges the groups' grants in full
-// (contract.Cutoff): the first charge of the fleet's recovery, when the
-// store says, else now. Charged net of refill up to its own replay, a
+// (netOfRefill), and the cutoff from which this pass charges the groups'
+// grants in full (contract.Cutoff): the first charge of the fleet's
+// recovery, when the store says, else now. Charged net of refill up to its own replay, a
 // share that replays after another instance's would spend refill the
 // store credits too: the store's bucket, full until the first charge,
 // refills at the whole rate from then on, while the share counts only its
