@@ -1,6 +1,9 @@
 package resilient_test
 
 import (
+	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -80,6 +83,68 @@ func TestFallbackShareIgnoresCapacityFreedBeforeConfirmation(t *testing.T) {
 			t.Fatalf("at 20.8 s: %d more local grants, want 15 (a quarter of 100, less the 10)", got)
 		}
 	})
+}
+
+// TestCounterShareAgesOnlyFromConfirmation: a sliding window counter's
+// previous count weighs less as its window passes, and the store gives
+// what that frees to the instances deciding in it. A local share counts
+// that ageing only from when the others hold its part back: with the
+// breaker closed (calls timing out, heartbeats answered) not at all, with
+// the store out from the confirmation on. Counted from the reply, a key
+// behind a slow Redis was granted its ageing twice, by the shares and by
+// the store (chaos redis-slow: 1.12 of the limit in one window).
+func TestCounterShareAgesOnlyFromConfirmation(t *testing.T) {
+	cases := []struct {
+		name string
+		open bool
+		want int
+	}{
+		// The reply at 15 s: 100 × 0.5 + 1 = 51 used; a quarter of the 49
+		// left, however long the store goes on deciding.
+		{"breaker closed", false, 12},
+		// Out from 15 s; confirmed at 15.5 s (the last heartbeat, at 15 s,
+		// plus 0.5 s): at 17.5 s 100 × 0.25 + 1 = 26 used, and the 5 that
+		// aged out before the confirmation taken: a quarter of 69.
+		{"store out", true, 17},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFakeStore()
+				var hang atomic.Bool // decisions time out, heartbeats answer
+				decide := f.DecideFunc
+				f.DecideFunc = func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+					if hang.Load() {
+						<-ctx.Done()
+						return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
+					}
+					return decide(ctx, req)
+				}
+				l := newLimiter(t, f, resilient.Config{})
+				p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowCounter, Limit: 100, Window: 10 * time.Second}
+				if got := admit(t, l, p, "k", 100, ratelimit.ModeRedis); got != 100 {
+					t.Fatalf("first window: %d of 100", got)
+				}
+				time.Sleep(15*time.Second - time.Since(time.Unix(946684800, 0)))
+				synctest.Wait()
+				if got := admit(t, l, p, "k", 1, ratelimit.ModeRedis); got != 1 {
+					t.Fatal("the reply at 15 s refused")
+				}
+				if c.open {
+					f.down.Store(true)
+				} else {
+					hang.Store(true)
+				}
+				settle(2500 * time.Millisecond)
+				if got := admit(t, l, p, "k", 40, ratelimit.ModeLocal); got != c.want {
+					t.Fatalf("%d local grants, want %d", got, c.want)
+				}
+				if closed := l.Breaker() == resilient.BreakerClosed; closed == c.open {
+					t.Fatalf("breaker %s", l.Breaker())
+				}
+			})
+		})
+	}
 }
 
 func TestFallbackFactorAndFailureModes(t *testing.T) {
