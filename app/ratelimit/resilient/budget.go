@@ -64,9 +64,28 @@ type share struct {
 	// back, and may take capacity that frees up meanwhile (refill, grants
 	// ageing out); the local share does not count that capacity.
 	confirmed int64
+	// weight is what this instance's store calls hold back for the
+	// others (decide.go, weight) when the share is a closed breaker's
+	// (a call that timed out): the store refuses past the limit it leaves.
+	weight contract.Weight
 }
 
 func (s share) of(x float64) float64 { return x * s.factor / s.n }
+
+// free is this instance's part of what a window algorithm's limit leaves
+// when used of it is taken (used and the result in units × scale): a share
+// of the rest, or, with the breaker closed and the others held back, a part
+// of what the store's held-back limit leaves among the instances deciding
+// in it. A share of the whole limit granted what the store, deciding with
+// the weight, refused to every caller (chaos redis-slow: a counter key at
+// 1.2 of its limit while two of four instances were out).
+func (s share) free(limit int64, used, scale float64) float64 {
+	if s.weight == (contract.Weight{}) {
+		return s.of(float64(limit)*scale - used)
+	}
+	held := limit * s.weight.Den / s.weight.Num // the scripts' limit (algorithm.limitOf)
+	return (float64(held)*scale - used) * s.factor / float64(s.weight.Den)
+}
 
 // decideLocal decides from the local budget at store time now (µs): this
 // instance's share of what the store last said was left, with refill and
@@ -218,7 +237,7 @@ func (e *entry) windowLog(p ratelimit.Policy, now, cost int64, sh share) contrac
 		}
 	}
 	local := p
-	local.Limit = int64(math.Floor(sh.of(float64(max(0, p.Limit-pre))) + 1e-9))
+	local.Limit = int64(math.Floor(max(0, sh.free(p.Limit, float64(pre), 1)) + 1e-9))
 	return algorithm.WindowLogDecide(local, &e.log, now, cost, contract.Weight{})
 }
 
@@ -246,7 +265,7 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) con
 		}
 	}
 	lc, lp := e.wc.Shift(start, w)
-	room := sh.of(float64(p.Limit*w - known)) // this instance's part, units × µs
+	room := sh.free(p.Limit, float64(known), float64(w)) // this instance's part, units × µs
 	used := float64(lp*(w-elapsed) + lc*w)
 	var d contract.Decision
 	if used+float64(cost*w) <= room+1e-6 {

@@ -54,6 +54,7 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req contract.Request, un
 			// the share has only what the snapshot showed left
 			// (TestLateGrantOfAnUnseenKeyIsChargedInFull).
 			part.confirmed = math.MaxInt64
+			part.weight = l.weight(p.Algorithm)
 		}
 		sh := l.keys.shard(k)
 		sh.mu.Lock()

@@ -200,6 +200,46 @@ func TestSuspectInstancesAreHeldBack(t *testing.T) {
 // the window algorithms'. Before, the first instance to close after an
 // outage spent in Redis what the others still granted locally (redis-kill
 // natively, without the fault proxy: one over the limit).
+// TestClosedShareIsOfTheHeldBackLimit: two of four instances are out and
+// held back, so the two deciding in the store do so at half the limit. A
+// call of theirs that times out with the breaker closed is decided from
+// their part of what that half leaves, not from a quarter of what the whole
+// limit leaves: the store refuses past the half to every caller, and the
+// shares of the two out are theirs.
+func TestClosedShareIsOfTheHeldBackLimit(t *testing.T) {
+	for _, alg := range []ratelimit.Algorithm{ratelimit.SlidingWindowLog, ratelimit.SlidingWindowCounter} {
+		t.Run(string(alg), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFakeStore()
+				f.live.Store(2)
+				f.susp.Store(2)
+				var hang atomic.Bool // decisions time out, heartbeats answer
+				decide := f.DecideFunc
+				f.DecideFunc = func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+					if hang.Load() {
+						<-ctx.Done()
+						return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
+					}
+					return decide(ctx, req)
+				}
+				l := newLimiter(t, f, resilient.Config{})
+				p := ratelimit.Policy{Name: "p", Algorithm: alg, Limit: 100, Window: time.Hour}
+				if got := admit(t, l, p, "k", 30, ratelimit.ModeRedis); got != 30 {
+					t.Fatalf("in the store: %d of 30", got)
+				}
+				hang.Store(true)
+				// The store leaves 50 - 30 = 20 to the two deciding in it.
+				if got := admit(t, l, p, "k", 40, ratelimit.ModeLocal); got != 10 {
+					t.Fatalf("%d local grants, want 10 (half of the 20 the held-back limit leaves)", got)
+				}
+				if l.Breaker() != resilient.BreakerClosed {
+					t.Fatalf("breaker %s", l.Breaker())
+				}
+			})
+		})
+	}
+}
+
 func TestRecoveringInstancesAreHeldBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &stagedFake{fakeStore: newFakeStore()}
