@@ -107,6 +107,22 @@ func newFakeStore() *fakeStore {
 	return f
 }
 
+// hangDecisions makes the store's decisions, from when the returned flag
+// is set, time out at their deadlines while its heartbeats answer: a slow
+// store, with the breaker closed.
+func (f *fakeStore) hangDecisions() *atomic.Bool {
+	hang := new(atomic.Bool)
+	decide := f.DecideFunc
+	f.DecideFunc = func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
+		if hang.Load() {
+			<-ctx.Done()
+			return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
+		}
+		return decide(ctx, req)
+	}
+	return hang
+}
+
 // fail fails a call like a refused connection, or, hanging, at its
 // deadline.
 func (f *fakeStore) fail(ctx context.Context) error {

@@ -1,9 +1,6 @@
 package resilient_test
 
 import (
-	"context"
-	"fmt"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -111,15 +108,7 @@ func TestCounterShareAgesOnlyFromConfirmation(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newFakeStore()
-				var hang atomic.Bool // decisions time out, heartbeats answer
-				decide := f.DecideFunc
-				f.DecideFunc = func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
-					if hang.Load() {
-						<-ctx.Done()
-						return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
-					}
-					return decide(ctx, req)
-				}
+				hang := f.hangDecisions()
 				l := newLimiter(t, f, resilient.Config{})
 				p := ratelimit.Policy{Name: "p", Algorithm: ratelimit.SlidingWindowCounter, Limit: 100, Window: 10 * time.Second}
 				if got := admit(t, l, p, "k", 100, ratelimit.ModeRedis); got != 100 {
@@ -213,15 +202,7 @@ func TestClosedShareIsOfTheHeldBackLimit(t *testing.T) {
 				f := newFakeStore()
 				f.live.Store(2)
 				f.susp.Store(2)
-				var hang atomic.Bool // decisions time out, heartbeats answer
-				decide := f.DecideFunc
-				f.DecideFunc = func(ctx context.Context, req ratelimit.Request) (ratelimit.Decision, error) {
-					if hang.Load() {
-						<-ctx.Done()
-						return ratelimit.Decision{}, fmt.Errorf("%w: %w", ratelimit.ErrUnavailable, ctx.Err())
-					}
-					return decide(ctx, req)
-				}
+				hang := f.hangDecisions()
 				l := newLimiter(t, f, resilient.Config{})
 				p := ratelimit.Policy{Name: "p", Algorithm: alg, Limit: 100, Window: time.Hour}
 				if got := admit(t, l, p, "k", 30, ratelimit.ModeRedis); got != 30 {
