@@ -65,8 +65,8 @@ type share struct {
 	// ageing out); the local share does not count that capacity.
 	confirmed int64
 	// weight is what this instance's store calls hold back for the
-	// others (decide.go, weight) when the share is a closed breaker's
-	// (a call that timed out): the store refuses past the limit it leaves.
+	// others held back (decide.go, weight): the store refuses past the
+	// limit that leaves, and what it shows used is of that limit.
 	weight contract.Weight
 }
 
@@ -74,11 +74,12 @@ func (s share) of(x float64) float64 { return x * s.factor / s.n }
 
 // free is this instance's part of what a window algorithm's limit leaves
 // when used of it is taken (used and the result in units × scale): a share
-// of the rest, or, with the breaker closed and the others held back, a part
-// of what the store's held-back limit leaves among the instances deciding
-// in it. A share of the whole limit granted what the store, deciding with
-// the weight, refused to every caller (chaos redis-slow: a counter key at
-// 1.2 of its limit while two of four instances were out).
+// of the rest or, with others held back, a part of what the store's
+// held-back limit leaves among the instances deciding in it (the held-back
+// ones have their shares of the rest). A share of the whole limit granted
+// what the store, deciding with the weight, refused to every caller, or
+// had left to the held-back ones (chaos redis-slow: a counter key at 1.2
+// of its limit while two of four instances were out).
 func (s share) free(limit int64, used, scale float64) float64 {
 	if s.weight == (contract.Weight{}) {
 		return s.of(float64(limit)*scale - used)

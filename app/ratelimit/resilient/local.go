@@ -46,7 +46,9 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req contract.Request, un
 		// gets the refund below (TestFailClosedRefundsALateAdmission).
 		d = contract.Decision{Decision: ratelimit.Decision{Limit: p.Capacity(), RetryAfter: l.cfg.ProbeInterval, ResetAfter: l.cfg.ProbeInterval, Mode: ratelimit.ModeClosed}}
 	default:
-		part := share{n: float64(l.fleetSize()), factor: fallbackFactor(p), confirmed: l.confirmedAt()}
+		// The weight: while others are held back, the store decides at
+		// the limit they leave, and what it shows used is of that limit.
+		part := share{n: float64(l.fleetSize()), factor: fallbackFactor(p), confirmed: l.confirmedAt(), weight: l.weight(p.Algorithm)}
 		closed := l.br.State() == BreakerClosed
 		if closed {
 			// The store still decides (this call timed out, or waits
@@ -54,7 +56,6 @@ func (l *Limiter) decideLocal(k key, id store.Identity, req contract.Request, un
 			// the share has only what the snapshot showed left
 			// (TestLateGrantOfAnUnseenKeyIsChargedInFull).
 			part.confirmed = math.MaxInt64
-			part.weight = l.weight(p.Algorithm)
 		}
 		sh := l.keys.shard(k)
 		sh.mu.Lock()
