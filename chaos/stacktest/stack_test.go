@@ -693,15 +693,23 @@ func (s *stack) waitFleetMode(t *testing.T, want, path, key string, deadline tim
 func kill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
 
 // checkClientReset: clients that reset their connections right after
-// sending, against a spent key, never get its handler run: every app's
-// uncounted_requests stays 0, and the sliding window log's route (whose
-// spent key frees nothing within the check) answers no 200 meanwhile.
+// sending, against a spent key, never get its handler run without a
+// counted decision: every app's uncounted_requests stays 0, and the sliding
+// window log's route (whose spent key frees nothing within the check)
+// answers no 200 that Redis admitted. A 200 may only be a local share's
+// grant: on a loaded host a call times out, and an instance that has no
+// reply for the key yet (an app restarted by the check before) grants from
+// its share of the quota (docs/GUARANTEES.md, "A call that timed out but
+// ran"); CI=true make test saw four such.
 func checkClientReset(t *testing.T, s *stack, run string) {
-	route := "/api/sliding-window-log"
+	route, policy := "/api/sliding-window-log", "sliding-window-log"
 	key := "reset-" + run
 	hdr := withKey(key)
 	exhaust(t, s, route, hdr, 1000)
-	before := s.counters(t, route)
+	before := s.counters(t, route, policy)
+	if before.redisGrants == 0 {
+		t.Fatalf("no %s admissions by Redis in ratelimit_decisions_total after spending the key: the metric was not read", policy)
+	}
 	addr := strings.TrimPrefix(s.info.NginxURL, "http://")
 	req := fmt.Sprintf("GET %s HTTP/1.1\r\nHost: %s\r\nX-API-Key: %s\r\n\r\n", route, addr, hdr.Get("X-Api-Key"))
 	for i := range 400 {
@@ -717,20 +725,29 @@ func checkClientReset(t *testing.T, s *stack, run string) {
 		_ = conn.Close()
 	}
 	time.Sleep(200 * time.Millisecond) // the apps finish what reached them
-	after := s.counters(t, route)
-	if after.uncounted != before.uncounted || after.ok != before.ok {
-		t.Errorf("after 400 resets against a spent key: uncounted %v -> %v, %s 200s %v -> %v; want both unchanged",
-			before.uncounted, after.uncounted, route, before.ok, after.ok)
+	after := s.counters(t, route, policy)
+	local := after.localGrants - before.localGrants
+	if after.uncounted != before.uncounted || after.ok-before.ok > local || after.redisGrants != before.redisGrants {
+		t.Errorf("after 400 resets against a spent key: uncounted %v -> %v, %s 200s %v -> %v, admitted by Redis %v -> %v, "+
+			"by local shares %v more; want uncounted and Redis' admissions unchanged, and no 200 but local grants",
+			before.uncounted, after.uncounted, route, before.ok, after.ok, before.redisGrants, after.redisGrants, local)
+	}
+	if local > 0 {
+		t.Logf("%v requests were granted by local shares (calls that timed out)", local)
 	}
 	t.Logf("%d requests reached the apps and ended without an answer (499)", int(after.gone-before.gone))
 }
 
 // fleetCounters are counters summed over the instances.
-type fleetCounters struct{ uncounted, ok, gone float64 }
+type fleetCounters struct {
+	uncounted, ok, gone      float64
+	redisGrants, localGrants float64 // the policy's admissions by mode
+}
 
-// counters reads every instance's uncounted_requests (/status) and its
-// route's 200s and 499s (/metrics).
-func (s *stack) counters(t *testing.T, route string) fleetCounters {
+// counters reads every instance's uncounted_requests (/status), its
+// route's 200s and 499s, and policy's admissions by Redis and by local
+// shares (/metrics).
+func (s *stack) counters(t *testing.T, route, policy string) fleetCounters {
 	t.Helper()
 	var c fleetCounters
 	for _, a := range s.info.Apps {
@@ -754,16 +771,27 @@ func (s *stack) counters(t *testing.T, route string) fleetCounters {
 		body, _ := io.ReadAll(resp.Body)
 		_ = resp.Body.Close()
 		for _, l := range strings.Split(string(body), "\n") {
-			if !strings.HasPrefix(l, "ratelimit_http_requests_total{") || !strings.Contains(l, `route="`+route+`"`) {
+			f := strings.Fields(l)
+			if len(f) == 0 {
 				continue
 			}
-			f := strings.Fields(l)
 			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
 			switch {
-			case strings.Contains(l, `code="200"`):
-				c.ok += v
-			case strings.Contains(l, `code="499"`):
-				c.gone += v
+			case strings.HasPrefix(l, "ratelimit_http_requests_total{") && strings.Contains(l, `route="`+route+`"`):
+				switch {
+				case strings.Contains(l, `code="200"`):
+					c.ok += v
+				case strings.Contains(l, `code="499"`):
+					c.gone += v
+				}
+			case strings.HasPrefix(l, "ratelimit_decisions_total{") && strings.Contains(l, `policy="`+policy+`"`) &&
+				strings.Contains(l, `result="allowed"`):
+				switch {
+				case strings.Contains(l, `mode="redis"`):
+					c.redisGrants += v
+				case strings.Contains(l, `mode="local"`):
+					c.localGrants += v
+				}
 			}
 		}
 	}
