@@ -700,7 +700,7 @@ func kill(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }
 // grant: on a loaded host a call times out, and an instance that has no
 // reply for the key yet (an app restarted by the check before) grants from
 // its share of the quota (docs/GUARANTEES.md, "A call that timed out but
-// ran"); CI=true make test saw four such.
+// ran").
 func checkClientReset(t *testing.T, s *stack, run string) {
 	route, policy := "/api/sliding-window-log", "sliding-window-log"
 	key := "reset-" + run

@@ -78,8 +78,8 @@ func (s share) of(x float64) float64 { return x * s.factor / s.n }
 // held-back limit leaves among the instances deciding in it (the held-back
 // ones have their shares of the rest). A share of the whole limit granted
 // what the store, deciding with the weight, refused to every caller, or
-// had left to the held-back ones (chaos redis-slow: a counter key at 1.2
-// of its limit while two of four instances were out).
+// had left to the held-back ones (chaos redis-slow, two of four instances
+// out).
 func (s share) free(limit int64, used, scale float64) float64 {
 	if s.weight == (contract.Weight{}) {
 		return s.of(float64(limit)*scale - used)

@@ -90,7 +90,7 @@ func TestFallbackShareIgnoresCapacityFreedBeforeConfirmation(t *testing.T) {
 // breaker closed (calls timing out, heartbeats answered) not at all, with
 // the store out from the confirmation on. Counted from the reply, a key
 // behind a slow Redis was granted its ageing twice, by the shares and by
-// the store (chaos redis-slow: 1.12 of the limit in one window).
+// the store (chaos redis-slow).
 func TestCounterShareAgesOnlyFromConfirmation(t *testing.T) {
 	cases := []struct {
 		name string
@@ -196,7 +196,7 @@ func TestSuspectInstancesAreHeldBack(t *testing.T) {
 // their store is out too, is decided from their part of what that half
 // leaves, not from a quarter of what the whole limit leaves: the store
 // refuses past the half to every caller, and the shares of the two out
-// are theirs (chaos redis-slow: a log key at 1.07 of its limit).
+// are theirs (chaos redis-slow).
 func TestShareIsOfTheHeldBackLimit(t *testing.T) {
 	for _, c := range []struct {
 		alg  ratelimit.Algorithm
