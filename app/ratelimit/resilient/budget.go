@@ -253,7 +253,7 @@ func (e *entry) windowCounter(p ratelimit.Policy, now, cost int64, sh share) con
 	if e.snapValid {
 		snap := algorithm.WindowCounterState{WindowStart: e.snap.WindowStart, Current: e.snap.Current, Previous: e.snap.Previous}
 		kc, kp = snap.Shift(start, w)
-		known = kp*(w-elapsed) + kc*w
+		known = counterLoad(snap, now, w)
 		// What the known counts shed by ageing before the others hold
 		// this share back (with the breaker closed: never, the store goes
 		// on deciding) the store may have granted to them: it stays taken
