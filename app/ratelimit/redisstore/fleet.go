@@ -20,14 +20,19 @@ var fleetLua string
 // own, so in a Cluster it lives on one slot.
 func (l *Store) fleetKey() string { return "{" + l.prefix + ":fleet}:instances" }
 
-// Ping checks that Redis answers, within the limiter's timeout. When it
-// does, the function library is loaded too: a Redis that was restarted
-// without persistence has none, and without this every decision after the
-// outage would pay FCALL, "Function not found", FUNCTION LOAD and FCALL
-// again, a burst of latency right when the fleet comes back
-// (TestPingLoadsScripts, TestScriptsReloadAfterFlush).
+// Ping checks that Redis answers, within ctx's deadline, or the limiter's
+// timeout when ctx has none. When it does, the function library is loaded
+// too: a Redis that was restarted without persistence has none, and
+// without this every decision after the outage would pay FCALL, "Function
+// not found", FUNCTION LOAD and FCALL again, a burst of latency right when
+// the fleet comes back (TestPingLoadsScripts, TestScriptsReloadAfterFlush).
+// That is two round trips: a caller that probes a slow Redis (a breaker's
+// probe) gives them a deadline of its own.
 func (l *Store) Ping(ctx context.Context) error {
-	callCtx, cancel := l.callContext(ctx)
+	callCtx, cancel := ctx, context.CancelFunc(func() {})
+	if _, ok := ctx.Deadline(); !ok {
+		callCtx, cancel = l.callContext(ctx)
+	}
 	defer cancel()
 	_, err := lingering(l, callCtx, func(ctx context.Context) (struct{}, error) {
 		if c, ok := l.client.(redis.Cmdable); ok {

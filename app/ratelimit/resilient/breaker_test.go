@@ -244,10 +244,10 @@ func TestTimeoutAfterRefusalProbesAgainSoon(t *testing.T) {
 			}
 			return d
 		}
-		// One slow ping: one tick to the slow probe, its timeout, one tick
-		// to the next (ProbeInterval is 1 s).
-		if d := back(1); d > 300*time.Millisecond {
-			t.Errorf("one slow ping after refused ones: open for %v after the store was back, want at most 300 ms", d)
+		// One slow ping: one tick to the slow probe, its deadline
+		// (SlowWindow, 250 ms), one tick to the next (ProbeInterval is 1 s).
+		if d := back(1); d > 450*time.Millisecond {
+			t.Errorf("one slow ping after refused ones: open for %v after the store was back, want at most 450 ms", d)
 		}
 		// Two in a row: the second waits the interval.
 		if d := back(2); d < 900*time.Millisecond {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/fleetlimit/fleetlimit/app/ratelimit"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/contract"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/internal/redistest"
+	"github.com/fleetlimit/fleetlimit/app/ratelimit/redisstore"
 	"github.com/fleetlimit/fleetlimit/app/ratelimit/resilient"
 )
 
@@ -197,5 +199,39 @@ func TestSlowStoreIsStillAsked(t *testing.T) {
 		if l.Breaker() != resilient.BreakerClosed {
 			t.Fatalf("breaker %s", l.Breaker())
 		}
+	})
+}
+
+// TestOpenBreakerClosesOverASlowStore: an instance whose breaker opened
+// comes back, at its next probes, to a store that answers every call a
+// little within the timeout: slow, not dead. Its ping is two round trips
+// (PING, then FUNCTION LOAD): under one timeout it never fitted, and the
+// instance stayed local while the others held its share back from every
+// client, for as long as the store was slow (chaos redis-slow).
+func TestOpenBreakerClosesOverASlowStore(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	px := redistest.StartProxy(t, srv.Addr())
+	c, err := redisstore.NewClient(redisstore.ClientConfig{Addrs: []string{px.Addr()}, Timeout: fleetTimeout, PoolSize: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	// As the service ships it: the store bounds each call by the timeout.
+	cfg := recoveryConfig("app1")
+	cfg.ExpectedInstances = 1
+	l, err := resilient.New(redisstore.New(c, redisstore.Config{Timeout: fleetTimeout}), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	waitFor(t, "a heartbeat", 5*time.Second, func() bool { return l.Status().Live == 1 })
+
+	px.Blackhole()
+	waitFor(t, "the breaker to open", 5*time.Second, func() bool { return l.Breaker() == resilient.BreakerOpen })
+	px.ClearToxics()
+	px.Latency(fleetTimeout * 6 / 10) // one round trip fits in the timeout, two do not
+	defer px.ClearToxics()
+	waitFor(t, "the breaker to close over the slow store", 10*cfg.ProbeInterval, func() bool {
+		return l.Breaker() == resilient.BreakerClosed
 	})
 }

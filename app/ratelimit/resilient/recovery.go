@@ -324,7 +324,13 @@ func (l *Limiter) resync(ctx context.Context, gen string) bool {
 // whether the ping was answered but the breaker is open again (answered: a
 // later step failed).
 func (l *Limiter) probe(ctx context.Context) (refused, answered bool) {
-	callCtx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
+	// A ping is more than one round trip (redisstore's loads the function
+	// library too), and a store whose calls answer within SlowWindow is
+	// slow, not dead (breaker.failure): under one Timeout the probes of a
+	// store answering each call just within it all failed, and the
+	// instance stayed local, its share held back by the others, until the
+	// store was fast again (TestOpenBreakerClosesOverASlowStore).
+	callCtx, cancel := context.WithTimeout(ctx, max(l.cfg.Timeout, l.cfg.SlowWindow))
 	sent := l.clock.now()
 	err := l.store.Ping(callCtx)
 	cancel()

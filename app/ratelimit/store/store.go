@@ -25,7 +25,7 @@ import (
 // satisfies it.
 type Store interface {
 	ratelimit.Limiter
-	// Ping checks that the store answers.
+	// Ping checks that the store answers, within ctx's deadline.
 	Ping(ctx context.Context) error
 	// Heartbeat records the instance as live and returns how many
 	// instances are live and how many are suspect (missing for less than
