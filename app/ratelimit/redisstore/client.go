@@ -131,10 +131,11 @@ func (c ClientConfig) options() (*redis.UniversalOptions, error) {
 	o.ContextTimeoutEnabled = true
 	o.PoolSize = pool
 	// No idle connections kept warm: while Redis is unreachable go-redis
-	// refills them in the background, and once PoolSize dials have failed
-	// it fails every new dial at once with the last error until its own
-	// prober (once a second) gets through, which holds a recovered
-	// instance's replay off after Redis is back. The limiter opens
+	// refills them in the background, each a failed dial, and once PoolSize
+	// dials have failed it fails every new dial at once with the last error
+	// until its own prober (once a second) gets through, which holds a
+	// recovered instance's replay off after Redis is back (poolDial keeps
+	// the calls' own failed dials out of that count). The limiter opens
 	// connections itself, at start and when a probe succeeds
 	// (resilient's Warm; TestWarm, TestRecoveryWarmsThePool).
 	o.MinIdleConns = 0
@@ -144,7 +145,7 @@ func (c ClientConfig) options() (*redis.UniversalOptions, error) {
 	// names) and wraps TLSConfig around a connection only in its own
 	// default dialers, which Dialer replaces: TLSConfig stays set only so
 	// that go-redis knows TLS is on, and no handshake happens twice.
-	o.Dialer = newDialer(o.DialTimeout, o.TLSConfig).DialContext
+	o.Dialer = newDialer(o.DialTimeout, o.TLSConfig).poolDial
 	return o, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -107,3 +108,48 @@ func (d *dialer) resolve(ctx context.Context, host string) (string, error) {
 	d.mu.Unlock()
 	return ip, nil
 }
+
+// poolDial is DialContext as go-redis' pool is given it (Options.Dialer): a
+// dial that fails returns, instead of its error, a connection that fails
+// every read and write with it (failedConn), so the call that needed the
+// connection fails as the dial did, with the dial's error. go-redis counts
+// a pool's failed dials over its whole life (a success does not reset the
+// count), and once they reach PoolSize it fails every dial at once with
+// the last error and dials again only once a second, in the background.
+// An instance that had probed a few outages' worth of refused dials came
+// back after the next restart up to a second later than Redis did, deciding
+// locally meanwhile, while the instances already back waited for it
+// (chaos redis-flap; TestRestartedRedisIsDialledAtOnce).
+func (d *dialer) poolDial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := d.DialContext(ctx, network, addr)
+	if err != nil {
+		return failedConn{err: err, addr: dialAddr{network, addr}}, nil
+	}
+	return c, nil
+}
+
+// failedConn is a dial that failed with err, as a connection. go-redis
+// hands a dial whose caller gave up meanwhile to another caller or to its
+// idle list; an idle one fails the pool's health check (SyscallConn), so
+// that no later call meets a stale refusal.
+type failedConn struct {
+	err  error
+	addr net.Addr
+}
+
+func (c failedConn) SyscallConn() (syscall.RawConn, error) { return nil, c.err }
+
+func (c failedConn) Read([]byte) (int, error)         { return 0, c.err }
+func (c failedConn) Write([]byte) (int, error)        { return 0, c.err }
+func (c failedConn) Close() error                     { return nil }
+func (c failedConn) LocalAddr() net.Addr              { return c.addr }
+func (c failedConn) RemoteAddr() net.Addr             { return c.addr }
+func (c failedConn) SetDeadline(time.Time) error      { return nil }
+func (c failedConn) SetReadDeadline(time.Time) error  { return nil }
+func (c failedConn) SetWriteDeadline(time.Time) error { return nil }
+
+// dialAddr is the address a dial was for.
+type dialAddr struct{ network, addr string }
+
+func (a dialAddr) Network() string { return a.network }
+func (a dialAddr) String() string  { return a.addr }

@@ -3,8 +3,10 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,5 +65,37 @@ func TestDialerSurvivesDNS(t *testing.T) {
 	}
 	if lookups != 4 {
 		t.Errorf("lookups = %d, want 4 (every dial asks)", lookups)
+	}
+}
+
+// TestRestartedRedisIsDialledAtOnce: after refused dials, more of them than
+// the pool's size over outages, the first call once Redis is back reaches
+// it. (go-redis fails a pool's dials at once after PoolSize failed ones, and
+// dials again only once a second.)
+func TestRestartedRedisIsDialledAtOnce(t *testing.T) {
+	srv := redistest.StartServer(t, redistest.ServerOptions{})
+	c, err := NewClient(ClientConfig{Addrs: []string{srv.Addr()}, Timeout: 200 * time.Millisecond, PoolSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	s := New(c, Config{Timeout: 200 * time.Millisecond})
+	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for outage := range 3 {
+		srv.Kill()
+		for range 5 {
+			if err := s.Ping(ctx); err == nil {
+				t.Fatalf("outage %d: a ping answered with Redis down", outage)
+			} else if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("outage %d: ping with Redis down: %v, want the dial's refusal", outage, err)
+			}
+		}
+		srv.Restart(t)
+		if err := s.Ping(ctx); err != nil {
+			t.Fatalf("outage %d: the first ping after Redis was back: %v", outage, err)
+		}
 	}
 }
