@@ -11,9 +11,9 @@ import (
 
 // redisLogger is go-redis' logger (redis.SetLogger) as slog lines at warn
 // level, so that the service's log stays one JSON document per line: left
-// alone, go-redis writes plain "redis: <date> pool.go:770: ... failed to
-// dial" lines to stderr. During an outage it repeats the same line for
-// every failed dial; the breaker's transition lines already say Redis is
+// alone, go-redis writes plain "redis: <date> sentinel.go:1069: ...
+// failed" lines to stderr. During an outage it repeats the same line for
+// every failed call; the breaker's transition lines already say Redis is
 // out, so each message format is logged at most once per interval, with the
 // number of lines held back since ("suppressed"). The formats are go-redis'
 // own constants, so the map stays small; it is cleared should it ever hold

@@ -79,13 +79,16 @@ func TestRedisLoggerHoldsBackRepeats(t *testing.T) {
 }
 
 // TestRedisLogIsJSON: with Redis unreachable, go-redis' own complaints (a
-// failed dial) reach the service's JSON log, not stderr as plain lines.
+// Sentinel that does not answer) reach the service's JSON log, not stderr
+// as plain lines. (A failed dial is no complaint of go-redis': redisstore's
+// dialer hands it the failure as a connection that fails, and the breaker's
+// transition line says Redis is out.)
 func TestRedisLogIsJSON(t *testing.T) {
-	s, logs := startServer(t, map[string]string{"RL_REDIS_URL": "redis://" + deadAddr(t) + "/0"})
+	s, logs := startServer(t, map[string]string{"RL_REDIS_ADDRS": deadAddr(t), "RL_REDIS_MASTER_NAME": "mymaster"})
 	get(t, "http://"+s.PublicAddr()+"/api/gcra")
 	eventually(t, func() string {
 		for _, l := range jsonLines(t, logs.String()) {
-			if l["component"] == "go-redis" && strings.Contains(l["detail"].(string), "failed to dial") {
+			if l["component"] == "go-redis" && strings.Contains(l["detail"].(string), "GetMasterAddrByName") {
 				return ""
 			}
 		}

@@ -231,7 +231,8 @@ func TestOpenBreakerClosesOverASlowStore(t *testing.T) {
 	px.ClearToxics()
 	px.Latency(fleetTimeout * 6 / 10) // one round trip fits in the timeout, two do not
 	defer px.ClearToxics()
-	waitFor(t, "the breaker to close over the slow store", 10*cfg.ProbeInterval, func() bool {
+	// Before, no probe could succeed: it stayed open however long.
+	waitFor(t, "the breaker to close over the slow store", 25*cfg.ProbeInterval, func() bool {
 		return l.Breaker() == resilient.BreakerClosed
 	})
 }
